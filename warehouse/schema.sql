@@ -1,0 +1,103 @@
+-- The headforms warehouse. Column names are a contract: users' SQL relies on them.
+
+-- One row per extracted model, with provenance and the settings its numbers depend on.
+CREATE TABLE IF NOT EXISTS models (
+    model               VARCHAR PRIMARY KEY,
+    source              VARCHAR NOT NULL,   -- what was asked for: hub id, path, pkg:NAME
+    revision            VARCHAR NOT NULL,   -- hub commit, or sha256:<hex> of the weight files
+    architecture        VARCHAR NOT NULL,   -- config model_type / GGUF architecture
+    positional_encoding VARCHAR,            -- learned, absolute, rope, alibi
+    n_layers            INTEGER NOT NULL,
+    n_heads             INTEGER NOT NULL,
+    n_kv_heads          INTEGER NOT NULL,
+    d_model             INTEGER NOT NULL,   -- N
+    head_dim            INTEGER NOT NULL,   -- n
+    score_scale         DOUBLE,             -- factor on q.k before the softmax (not applied to L)
+    qk_norm             VARCHAR,            -- NULL, or 'folded' when norm gains were folded in
+    config              JSON,
+    parity_tolerance    DOUBLE NOT NULL,
+    baseline_seed       BIGINT NOT NULL,    -- seed of the random baseline heads
+    tool_version        VARCHAR NOT NULL,
+    extracted_at        TIMESTAMP NOT NULL,
+    complete            BOOLEAN NOT NULL    -- false while layers are still missing
+);
+
+-- Progress: a layer is listed once all its rows are committed (one transaction).
+CREATE TABLE IF NOT EXISTS layers (
+    model      VARCHAR NOT NULL,
+    layer      INTEGER NOT NULL,
+    heads      INTEGER NOT NULL,
+    seconds    DOUBLE,
+    written_at TIMESTAMP NOT NULL,
+    PRIMARY KEY (model, layer)
+);
+
+-- One row per query head; statistics.md section 3. NULL where a statistic is undefined.
+CREATE TABLE IF NOT EXISTS heads (
+    model                    VARCHAR NOT NULL,
+    layer                    INTEGER NOT NULL,
+    head                     INTEGER NOT NULL,
+    kv_head                  INTEGER NOT NULL,
+    frobenius                DOUBLE,    -- ||L||
+    n_pos                    INTEGER NOT NULL,
+    n_neg                    INTEGER NOT NULL,
+    n_zero                   INTEGER NOT NULL,  -- in the reduced min(N, 2n) space
+    n_zero_ambient           INTEGER NOT NULL,  -- N - n_pos - n_neg
+    balanced                 BOOLEAN NOT NULL,  -- n_pos = n_neg = head_dim
+    symmetric_energy         DOUBLE,
+    a DOUBLE, b DOUBLE, c DOUBLE, d DOUBLE,
+    b_sym DOUBLE, c_sym DOUBLE, d_sym DOUBLE,
+    parity                   VARCHAR,   -- 'I+', 'II', 'I-' at the model's parity_tolerance
+    pairing                  DOUBLE,
+    rho                      DOUBLE,
+    pairing_bound            DOUBLE,
+    pairing_gap              DOUBLE,
+    lobe_departure           DOUBLE,
+    trace_ratio              DOUBLE,
+    participation_ratio      DOUBLE,
+    stable_rank              DOUBLE,
+    leading_share            DOUBLE,
+    sigma_lambda_correlation DOUBLE,
+    geometric_mean_error     DOUBLE,
+    random_symmetric_energy  DOUBLE,
+    random_pairing           DOUBLE,
+    PRIMARY KEY (model, layer, head)
+);
+
+-- Long-form spectra (statistics.md section 2), idx from 0 in decreasing order:
+--   'S'       eigenvalues of S, min(N, 2n) values (the ambient zeros are implicit)
+--   'S_pos'   lambda_+: positive eigenvalues of S
+--   'S_neg'   lambda_-: absolute values of the negative eigenvalues of S
+--   'T_sv'    singular values of T, min(N, 2n) values (in equal pairs)
+--   'T_sigma' sigma(T): one value per pair, the positive imaginary parts of eig(T)
+--   'L'       eigenvalues of L by decreasing magnitude (value = real part, imag), rank(L) <= n of them
+--   'L_sv'    singular values of L, n of them
+CREATE TABLE IF NOT EXISTS eigenvalues (
+    model    VARCHAR NOT NULL,
+    layer    INTEGER NOT NULL,
+    head     INTEGER NOT NULL,
+    spectrum VARCHAR NOT NULL,
+    idx      INTEGER NOT NULL,
+    value    DOUBLE NOT NULL,
+    imag     DOUBLE NOT NULL,
+    PRIMARY KEY (model, layer, head, spectrum, idx)
+);
+
+-- Distribution fits (statistics.md section 4), location fixed at 0, scipy's parametrisation:
+--   gamma (shape = k), lognormal (shape = s), weibull (shape = c), gengamma (shape = a, shape2 = c).
+CREATE TABLE IF NOT EXISTS fits (
+    model      VARCHAR NOT NULL,
+    layer      INTEGER NOT NULL,
+    head       INTEGER NOT NULL,
+    sample     VARCHAR NOT NULL,   -- 'L_abs', 'S_pos', 'S_neg', 'T'
+    family     VARCHAR NOT NULL,   -- 'gamma', 'lognormal', 'weibull', 'gengamma'
+    shape      DOUBLE,
+    shape2     DOUBLE,
+    scale      DOUBLE,
+    mode       DOUBLE,             -- NULL when the density has no interior mode
+    loglik     DOUBLE,
+    ks         DOUBLE,
+    hist_error DOUBLE,
+    n          INTEGER NOT NULL,
+    PRIMARY KEY (model, layer, head, sample, family)
+);

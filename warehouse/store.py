@@ -1,0 +1,98 @@
+"""The DuckDB warehouse: opening (with the single-writer lock), schema, views, transactions."""
+from __future__ import annotations
+
+import os
+import re
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+SCHEMA = Path(__file__).with_name("schema.sql")
+VIEWS = Path(__file__).resolve().parent.parent / "sql"
+DEFAULT_DB = "warehouse.duckdb"
+DB_ENV = "HEADFORMS_DB"
+
+
+class WarehouseError(Exception):
+    """A warehouse that cannot be opened or changed as asked; one line for the user."""
+
+
+def default_db() -> str:
+    """The warehouse path: $HEADFORMS_DB, else warehouse.duckdb in the current folder."""
+    return os.environ.get(DB_ENV, DEFAULT_DB)
+
+
+def connect(path: str | Path, *, read_only: bool = False, wait: float = 0.0) -> duckdb.DuckDBPyConnection:
+    """Open the warehouse; a writer holding the lock makes us wait up to `wait` seconds, then fail."""
+    path = Path(path)
+    if read_only and not path.exists():
+        raise WarehouseError(f"no warehouse at {path}: build one with `make warehouse` or `headforms extract`")
+    deadline = time.monotonic() + wait
+    announced = False
+    while True:
+        try:
+            return duckdb.connect(str(path), read_only=read_only)
+        except duckdb.IOException as exc:
+            if "lock" not in str(exc).lower():
+                raise WarehouseError(f"cannot open {path}: {_first_line(exc)}") from None
+            holder = re.search(r"PID (\d+)", str(exc))
+            who = f" (process {holder.group(1)})" if holder else ""
+            if time.monotonic() >= deadline:
+                raise WarehouseError(f"{path} is in use by another headforms process{who}; "
+                                     f"retry when it finishes, or pass --wait SECONDS") from None
+            if not announced:
+                import click
+                click.echo(f"waiting for {path}, in use by another process{who} ...", err=True)
+                announced = True
+            time.sleep(0.5)
+        except duckdb.Error as exc:
+            raise WarehouseError(f"cannot open {path} as a DuckDB warehouse: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def create_schema(con: duckdb.DuckDBPyConnection) -> None:
+    """Tables of schema.sql, then every view of sql/ (a view file holds one SELECT; its name is the file's stem)."""
+    con.execute(SCHEMA.read_text())
+    pending = sorted(VIEWS.glob("*.sql"))
+    while pending:  # views may read other views: retry until every one resolves
+        failed = []
+        for file in pending:
+            try:
+                con.execute(f"CREATE OR REPLACE VIEW {file.stem} AS {file.read_text()}")
+            except duckdb.CatalogException:
+                failed.append(file)
+        if len(failed) == len(pending):
+            con.execute(f"CREATE OR REPLACE VIEW {failed[0].stem} AS {failed[0].read_text()}")  # raises the real error
+        pending = failed
+
+
+@contextmanager
+def transaction(con: duckdb.DuckDBPyConnection):
+    """All or nothing: commit on success, roll back on any exception (Ctrl-C included)."""
+    con.begin()
+    try:
+        yield con
+    except BaseException:
+        con.rollback()
+        raise
+    con.commit()
+
+
+def insert(con: duckdb.DuckDBPyConnection, table: str, frame: pl.DataFrame) -> None:
+    """Append a polars frame to a table, matching columns by name."""
+    con.register("_frame", frame)
+    try:
+        con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _frame")
+    finally:
+        con.unregister("_frame")
+
+
+def query(con: duckdb.DuckDBPyConnection, sql: str, params=None) -> pl.DataFrame:
+    """A query's result as a polars frame."""
+    return con.execute(sql, params or []).pl()
