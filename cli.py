@@ -122,8 +122,8 @@ def sql(query, db, fmt, write):
 
     con = connect(db, read_only=not write)
     try:
-        cursor = con.execute(query)
-        frame = cursor.pl() if cursor.description else None
+        relation = con.sql(query)
+        frame = relation.pl() if relation is not None else None
     finally:
         con.close()
     if frame is not None:

@@ -95,4 +95,4 @@ def insert(con: duckdb.DuckDBPyConnection, table: str, frame: pl.DataFrame) -> N
 
 def query(con: duckdb.DuckDBPyConnection, sql: str, params=None) -> pl.DataFrame:
     """A query's result as a polars frame."""
-    return con.execute(sql, params or []).pl()
+    return con.sql(sql, params=params).pl()

