@@ -26,7 +26,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
-	$(BIN)/headforms bench
+	$(BIN)/python tests/bench.py
 
 export: $(STAMP)
 	$(BIN)/headforms export --db $(DB) --out export
