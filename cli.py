@@ -96,7 +96,8 @@ def extract(sources, db, name, revision, force, qk_norm, parity_tolerance, seed,
                     ckpt.close()
             total_heads += result.heads
             click.echo(f"{result.model}: {result.status}; {result.layers} layers, {result.heads} heads "
-                       f"in {result.seconds:.1f} s ({spec.architecture}, {spec.n_layers} x {spec.n_heads} heads, "
+                       f"in {result.seconds:.1f} s ({result.heads / max(result.seconds, 1e-9):.0f} heads/s; "
+                       f"{spec.architecture}, {spec.n_layers} x {spec.n_heads} heads, "
                        f"N={spec.d_model}, n={spec.head_dim}, revision {ckpt.revision})")
     except KeyboardInterrupt:
         raise click.ClickException("interrupted: committed layers are kept; run the same command to resume") from None

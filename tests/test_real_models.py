@@ -65,3 +65,42 @@ def test_demo_warehouse_shape(demo_con):
     assert demo_con.sql("SELECT sum(exceptions) FROM signature_check").fetchall()[0][0] == 0
     kv = demo_con.sql("SELECT DISTINCT head, kv_head FROM heads WHERE model = 'SmolLM2-135M' ORDER BY head").fetchall()
     assert kv == [(h, h // 3) for h in range(9)]
+
+
+def test_stored_fits_agree_with_scipy(demo_con):
+    """Fits of real samples (SmolLM2, a few heads) against scipy.stats fit(..., floc=0)."""
+    from scipy import stats
+
+    fits = demo_con.sql("SELECT * FROM fits WHERE model = 'SmolLM2-135M' AND layer IN (3, 17) AND head IN (0, 4, 8)"
+                        ).pl()
+    assert fits.height == 2 * 3 * 4 * 4
+    for row in fits.iter_rows(named=True):
+        _, sp = stored(demo_con, "SmolLM2-135M", row["layer"], row["head"])
+        x = {"L_abs": np.abs(sp["L"][0] + 1j * sp["L"][1]), "S_pos": sp["S_pos"][0], "S_neg": sp["S_neg"][0],
+             "T": sp["T_sigma"][0]}[row["sample"]]
+        assert row["n"] == len(x) == 64
+        where = f"{row['layer']}.{row['head']} {row['sample']} {row['family']}"
+        if row["family"] == "gamma":
+            k, _, theta = stats.gamma.fit(x, floc=0)
+            np.testing.assert_allclose([row["shape"], row["scale"]], [k, theta], rtol=1e-6, err_msg=where)
+            mode = (k - 1) * theta if k > 1 else None
+            assert (row["mode"] is None) == (mode is None) and (mode is None or np.isclose(row["mode"], mode, rtol=1e-6))
+        elif row["family"] == "lognormal":
+            s, _, scale = stats.lognorm.fit(x, floc=0)
+            np.testing.assert_allclose([row["shape"], row["scale"]], [s, scale], rtol=1e-6, err_msg=where)
+        elif row["family"] == "weibull":   # scipy's Nelder-Mead stops near 1e-5; ours is the exact optimum
+            c, _, scale = stats.weibull_min.fit(x, floc=0)
+            np.testing.assert_allclose([row["shape"], row["scale"]], [c, scale], rtol=1e-3, err_msg=where)
+            assert row["loglik"] >= stats.weibull_min.logpdf(x, c, 0, scale).sum() - 1e-9 * abs(row["loglik"])
+        else:   # gengamma: at least as good as scipy's own fit from the gamma and Weibull starts
+            k, _, theta = stats.gamma.fit(x, floc=0)
+            c, _, lam = stats.weibull_min.fit(x, floc=0)
+            best = max(stats.gengamma.logpdf(x, *stats.gengamma.fit(x, a0, c0, floc=0, scale=s0)).sum()
+                       for a0, c0, s0 in ((k, 1.0, theta), (1.0, c, lam)))
+            assert row["loglik"] >= best - 1e-7 * abs(best), where
+        params = (row["shape"], row["shape2"], 0, row["scale"]) if row["family"] == "gengamma" else \
+            (row["shape"], 0, row["scale"])
+        dist = {"gamma": stats.gamma, "lognormal": stats.lognorm, "weibull": stats.weibull_min,
+                "gengamma": stats.gengamma}[row["family"]]
+        np.testing.assert_allclose(row["loglik"], dist.logpdf(x, *params).sum(), rtol=1e-9, err_msg=where)
+        np.testing.assert_allclose(row["ks"], stats.kstest(x, dist(*params).cdf).statistic, rtol=1e-9, err_msg=where)

