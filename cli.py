@@ -165,6 +165,23 @@ def status(db, fmt):
 
 
 @main.command()
+@db_option(read_only=True)
+@click.option("--out", "out_dir", default="export", show_default=True, type=click.Path(file_okay=False),
+              help="Folder for the tables (CSV and Parquet), figures (PNG) and index.csv.")
+def export(db, out_dir):
+    """Write the paper's tables (CSV, Parquet) and figures (PNG), named after the table or figure they are."""
+    from warehouse.export import export as export_all
+    from warehouse.store import connect
+
+    con = connect(db, read_only=True)
+    try:
+        written = export_all(con, out_dir)
+    finally:
+        con.close()
+    click.echo(f"{len(written)} files written to {out_dir} (index.csv lists what each one is)")
+
+
+@main.command()
 def models():
     """The known model sets and their sources (use a set's name as a SOURCE of extract)."""
     from extract import MODEL_SETS

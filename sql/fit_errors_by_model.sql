@@ -4,8 +4,8 @@
 WITH ranked AS (
     SELECT
         *,
-        row_number() OVER (PARTITION BY model, layer, head, sample ORDER BY hist_error ASC NULLS LAST) AS rank_hist,
-        row_number() OVER (PARTITION BY model, layer, head, sample ORDER BY loglik DESC NULLS LAST)   AS rank_loglik
+        row_number() OVER (PARTITION BY model, layer, head, sample ORDER BY hist_error ASC NULLS LAST, family) AS rank_hist,
+        row_number() OVER (PARTITION BY model, layer, head, sample ORDER BY loglik DESC NULLS LAST, family)   AS rank_loglik
     FROM fits
 )
 SELECT

@@ -1,6 +1,7 @@
 -- Per model: medians of the headline statistics, and the shares the paper quotes:
 -- heads above their own random baseline in symmetric energy (paper: 76% to 99%),
 -- above the baseline's mean (N+1)/(2N), and with participation ratio below 2 (paper: < 1%).
+-- Shares are over the heads where the statistic is defined (a zero form has none).
 SELECT
     h.model,
     count(*)                                                          AS heads,

@@ -10,6 +10,6 @@ SELECT
     round(100 * count(*) FILTER (WHERE h.c_sym + h.d_sym > t.tolerance AND h.c_sym <= h.d_sym) / count(*), 1)
                                                                                       AS pct_type_I_minus
 FROM heads h
-CROSS JOIN (VALUES (0.01), (0.02), (0.03), (0.05), (0.10)) AS t(tolerance)
+CROSS JOIN (VALUES (0.01::DOUBLE), (0.02), (0.03), (0.05), (0.10)) AS t(tolerance)
 GROUP BY h.model, t.tolerance
 ORDER BY h.model, t.tolerance

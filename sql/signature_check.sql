@@ -5,8 +5,8 @@ SELECT
     count(*)                                          AS heads,
     count(*) FILTER (WHERE h.balanced)                AS balanced,
     count(*) FILTER (WHERE NOT h.balanced)            AS exceptions,
-    list(printf('L%d.H%d: %d+/%d-', h.layer, h.head, h.n_pos, h.n_neg) ORDER BY h.layer, h.head)
-        FILTER (WHERE NOT h.balanced)                 AS exception_heads
+    coalesce(list(printf('L%d.H%d: %d+/%d-', h.layer, h.head, h.n_pos, h.n_neg) ORDER BY h.layer, h.head)
+        FILTER (WHERE NOT h.balanced), [])            AS exception_heads
 FROM heads h
 GROUP BY h.model
 ORDER BY h.model

@@ -23,5 +23,5 @@ SELECT
     h.sigma_lambda_correlation,
     h.geometric_mean_error
 FROM heads h
-JOIN gamma g USING (model, layer, head)
+LEFT JOIN gamma g USING (model, layer, head)
 ORDER BY h.model, h.layer, h.head

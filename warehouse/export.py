@@ -1,0 +1,68 @@
+"""Export the warehouse for the paper: every view of sql/ as CSV and Parquet, the figures as PNG,
+and an index.csv saying which paper table or figure each file is."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+from warehouse import figures
+
+# Output file stem -> (view of sql/, what it is in the paper). Each table is written as .csv and .parquet.
+TABLES: dict[str, tuple[str, str]] = {
+    "observation1_signature_check": (
+        "signature_check", "Observation 1: heads, balanced heads (n positive, n negative eigenvalues of S) "
+                           "and the exceptions, per model"),
+    "table2_parity": (
+        "parity_by_model", "Table 2: percent of each model's heads of parity type I+, II, I-"),
+    "table2_parity_sensitivity": (
+        "parity_sensitivity", "Table 2 at Type II tolerances 0.01, 0.02, 0.03, 0.05, 0.10"),
+    "figure12_parity_by_layer": (
+        "parity_by_layer", "Figure 12: percent of each layer's heads of parity type I+, II, I-"),
+    "model_medians": (
+        "model_medians", "Per model: medians of symmetric energy (Figure 13), pairing (Figures 11, 14), rho, lobe "
+                         "departure, participation ratio, stable rank; shares above the random baseline"),
+    "spectral_geometry": (
+        "spectral_geometry", "Per head: gamma-fit modes mu, nu, tau and shapes k_plus, k_minus, k_T, mode and "
+                             "shape ratios, sigma-lambda correlation, geometric-mean error"),
+    "observations7to9_fit_ratios_by_model": (
+        "fit_ratios_by_model", "Observations 7-9 per model: median mode ratio, shape ratio (retained heads), "
+                               "sigma-lambda correlation; retained and excluded heads"),
+    "observations7to9_survey_ranges": (
+        "survey_ranges", "Observations 7-9: min and max across models of the per-model medians"),
+    "figure6_fit_errors": (
+        "fit_errors_by_model", "Figure 6: median histogram error and KS per model, sample and family; "
+                               "share of heads where each family fits best"),
+}
+LIST_SEPARATOR = "; "
+
+
+def export(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
+    """Write TABLES (CSV and Parquet), the figures (PNG) and index.csv into out_dir; returns the written paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written, index = [], []
+    for stem, (view, what) in TABLES.items():
+        csv, parquet = out_dir / f"{stem}.csv", out_dir / f"{stem}.parquet"
+        con.sql(_csv_select(con, view)).write_csv(str(csv), header=True)
+        con.sql(f"SELECT * FROM {view}").write_parquet(str(parquet))
+        written += [csv, parquet]
+        index += [(csv.name, "table (CSV)", view, what), (parquet.name, "table (Parquet)", view, what)]
+    for path in figures.draw_all(con, out_dir):
+        written.append(path)
+        index.append((path.name, "figure (PNG)", f"warehouse.figures.{figures.FIGURES[path.name][0].__name__}",
+                      figures.FIGURES[path.name][1]))
+    index_path = out_dir / "index.csv"
+    pl.DataFrame(index, schema=["file", "kind", "source", "description"], orient="row").write_csv(index_path)
+    return written + [index_path]
+
+
+def _csv_select(con: duckdb.DuckDBPyConnection, view: str) -> str:
+    """SELECT of a view with its list columns joined into strings, which CSV cannot hold as lists."""
+    relation = con.sql(f"SELECT * FROM {view}")
+    lists = [name for name, kind in zip(relation.columns, relation.types) if kind.id == "list"]
+    if not lists:
+        return f"SELECT * FROM {view}"
+    joined = ", ".join(f"array_to_string({name}, '{LIST_SEPARATOR}') AS {name}" for name in lists)
+    return f"SELECT * REPLACE ({joined}) FROM {view}"

@@ -1,0 +1,229 @@
+"""The paper's figures as PNG files, drawn from the warehouse's views and tables.
+
+One function per figure, each `(con, path) -> path`, with one panel per model. Figures are
+built on matplotlib's object API (no pyplot, no display) and rendered by the Agg backend.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import duckdb
+import numpy as np
+import polars as pl
+from matplotlib.colors import CenteredNorm
+from matplotlib.figure import Figure
+
+SQRT3_2 = np.sqrt(3) / 2
+DPI = 150
+# Parity type -> (marker, colour, label), the paper's markers: + Type I+, o Type II, - Type I-.
+PARITY = {
+    "I+": ("+", "tab:red", r"Type $\mathrm{I}_{+}$"),
+    "II": ("o", "tab:green", r"Type $\mathrm{II}$"),
+    "I-": ("_", "tab:blue", r"Type $\mathrm{I}_{-}$"),
+}
+
+
+def _frame(con: duckdb.DuckDBPyConnection, sql: str) -> pl.DataFrame:
+    return con.sql(sql).pl()
+
+
+def _by_model(frame: pl.DataFrame) -> list[tuple[str, pl.DataFrame]]:
+    """(model, rows) in the frame's order."""
+    return [(key[0], rows) for key, rows in frame.group_by("model", maintain_order=True)]
+
+
+def _panel_grid(n: int, ncols: int, panel: tuple[float, float]) -> tuple[Figure, list]:
+    """A figure with n panels on a grid of at most ncols columns; unused cells are hidden."""
+    cols = min(n, ncols)
+    rows = -(-n // cols)
+    fig = Figure(figsize=(panel[0] * cols, panel[1] * rows), layout="constrained", dpi=DPI)
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return fig, list(axes[:n])
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    path = Path(path)
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+def profiles(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
+    """Figure 9: each head's symmetric profile (b_S, c_S, d_S) on the face Delta, marked by parity type."""
+    data = _frame(con, """
+        SELECT model, parity, c_sym + b_sym / 2 AS x, b_sym * sqrt(3) / 2 AS y
+        FROM heads WHERE parity IS NOT NULL ORDER BY model, layer, head""")
+    models = _by_model(data)
+    fig, axes = _panel_grid(len(models), 3, (5.0, 4.9))
+    corners = np.array([[0.0, 0.0], [1.0, 0.0], [0.5, SQRT3_2]])  # d = 1, c = 1, b = 1
+    for ax, (model, rows) in zip(axes, models):
+        ax.plot(*corners[[1, 2, 0]].T, color="black", lw=1)            # edges {d = 0} and {c = 0}
+        ax.plot(*corners[[0, 1]].T, color="black", lw=1, ls="--")      # edge {b = 0}: empty fibers
+        for kind, (marker, colour, label) in PARITY.items():
+            pts = rows.filter(pl.col("parity") == kind)
+            paint = {"facecolors": "none", "edgecolors": colour} if marker == "o" else {"color": colour}
+            ax.scatter(pts["x"], pts["y"], marker=marker, s=28, lw=1.0, label=f"{label} ({pts.height})", **paint)
+        ax.annotate("$b=1$\n" r"$\lambda_{+}=\lambda_{-}$", corners[2], xytext=(0, 6), textcoords="offset points",
+                    ha="center", va="bottom", fontsize=9)
+        ax.annotate("$c=1$\nPSD", corners[1], xytext=(4, -4), textcoords="offset points", ha="left", va="top", fontsize=9)
+        ax.annotate("$d=1$\nNSD", corners[0], xytext=(-4, -4), textcoords="offset points", ha="right", va="top", fontsize=9)
+        ax.text(0.86, 0.5, "$d=0$: $S=H+P$", rotation=-60, ha="center", va="center", fontsize=8, color="0.3")
+        ax.text(0.14, 0.5, "$c=0$: $S=H-P$", rotation=60, ha="center", va="center", fontsize=8, color="0.3")
+        ax.set_title(f"{model} ({rows.height} heads)", fontsize=10)
+        ax.set_xlim(-0.22, 1.22)
+        ax.set_ylim(-0.14, 1.08)
+        ax.set_aspect("equal")
+        ax.axis("off")
+        ax.legend(loc="upper left", fontsize=8, frameon=False, handletextpad=0.3)
+    fig.suptitle("Figure 9. Profiles of the symmetric parts on $\\Delta$\n"
+                 "($H$: spectrum symmetric about zero, $P$: positive semidefinite)", fontsize=11)
+    return _save(fig, path)
+
+
+def parity_by_layer(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
+    """Figure 12: percent of each layer's heads of each parity type (view parity_by_layer), white 0% to black 100%."""
+    data = _frame(con, "SELECT * FROM parity_by_layer ORDER BY model, layer")
+    models = _by_model(data)
+    columns = ["pct_type_I_plus", "pct_type_II", "pct_type_I_minus"]
+    widest = max(rows.height for _, rows in models)
+    fig = Figure(figsize=(min(2.5 + 0.32 * widest, 16), 1.0 + 1.45 * len(models)), layout="constrained", dpi=DPI)
+    axes = fig.subplots(len(models), 1, squeeze=False)[:, 0]
+    for ax, (model, rows) in zip(axes, models):
+        grid = rows.select(columns).to_numpy().T      # types x layers
+        image = ax.imshow(grid, cmap="Greys", vmin=0, vmax=100, aspect="auto")
+        for (i, j), value in np.ndenumerate(grid):     # cell labels: a few dozen cells per model
+            ax.text(j, i, f"{value:.0f}", ha="center", va="center", fontsize=6,
+                    color="white" if value > 55 else "black")
+        ax.set_yticks(range(3), [label for _, _, label in PARITY.values()], fontsize=8)
+        ax.set_xticks(range(rows.height), rows["layer"].to_list(), fontsize=7)
+        ax.set_xlabel("layer", fontsize=8)
+        ax.set_title(f"{model} ({rows['heads'].sum()} heads)", fontsize=9, loc="left")
+    fig.colorbar(image, ax=list(axes), label="% of the layer's heads", shrink=0.95, pad=0.01)
+    fig.suptitle(r"Figure 12. Parity by layer (Type II: $c_S + d_S \leq 1/50$)", fontsize=11)
+    return _save(fig, path)
+
+
+def _trained_vs_random(con: duckdb.DuckDBPyConnection, path: Path, column: str, random_column: str,
+                       label: str, title: str) -> Path:
+    """A layers x heads heat map of `column` beside its random baseline, per model, colours centred at 1/2."""
+    data = _frame(con, f"""
+        SELECT model, layer, head, {column} AS trained, {random_column} AS random
+        FROM heads ORDER BY model, layer, head""")
+    models = _by_model(data)
+    deviation = np.nanmax(np.abs(data.select("trained", "random").to_numpy(allow_copy=True).astype(float) - 0.5))
+    norm = CenteredNorm(vcenter=0.5, halfrange=deviation)
+    layers = [rows["layer"].max() + 1 for _, rows in models]
+    heads = max(rows["head"].max() + 1 for _, rows in models)
+    fig = Figure(figsize=(2.2 + 0.42 * heads, 1.0 + 0.21 * sum(layers) + 0.5 * len(models)),
+                 layout="constrained", dpi=DPI)
+    axes = fig.subplots(len(models), 2, squeeze=False, gridspec_kw={"height_ratios": layers})
+    for (left, right), (model, rows), n_layers in zip(axes, models, layers):
+        n_heads = rows["head"].max() + 1
+        layer, head = rows["layer"].to_numpy(), rows["head"].to_numpy()
+        for ax, side in ((left, "trained"), (right, "random")):
+            grid = np.full((n_layers, n_heads), np.nan)
+            grid[layer, head] = rows[side].to_numpy().astype(float)
+            image = ax.imshow(grid, cmap="RdBu_r", norm=norm, aspect="equal")
+            ax.set_title(f"{model}: {'trained heads' if side == 'trained' else 'random baseline'}", fontsize=8)
+            step = max(1, n_layers // 10)
+            ax.set_yticks(range(0, n_layers, step))
+            ax.set_xticks(range(0, n_heads, max(1, n_heads // 12)))
+            ax.tick_params(labelsize=7)
+            ax.set_xlabel("head", fontsize=8)
+            ax.set_ylabel("layer", fontsize=8)
+    fig.colorbar(image, ax=axes.ravel().tolist(), label=label, shrink=min(1.0, 6 / sum(layers) + 0.4), pad=0.02)
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
+
+
+def symmetric_energy(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
+    """Figure 13: symmetric energy ||S||^2/||L||^2 of every head beside its Gaussian baseline."""
+    return _trained_vs_random(con, path, "symmetric_energy", "random_symmetric_energy",
+                              r"symmetric energy $\|S\|^2/\|L\|^2$",
+                              "Figure 13. Symmetric energy at each head: trained (left), random $K^TQ$ (right)\n"
+                              "white at 1/2, red above, blue below; random baseline mean $(N+1)/(2N)$")
+
+
+def pairing(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
+    """Figure 14: pairing score 1 - ||lambda_+ - lambda_-||/||S|| of every head beside its Gaussian baseline."""
+    return _trained_vs_random(con, path, "pairing", "random_pairing",
+                              r"pairing $1-\|\lambda_{+}-\lambda_{-}\|/\|S\|$",
+                              "Figure 14. Pairing score at each head: trained (left), random $K^TQ$ (right)\n"
+                              "white at 1/2, red above, blue below; 1 = spectrum of $S$ symmetric about zero")
+
+
+def mean_spectrum(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
+    """Figure 3: per model, the index-wise mean over heads of the sorted, unit-length eigenvalues of S."""
+    data = _frame(con, """
+        WITH unit AS (
+            SELECT model, layer, head,
+                   value / nullif(sqrt(sum(value * value) OVER (PARTITION BY model, layer, head)), 0) AS u
+            FROM eigenvalues WHERE spectrum = 'S'
+        ), ranked AS (
+            SELECT model, u, row_number() OVER (PARTITION BY model, layer, head ORDER BY u DESC) - 1 AS rank
+            FROM unit WHERE u IS NOT NULL
+        )
+        SELECT model, rank, avg(u) AS mean_u, count(*) AS heads FROM ranked GROUP BY model, rank ORDER BY model, rank""")
+    models = _by_model(data)
+    fig, axes = _panel_grid(len(models), 2, (6.0, 3.4))
+    for ax, (model, rows) in zip(axes, models):
+        mean_u = rows["mean_u"].to_numpy()
+        ax.bar(rows["rank"].to_numpy(), mean_u, width=1.0, color=np.where(mean_u >= 0, "tab:red", "tab:blue"))
+        ax.axhline(0, color="black", lw=0.6)
+        ax.set_title(f"{model} (mean of {rows['heads'].max()} heads, {rows.height} eigenvalues each)", fontsize=9)
+        ax.set_xlabel("index $i$ (eigenvalues in decreasing order)", fontsize=8)
+        ax.set_ylabel(r"mean $\lambda_i(S)/\|\lambda(S)\|$", fontsize=8)
+        ax.set_xlim(-1, rows.height)
+        ax.tick_params(labelsize=7)
+    fig.suptitle("Figure 3. The mean eigenvalue distribution of symmetric parts (sorted, unit-length spectra)",
+                 fontsize=10)
+    return _save(fig, path)
+
+
+def pairing_distribution(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
+    """Figure 11: histogram of the trained heads' pairing scores per model, dashed at the model median."""
+    data = _frame(con, """
+        SELECT h.model, h.pairing, m.median_pairing
+        FROM heads h JOIN model_medians m USING (model)
+        WHERE h.pairing IS NOT NULL ORDER BY h.model""")
+    models = _by_model(data)
+    fig = Figure(figsize=(6.5, 0.8 + 1.5 * len(models)), layout="constrained", dpi=DPI)
+    axes = fig.subplots(len(models), 1, squeeze=False, sharex=True)[:, 0]
+    bins = np.linspace(0, 1, 51)
+    for ax, (model, rows) in zip(axes, models):
+        median = rows["median_pairing"][0]
+        ax.hist(rows["pairing"].to_numpy(), bins=bins, color="tab:gray", edgecolor="white", lw=0.4)
+        ax.axvline(median, color="black", ls="--", lw=1.2)
+        ax.text(median, 0.95, f" median {median:.3f}", transform=ax.get_xaxis_transform(),
+                ha="left", va="top", fontsize=8, bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
+        ax.set_title(f"{model} ({rows.height} heads)", fontsize=9, loc="left")
+        ax.set_ylabel("heads", fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[-1].set_xlabel(r"pairing score $\mathscr{P}=1-\|\lambda_{+}-\lambda_{-}\|/\|S\|$", fontsize=9)
+    axes[-1].set_xlim(0, 1)
+    fig.suptitle("Figure 11. Distribution of the trained-head pairing scores (dashed: model medians)", fontsize=10)
+    return _save(fig, path)
+
+
+# File name -> (drawing function, what the figure shows); export writes these and lists them in its index.
+FIGURES: dict[str, tuple[Callable[[duckdb.DuckDBPyConnection, Path], Path], str]] = {
+    "figure03_mean_spectrum.png": (
+        mean_spectrum, "Figure 3: mean sorted unit-length spectrum of S per model"),
+    "figure09_profiles.png": (
+        profiles, "Figure 9: symmetric profiles (b_S, c_S, d_S) on the face Delta, by parity"),
+    "figure11_pairing.png": (
+        pairing_distribution, "Figure 11: distribution of trained-head pairing scores, model medians dashed"),
+    "figure12_parity_by_layer.png": (
+        parity_by_layer, "Figure 12: percent of each layer's heads by parity type"),
+    "figure13_symmetric_energy.png": (
+        symmetric_energy, "Figure 13: symmetric energy per layer and head, trained vs random baseline"),
+    "figure14_pairing.png": (
+        pairing, "Figure 14: pairing score per layer and head, trained vs random baseline"),
+}
+
+
+def draw_all(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
+    """Every figure of FIGURES as a PNG in out_dir; returns their paths."""
+    return [draw(con, Path(out_dir) / name) for name, (draw, _) in FIGURES.items()]
