@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import click
 
@@ -24,6 +25,10 @@ class Group(click.Group):
             raise click.ClickException(str(exc)) from None
         except duckdb.Error as exc:
             raise click.ClickException(str(exc).strip().splitlines()[0]) from None
+
+
+WAIT = click.option("--wait", type=float, default=0.0, show_default=True,
+                    help="Seconds to wait for a warehouse another process is writing.")
 
 
 def db_option(read_only: bool = False):
@@ -56,8 +61,7 @@ def main():
               help="Type II when c_sym + d_sym is at most this.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random baseline heads.")
 @click.option("--device", default="cpu", show_default=True, help="torch device for the linear algebra (cpu, cuda).")
-@click.option("--wait", type=float, default=0.0, show_default=True,
-              help="Seconds to wait for a warehouse another process is writing.")
+@WAIT
 def extract(sources, db, name, revision, force, qk_norm, parity_tolerance, seed, device, wait):
     """Extract SOURCES into the warehouse: hub ids, local folders, .gguf files, pkg:NAME, or a model set.
 
@@ -67,13 +71,15 @@ def extract(sources, db, name, revision, force, qk_norm, parity_tolerance, seed,
     from extract import open_checkpoint
     from extract.sources import expand_sources
     from warehouse.load import LoadOptions, load_model
-    from warehouse.store import connect, create_schema
+    from warehouse.store import connect, create_schema, interruptible, remove_warehouse
 
     targets = expand_sources(list(sources))
     if name and len(targets) > 1:
         raise click.UsageError("--name needs exactly one source")
     opts = LoadOptions(parity_tolerance=parity_tolerance, seed=seed, device=device, force=force)
     con = None
+    created = not Path(db).exists()
+    loaded = 0
     total_heads, started = 0, time.perf_counter()
     try:
         for set_name, source in targets:
@@ -95,15 +101,23 @@ def extract(sources, db, name, revision, force, qk_norm, parity_tolerance, seed,
                 finally:
                     ckpt.close()
             total_heads += result.heads
+            loaded += 1
             click.echo(f"{result.model}: {result.status}; {result.layers} layers, {result.heads} heads "
                        f"in {result.seconds:.1f} s ({result.heads / max(result.seconds, 1e-9):.0f} heads/s; "
                        f"{spec.architecture}, {spec.n_layers} x {spec.n_heads} heads, "
                        f"N={spec.d_model}, n={spec.head_dim}, revision {ckpt.revision})")
     except KeyboardInterrupt:
         raise click.ClickException("interrupted: committed layers are kept; run the same command to resume") from None
+    except Exception:
+        if con is not None and created and not loaded:  # the failed run undid its rows: undo the file too
+            con.close()
+            con = None
+            remove_warehouse(db)
+        raise
     finally:
         if con is not None:
-            con.close()
+            with interruptible():
+                con.close()
     click.echo(f"{total_heads} heads written to {db} in {time.perf_counter() - started:.1f} s")
 
 
@@ -112,7 +126,8 @@ def extract(sources, db, name, revision, force, qk_norm, parity_tolerance, seed,
 @db_option(read_only=True)
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
 @click.option("--write", is_flag=True, help="Open the warehouse for writing (default: read-only).")
-def sql(query, db, fmt, write):
+@WAIT
+def sql(query, db, fmt, write, wait):
     """Run a SQL QUERY on the warehouse (read-only unless --write).
 
     \b
@@ -121,7 +136,7 @@ def sql(query, db, fmt, write):
     """
     from warehouse.store import connect
 
-    con = connect(db, read_only=not write)
+    con = connect(db, read_only=not write, wait=wait)
     try:
         relation = con.sql(query)
         frame = relation.pl() if relation is not None else None
@@ -146,11 +161,12 @@ def _print(frame, fmt: str) -> None:
 @main.command()
 @db_option(read_only=True)
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
-def status(db, fmt):
+@WAIT
+def status(db, fmt, wait):
     """Models in the warehouse: head counts, progress and provenance."""
     from warehouse.store import connect, query
 
-    con = connect(db, read_only=True)
+    con = connect(db, read_only=True, wait=wait)
     try:
         frame = query(con, """
             SELECT m.model, m.architecture, m.n_layers, count(DISTINCT l.layer) AS layers_done,
@@ -179,6 +195,31 @@ def export(db, out_dir):
     finally:
         con.close()
     click.echo(f"{len(written)} files written to {out_dir} (index.csv lists what each one is)")
+
+
+@main.command()
+@db_option(read_only=True)
+@WAIT
+def check(db, wait):
+    """Verify the warehouse's invariants: every head of every model, with its eigenvalues and fits, consistent.
+
+    Prints each violation, and each incomplete model (a warning: rerun extract to resume), on a
+    line with its place (model, layer, head); exits with status 1 when there is a violation.
+    """
+    from warehouse.check import check_warehouse
+    from warehouse.store import connect
+
+    con = connect(db, read_only=True, wait=wait)
+    try:
+        findings = check_warehouse(con)
+    finally:
+        con.close()
+    for finding in findings:
+        click.echo(str(finding))
+    violations = sum(finding.level == "violation" for finding in findings)
+    if violations:
+        raise click.ClickException(f"{db}: {violations} violation{'s' * (violations != 1)} of the warehouse's invariants")
+    click.echo(f"{db}: all invariants hold ({len(findings)} warning{'s' * (len(findings) != 1)})")
 
 
 @main.command()

@@ -26,12 +26,12 @@ def tiny_folder(tmp_path_factory):
     return folder
 
 
-@pytest.mark.parametrize("command", [None, "extract", "sql", "status", "models", "export"])
+@pytest.mark.parametrize("command", [None, "extract", "sql", "status", "models", "export", "check"])
 def test_help_documents_every_command(runner, command):
     result = runner.invoke(cli.main, ([command] if command else []) + ["--help"])
     assert result.exit_code == 0
     if command is None:
-        for name in ("extract", "sql", "status", "models", "export"):
+        for name in ("extract", "sql", "status", "models", "export", "check"):
             assert name in result.output
     else:
         params = cli.main.commands[command].params
@@ -117,3 +117,26 @@ def test_export_writes_tables_and_figures(runner, demo_db, tmp_path):
     for name in ("table2_parity.csv", "table2_parity.parquet", "figure09_profiles.png", "figure12_parity_by_layer.png"):
         assert (out / name).stat().st_size > 0 and name in index
     assert result.output.startswith(f"{len(index.splitlines())} files written")
+
+
+def test_check_passes_on_a_sound_warehouse_and_locates_a_violation(runner, demo_db, tmp_path):
+    ok = runner.invoke(cli.main, ["check", "--db", str(demo_db)])
+    assert ok.exit_code == 0 and "all invariants hold" in ok.output
+    broken = tmp_path / "broken.duckdb"
+    broken.write_bytes(demo_db.read_bytes())
+    damage = runner.invoke(cli.main, ["sql", "delete from fits where model = 'SmolLM2-135M' and layer = 4 and head = 2 "
+                                      "and sample = 'T' and family = 'gamma'", "--db", str(broken), "--write"])
+    assert damage.exit_code == 0
+    result = runner.invoke(cli.main, ["check", "--db", str(broken)])
+    assert result.exit_code == 1 and "1 violation" in result.output
+    assert "'SmolLM2-135M' layer 4 head 2" in result.output
+
+
+def test_read_only_connections_see_the_current_views(runner, demo_db, tmp_path):
+    old = tmp_path / "old.duckdb"
+    old.write_bytes(demo_db.read_bytes())
+    stale = runner.invoke(cli.main, ["sql", "create or replace view parity_by_model as select 1 as stale",
+                                     "--db", str(old), "--write"])
+    assert stale.exit_code == 0
+    result = runner.invoke(cli.main, ["sql", "select * from parity_by_model", "--db", str(old), "--format", "csv"])
+    assert result.output.startswith("model,heads,pct_type_I_plus")

@@ -49,32 +49,32 @@ class LoadResult:
     seconds: float
 
 
+# The columns a stored model's numbers depend on: a source that differs in any of them is another model.
+IDENTITY = ("revision", "architecture", "n_layers", "n_heads", "n_kv_heads", "d_model", "head_dim", "qk_norm",
+            "parity_tolerance", "baseline_seed")
+
+
 def load_model(con, ckpt: Checkpoint, opts: LoadOptions,
                on_layer: Callable[[int, int], None] | None = None) -> LoadResult:
-    """Extract every missing layer of `ckpt` into the warehouse; on_layer(layer, heads) reports progress."""
+    """Extract every missing layer of `ckpt` into the warehouse; on_layer(layer, heads) reports each layer written."""
     start = time.perf_counter()
     name, spec = ckpt.name, ckpt.spec
     record = _model_record(ckpt, opts)
-    old = query(con, "SELECT revision, parity_tolerance, baseline_seed, qk_norm, complete FROM models WHERE model = ?", [name])
-    replacing = False
+    old = query(con, f"SELECT {', '.join(IDENTITY)}, complete FROM models WHERE model = ?", [name])
     if old.height:
         prev = old.row(0, named=True)
-        same = (prev["revision"], prev["parity_tolerance"], prev["baseline_seed"], prev["qk_norm"]) == \
-               (record["revision"], record["parity_tolerance"], record["baseline_seed"], record["qk_norm"])
-        if not same and not opts.force:
-            raise WarehouseError(
-                f"model '{name}' is in the warehouse from revision {prev['revision']} "
-                f"(parity tolerance {prev['parity_tolerance']}, seed {prev['baseline_seed']}); this source is "
-                f"{record['revision']} (parity tolerance {record['parity_tolerance']}, seed {record['baseline_seed']}): "
-                f"use --force to replace it, or --name to keep both")
-        if same and prev["complete"] and not opts.force:
+        changed = [f"{key} {prev[key]} -> {record[key]}" for key in IDENTITY if prev[key] != record[key]]
+        if changed and not opts.force:
+            raise WarehouseError(f"model '{name}' in the warehouse differs from this source ({'; '.join(changed)}): "
+                                 f"use --force to replace it, or --name to keep both")
+        if opts.force:
+            with transaction(con):
+                _delete_model(con, name)
+                _write_model(con, ckpt, opts, record, on_layer)
+            return LoadResult(name, "replaced", spec.n_layers, spec.n_layers * spec.n_heads,
+                              time.perf_counter() - start)
+        if prev["complete"]:
             return LoadResult(name, "up to date", 0, 0, time.perf_counter() - start)
-        replacing = opts.force
-    if replacing:
-        with transaction(con):
-            _delete_model(con, name)
-            _write_model(con, ckpt, opts, record, range(spec.n_layers), on_layer)
-        return LoadResult(name, "replaced", spec.n_layers, spec.n_layers * spec.n_heads, time.perf_counter() - start)
 
     done = set(query(con, "SELECT layer FROM layers WHERE model = ?", [name])["layer"].to_list())
     created = not old.height
@@ -86,8 +86,10 @@ def load_model(con, ckpt: Checkpoint, opts: LoadOptions,
     try:
         for layer in todo:
             with transaction(con):
-                _write_layer(con, ckpt, opts, layer, on_layer)
+                _write_layer(con, ckpt, opts, layer)
             written.append(layer)
+            if on_layer:
+                on_layer(layer, spec.n_heads)
         with transaction(con):
             con.execute("UPDATE models SET complete = true, extracted_at = ? WHERE model = ?",
                         [record["extracted_at"], name])
@@ -99,15 +101,17 @@ def load_model(con, ckpt: Checkpoint, opts: LoadOptions,
                 for table in ("heads", "eigenvalues", "fits", "layers"):
                     con.execute(f"DELETE FROM {table} WHERE model = ? AND list_contains(?, layer)", [name, written])
         raise
-    status = "resumed" if done else "extracted"
+    status = "resumed" if done or not created else "extracted"
     return LoadResult(name, status, len(written), len(written) * spec.n_heads, time.perf_counter() - start)
 
 
-def _write_model(con, ckpt, opts, record, layers, on_layer) -> None:
-    insert(con, "models", pl.DataFrame([record]))
-    for layer in layers:
-        _write_layer(con, ckpt, opts, layer, on_layer)
-    con.execute("UPDATE models SET complete = true WHERE model = ?", [ckpt.name])
+def _write_model(con, ckpt, opts, record, on_layer) -> None:
+    """Every layer of a model, inside the caller's transaction."""
+    insert(con, "models", pl.DataFrame([record | {"complete": True}]))
+    for layer in range(ckpt.spec.n_layers):
+        _write_layer(con, ckpt, opts, layer)
+        if on_layer:
+            on_layer(layer, ckpt.spec.n_heads)
 
 
 def _delete_model(con, name: str) -> None:
@@ -115,7 +119,7 @@ def _delete_model(con, name: str) -> None:
         con.execute(f"DELETE FROM {table} WHERE model = ?", [name])
 
 
-def _write_layer(con, ckpt: Checkpoint, opts: LoadOptions, layer: int, on_layer) -> None:
+def _write_layer(con, ckpt: Checkpoint, opts: LoadOptions, layer: int) -> None:
     """Read, analyse and insert one layer with its progress row (the caller holds the transaction)."""
     t0 = time.perf_counter()
     wq, wk = ckpt.read_layer(layer)
@@ -129,8 +133,6 @@ def _write_layer(con, ckpt: Checkpoint, opts: LoadOptions, layer: int, on_layer)
         "model": [ckpt.name], "layer": [layer], "heads": [spec.n_heads],
         "seconds": [time.perf_counter() - t0], "written_at": [datetime.now(timezone.utc).replace(tzinfo=None)],
     }))
-    if on_layer:
-        on_layer(layer, spec.n_heads)
 
 
 def _model_record(ckpt: Checkpoint, opts: LoadOptions) -> dict:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,10 +27,20 @@ def default_db() -> str:
 
 
 def connect(path: str | Path, *, read_only: bool = False, wait: float = 0.0) -> duckdb.DuckDBPyConnection:
-    """Open the warehouse; a writer holding the lock makes us wait up to `wait` seconds, then fail."""
+    """Open the warehouse; a writer holding the lock makes us wait up to `wait` seconds, then fail.
+
+    A read-only connection gets this version's views of sql/ as temporary views, shadowing
+    any older ones stored in the file."""
     path = Path(path)
     if read_only and not path.exists():
         raise WarehouseError(f"no warehouse at {path}: build one with `make warehouse` or `headforms extract`")
+    con = _open_when_free(path, read_only, wait)
+    if read_only:
+        create_views(con, temporary=True)
+    return con
+
+
+def _open_when_free(path: Path, read_only: bool, wait: float) -> duckdb.DuckDBPyConnection:
     deadline = time.monotonic() + wait
     announced = False
     while True:
@@ -41,15 +52,20 @@ def connect(path: str | Path, *, read_only: bool = False, wait: float = 0.0) -> 
             holder = re.search(r"PID (\d+)", str(exc))
             who = f" (process {holder.group(1)})" if holder else ""
             if time.monotonic() >= deadline:
-                raise WarehouseError(f"{path} is in use by another headforms process{who}; "
+                raise WarehouseError(f"{path} is in use by another process{who}; "
                                      f"retry when it finishes, or pass --wait SECONDS") from None
             if not announced:
-                import click
-                click.echo(f"waiting for {path}, in use by another process{who} ...", err=True)
+                print(f"waiting for {path}, in use by another process{who} ...", file=sys.stderr, flush=True)
                 announced = True
             time.sleep(0.5)
         except duckdb.Error as exc:
             raise WarehouseError(f"cannot open {path} as a DuckDB warehouse: {_first_line(exc)}") from None
+
+
+def remove_warehouse(path: str | Path) -> None:
+    """Delete a warehouse file and its write-ahead log."""
+    for file in (Path(path), Path(f"{path}.wal")):
+        file.unlink(missing_ok=True)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -57,19 +73,43 @@ def _first_line(exc: BaseException) -> str:
 
 
 def create_schema(con: duckdb.DuckDBPyConnection) -> None:
-    """Tables of schema.sql, then every view of sql/ (a view file holds one SELECT; its name is the file's stem)."""
-    con.execute(SCHEMA.read_text())
+    """Tables of schema.sql, then every view of sql/, stored in the warehouse for any DuckDB client."""
+    with interruptible():
+        con.execute(SCHEMA.read_text())
+    create_views(con)
+
+
+def create_views(con: duckdb.DuckDBPyConnection, temporary: bool = False) -> None:
+    """Every view of sql/ (a file holds one SELECT; the view's name is the file's stem).
+
+    Temporary views serve read-only connections, which cannot store them."""
+    kind = "TEMP VIEW" if temporary else "VIEW"
     pending = sorted(VIEWS.glob("*.sql"))
-    while pending:  # views may read other views: retry until every one resolves
-        failed = []
-        for file in pending:
-            try:
-                con.execute(f"CREATE OR REPLACE VIEW {file.stem} AS {file.read_text()}")
-            except duckdb.CatalogException:
-                failed.append(file)
-        if len(failed) == len(pending):
-            con.execute(f"CREATE OR REPLACE VIEW {failed[0].stem} AS {failed[0].read_text()}")  # raises the real error
-        pending = failed
+    with interruptible():
+        while pending:  # views may read other views: retry until every one resolves
+            failed = []
+            for file in pending:
+                try:
+                    con.execute(f"CREATE OR REPLACE {kind} {file.stem} AS {file.read_text()}")
+                except duckdb.CatalogException:
+                    failed.append(file)
+            if len(failed) == len(pending):  # raises the real error
+                con.execute(f"CREATE OR REPLACE {kind} {failed[0].stem} AS {failed[0].read_text()}")
+            pending = failed
+
+
+@contextmanager
+def interruptible():
+    """Ctrl-C during a DuckDB query surfaces as DuckDB's own error; turn it back into KeyboardInterrupt,
+    so callers treat it as an interruption (work kept, resumable) and not as a failure (work undone)."""
+    try:
+        yield
+    except duckdb.InterruptException:
+        raise KeyboardInterrupt from None
+    except RuntimeError as exc:
+        if str(exc) != "Query interrupted":
+            raise
+        raise KeyboardInterrupt from None
 
 
 @contextmanager
@@ -77,11 +117,13 @@ def transaction(con: duckdb.DuckDBPyConnection):
     """All or nothing: commit on success, roll back on any exception (Ctrl-C included)."""
     con.begin()
     try:
-        yield con
+        with interruptible():
+            yield con
     except BaseException:
         con.rollback()
         raise
-    con.commit()
+    with interruptible():
+        con.commit()
 
 
 def insert(con: duckdb.DuckDBPyConnection, table: str, frame: pl.DataFrame) -> None:
@@ -95,4 +137,5 @@ def insert(con: duckdb.DuckDBPyConnection, table: str, frame: pl.DataFrame) -> N
 
 def query(con: duckdb.DuckDBPyConnection, sql: str, params=None) -> pl.DataFrame:
     """A query's result as a polars frame."""
-    return con.sql(sql, params=params).pl()
+    with interruptible():
+        return con.sql(sql, params=params).pl()

