@@ -4,12 +4,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from compute.baseline import random_forms
 from compute.fits import fit_families
 from compute.reduction import reduce_forms
 from compute.spectra import Spectra, spectra
 from compute.statistics import PARITY_TOLERANCE, fit_samples, head_statistics, pairing, symmetric_energy
+from compute.threads import single_threaded
 
 SAMPLES = ("L_abs", "S_pos", "S_neg", "T")
 
@@ -33,7 +35,17 @@ def analyse_layer(
     parity_tolerance: float = PARITY_TOLERANCE,
     device: str = "cpu",
 ) -> LayerAnalysis:
-    """Reduce, take spectra, statistics, the random baseline and all fits of one layer."""
+    """Reduce, take spectra, statistics, the random baseline and all fits of one layer.
+
+    On the CPU every library runs single-threaded here; the heads are spread over threads
+    instead (compute.threads)."""
+    if torch.device(device).type == "cpu":
+        with single_threaded():
+            return _analyse(wq, wk, kv_index, layer, seed, parity_tolerance, device)
+    return _analyse(wq, wk, kv_index, layer, seed, parity_tolerance, device)
+
+
+def _analyse(wq, wk, kv_index, layer, seed, parity_tolerance, device) -> LayerAnalysis:
     n_heads, head_dim, d_model = wq.shape
     sp = spectra(reduce_forms(wq, wk, kv_index, device=device))
     stats = head_statistics(sp, d_model, parity_tolerance)
