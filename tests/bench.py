@@ -804,9 +804,9 @@ def targets_table(r: dict) -> bool:
     if syn:
         add("24B-shaped extraction, peak RSS", f"{syn['rss'] / GB:.2f} GB", f"< {TARGETS['rss_gb']:.0f} GB",
             syn["rss"] < TARGETS["rss_gb"] * GB)
-        add("24B-shaped extraction, bytes read (subprocess, all files)", f"{syn['read_bytes'] / GB:.4f} GB",
-            f"<= {syn['budget'] / GB:.4f} GB + 1 MB libs", syn["read_bytes"] <= syn["budget"] + 1e6)
-        add("  ... checkpoint alone (in process, libs resident)", f"{syn['inproc_read'] / GB:.4f} GB",
+        # The target counts checkpoint bytes: the cold open + read_layer x 40 in process. The subprocess's
+        # read_bytes (section 5) also counts its shared-library page-ins, so it is reported, not judged.
+        add("24B-shaped extraction, checkpoint bytes read (cold)", f"{syn['inproc_read'] / GB:.4f} GB",
             f"<= {syn['budget'] / GB:.4f} GB", syn["inproc_read"] <= syn["budget"])
     else:
         add("24B-shaped extraction", "skipped", "", False)

@@ -18,7 +18,7 @@ import numpy as np
 import polars as pl
 
 from compute.analysis import LayerAnalysis, analyse_layer
-from compute.statistics import PARITY_TOLERANCE
+from compute.statistics import PARITY_TOLERANCE, lobes
 from extract import Checkpoint
 from warehouse.store import WarehouseError, insert, query, transaction
 
@@ -166,7 +166,7 @@ def layer_frames(model: str, layer: int, kv_index: np.ndarray, head_dim: int,
     head_cols["balanced"] = (stats["n_pos"] == head_dim) & (stats["n_neg"] == head_dim)
 
     rank = min(head_dim, sp.eig_L.shape[1])
-    plus, minus = (np.where(sp.eig_S > 0, sp.eig_S, np.nan), np.where(sp.eig_S < 0, -sp.eig_S, np.nan)[:, ::-1])
+    plus, minus = lobes(sp.eig_S)
     spectra = {
         "S": sp.eig_S, "S_pos": _lobe(plus, stats["n_pos"]), "S_neg": _lobe(minus, stats["n_neg"]),
         "T_sv": sp.sv_T, "T_sigma": sp.sigma_T, "L": sp.eig_L[:, :rank], "L_sv": sp.sv_L[:, :rank],
