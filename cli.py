@@ -7,8 +7,15 @@ from pathlib import Path
 
 import click
 
-from extract import ExtractError
-from warehouse.store import WarehouseError, default_db
+if not __package__:  # `python cli.py` in a checkout: this folder is the `headforms` package
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location("headforms", Path(__file__).with_name("__init__.py"))
+    sys.modules["headforms"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules["headforms"])
+
+from headforms.extract import ExtractError
+from headforms.warehouse.store import WarehouseError, default_db
 
 FORMATS = ("table", "csv", "json")
 
@@ -68,57 +75,54 @@ def extract(sources, db, name, revision, force, qk_norm, parity_tolerance, seed,
     Model sets (see `headforms models`): demo, paper. A model already in the warehouse is
     skipped when up to date and resumed when an earlier run was interrupted.
     """
-    from extract import open_checkpoint
-    from extract.sources import expand_sources
-    from warehouse.load import LoadOptions, load_model
-    from warehouse.store import connect, create_schema, interruptible, remove_warehouse
+    from headforms import api
+    from headforms.extract.sources import expand_sources
 
-    targets = expand_sources(list(sources))
-    if name and len(targets) > 1:
+    if name and len(expand_sources(list(sources))) > 1:
         raise click.UsageError("--name needs exactly one source")
-    opts = LoadOptions(parity_tolerance=parity_tolerance, seed=seed, device=device, force=force)
-    con = None
-    created = not Path(db).exists()
-    loaded = 0
-    total_heads, started = 0, time.perf_counter()
+    started, progress = time.perf_counter(), _BarProgress()
     try:
-        for set_name, source in targets:
-            ckpt = open_checkpoint(source, revision=revision, name=name or set_name, qk_norm=qk_norm)
-            if con is None:
-                con = connect(db, wait=wait)
-                create_schema(con)
-            spec = ckpt.spec
-            with click.progressbar(length=spec.n_layers * spec.n_heads, label=ckpt.name, file=sys.stderr,
-                                   show_pos=True, item_show_func=lambda rate: rate) as bar:
-                t0 = time.perf_counter()
-
-                def on_layer(layer, heads, bar=bar, t0=t0):
-                    bar.update(heads, f"{(bar.pos + heads) / max(time.perf_counter() - t0, 1e-9):.0f} heads/s")
-
-                bar.update(0)
-                try:
-                    result = load_model(con, ckpt, opts, on_layer)
-                finally:
-                    ckpt.close()
-            total_heads += result.heads
-            loaded += 1
-            click.echo(f"{result.model}: {result.status}; {result.layers} layers, {result.heads} heads "
-                       f"in {result.seconds:.1f} s ({result.heads / max(result.seconds, 1e-9):.0f} heads/s; "
-                       f"{spec.architecture}, {spec.n_layers} x {spec.n_heads} heads, "
-                       f"N={spec.d_model}, n={spec.head_dim}, revision {ckpt.revision})")
+        summary = api.extract(sources, db=db, progress=progress, name=name, revision=revision,
+                              qk_norm=qk_norm, wait=wait, parity_tolerance=parity_tolerance, seed=seed,
+                              device=device, force=force)
     except KeyboardInterrupt:
         raise click.ClickException("interrupted: committed layers are kept; run the same command to resume") from None
-    except Exception:
-        if con is not None and created and not loaded:  # the failed run undid its rows: undo the file too
-            con.close()
-            con = None
-            remove_warehouse(db)
-        raise
     finally:
-        if con is not None:
-            with interruptible():
-                con.close()
+        progress.close()
+    total_heads = summary["heads"].sum() if summary.height else 0
     click.echo(f"{total_heads} heads written to {db} in {time.perf_counter() - started:.1f} s")
+
+
+class _BarProgress:
+    """extract's progress as a click progress bar per model (heads, heads/s) and a summary line each."""
+
+    bar = None
+
+    def model_started(self, ckpt):
+        spec = ckpt.spec
+        self.bar = click.progressbar(length=spec.n_layers * spec.n_heads, label=ckpt.name, file=sys.stderr,
+                                     show_pos=True, item_show_func=lambda rate: rate)
+        self.bar.__enter__()
+        self.t0 = time.perf_counter()
+        self.bar.update(0)
+
+    def layer_done(self, layer, heads):
+        rate = (self.bar.pos + heads) / max(time.perf_counter() - self.t0, 1e-9)
+        self.bar.update(heads, f"{rate:.0f} heads/s")
+
+    def close(self):
+        """Ends the current bar (also when extraction failed, so an error starts on its own line)."""
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+    def model_done(self, ckpt, result):
+        self.close()
+        spec = ckpt.spec
+        click.echo(f"{result.model}: {result.status}; {result.layers} layers, {result.heads} heads "
+                   f"in {result.seconds:.1f} s ({result.heads / max(result.seconds, 1e-9):.0f} heads/s; "
+                   f"{spec.architecture}, {spec.n_layers} x {spec.n_heads} heads, "
+                   f"N={spec.d_model}, n={spec.head_dim}, revision {ckpt.revision})")
 
 
 @main.command()
@@ -134,7 +138,7 @@ def sql(query, db, fmt, write, wait):
     headforms sql "select * from signature_check"
     headforms sql "select model, median(pairing) from heads group by all" --format csv
     """
-    from warehouse.store import connect
+    from headforms.warehouse.store import connect
 
     con = connect(db, read_only=not write, wait=wait)
     try:
@@ -164,7 +168,7 @@ def _print(frame, fmt: str) -> None:
 @WAIT
 def status(db, fmt, wait):
     """Models in the warehouse: head counts, progress and provenance."""
-    from warehouse.store import connect, query
+    from headforms.warehouse.store import connect, query
 
     con = connect(db, read_only=True, wait=wait)
     try:
@@ -186,8 +190,8 @@ def status(db, fmt, wait):
               help="Folder for the tables (CSV and Parquet), figures (PNG) and index.csv.")
 def export(db, out_dir):
     """Write the paper's tables (CSV, Parquet) and figures (PNG), named after the table or figure they are."""
-    from warehouse.export import export as export_all
-    from warehouse.store import connect
+    from headforms.warehouse.export import export as export_all
+    from headforms.warehouse.store import connect
 
     con = connect(db, read_only=True)
     try:
@@ -206,8 +210,8 @@ def check(db, wait):
     Prints each violation, and each incomplete model (a warning: rerun extract to resume), on a
     line with its place (model, layer, head); exits with status 1 when there is a violation.
     """
-    from warehouse.check import check_warehouse
-    from warehouse.store import connect
+    from headforms.warehouse.check import check_warehouse
+    from headforms.warehouse.store import connect
 
     con = connect(db, read_only=True, wait=wait)
     try:
@@ -225,7 +229,7 @@ def check(db, wait):
 @main.command()
 def models():
     """The known model sets and their sources (use a set's name as a SOURCE of extract)."""
-    from extract import MODEL_SETS
+    from headforms.extract import MODEL_SETS
 
     for set_name, members in MODEL_SETS.items():
         click.echo(f"{set_name}:")

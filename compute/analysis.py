@@ -6,12 +6,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from compute.baseline import random_forms
-from compute.fits import fit_families
-from compute.reduction import reduce_forms
-from compute.spectra import Spectra, spectra
-from compute.statistics import PARITY_TOLERANCE, fit_samples, head_statistics, pairing, symmetric_energy
-from compute.threads import single_threaded
+from headforms.compute.baseline import random_forms
+from headforms.compute.fits import fit_families
+from headforms.compute.reduction import reduce_forms
+from headforms.compute.spectra import Spectra, spectra
+from headforms.compute.statistics import PARITY_TOLERANCE, fit_samples, head_statistics, pairing, symmetric_energy
+from headforms.compute.threads import single_threaded
 
 SAMPLES = ("L_abs", "S_pos", "S_neg", "T")
 

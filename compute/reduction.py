@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from compute.threads import map_threads
+from headforms.compute.threads import map_threads
 
 
 def _reduce(stacked: torch.Tensor, n: int) -> torch.Tensor:

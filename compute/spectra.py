@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from compute.threads import WORKERS, chunks, map_threads
+from headforms.compute.threads import WORKERS, chunks, map_threads
 
 
 @dataclass

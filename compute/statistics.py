@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from compute.spectra import Spectra
+from headforms.compute.spectra import Spectra
 
 PARITY_TOLERANCE = 1 / 50
 ZERO_TOLERANCE = 1e-9  # relative to max |eig(S)|: smaller eigenvalues count as zero

@@ -4,7 +4,22 @@
 hub id) to a `Checkpoint`; `Checkpoint.read_layer(i)` yields that layer's query and key
 maps as float64 arrays, one layer in memory at a time.
 """
-from extract.checkpoint import Checkpoint, ExtractError, ModelSpec
-from extract.sources import MODEL_SETS, open_checkpoint
+import sys
+import types
+
+from headforms.extract.checkpoint import Checkpoint, ExtractError, ModelSpec
+from headforms.extract.sources import MODEL_SETS, open_checkpoint
 
 __all__ = ["Checkpoint", "ExtractError", "ModelSpec", "MODEL_SETS", "open_checkpoint"]
+
+
+class _CallableModule(types.ModuleType):
+    """`headforms.extract(sources, db=...)` is the API's extract; `headforms.extract.sources` etc. stay modules."""
+
+    def __call__(self, *args, **kwargs):
+        from headforms.api import extract
+
+        return extract(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

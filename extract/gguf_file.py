@@ -8,7 +8,7 @@ import gguf
 import numpy as np
 from gguf import GGUFValueType
 
-from extract.checkpoint import Checkpoint, ExtractError, ModelSpec, sha256_files
+from headforms.extract.checkpoint import Checkpoint, ExtractError, ModelSpec, sha256_files
 
 # RoPE pairing of the rows of each head as the file stores them. llama.cpp's converter permutes
 # the Q and K rows of llama-family models (Mistral is stored as `llama` too) within each head,

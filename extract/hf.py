@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from extract.checkpoint import Checkpoint, ExtractError, ModelSpec, sha256_files
-from extract.layouts import Layout, model_spec
+from headforms.extract.checkpoint import Checkpoint, ExtractError, ModelSpec, sha256_files
+from headforms.extract.layouts import Layout, model_spec
 
 _DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}  # safetensors -> torch names
 _FLOAT_DTYPES = frozenset(_DTYPES.values())

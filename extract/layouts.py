@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from extract.checkpoint import ExtractError, ModelSpec
+from headforms.extract.checkpoint import ExtractError, ModelSpec
 
 # config.json spellings of the shape fields, first present wins (families name them differently).
 _CONFIG_KEYS = {

@@ -5,8 +5,8 @@ import importlib.util
 import json
 from pathlib import Path
 
-from extract.checkpoint import Checkpoint, ExtractError
-from extract.gguf_file import open_gguf
+from headforms.extract.checkpoint import Checkpoint, ExtractError
+from headforms.extract.gguf_file import open_gguf
 
 # Named sets of (model name, source) for `headforms extract SET`.
 MODEL_SETS: dict[str, list[tuple[str, str]]] = {
@@ -66,7 +66,7 @@ def _open_local(path: Path, *, name: str | None, source: str, revision: str | No
                 qk_norm: str) -> Checkpoint:
     """A local model folder (config.json + weights) or GGUF file; names default to folder name / file stem."""
     if path.is_dir():
-        from extract.hf import open_hf_folder  # torch and safetensors load only when a folder is opened
+        from headforms.extract.hf import open_hf_folder  # torch and safetensors load only when a folder is opened
 
         return open_hf_folder(path, name=name or path.resolve().name, source=source,
                               revision=revision, qk_norm=qk_norm)
@@ -141,7 +141,7 @@ def _open_hub(repo_id: str, *, name: str, revision: str | None, qk_norm: str) ->
                            f"local cache): {_one_line(e.__cause__ or e)}") from None
     except (errors.HfHubHTTPError, OSError) as e:
         raise ExtractError(f"cannot download '{repo_id}' from the Hugging Face hub: {_one_line(e)}") from None
-    from extract.hf import open_hf_folder
+    from headforms.extract.hf import open_hf_folder
 
     return open_hf_folder(folder, name=name, source=repo_id, revision=folder.name, qk_norm=qk_norm)
 

@@ -220,11 +220,11 @@ def resident_bytes(path: Path) -> int:
 
 def _demo_run(db: Path) -> dict:
     """One in-process `headforms extract demo` into `db`, with the time split per model."""
-    import cli
-    import compute.analysis as ca
-    import extract
-    import extract.checkpoint as ec
-    import warehouse.load as wl
+    from headforms import cli
+    import headforms.compute.analysis as ca
+    import headforms.extract as extract
+    import headforms.extract.checkpoint as ec
+    import headforms.warehouse.load as wl
 
     timers = Timers()
     per_model: dict[str, dict] = {}
@@ -327,7 +327,7 @@ def demo_cli(tmp: Path) -> dict:
 # 3. fits of the SmolLM2 heads
 
 def read_model(source: str, name: str):
-    from extract import open_checkpoint
+    from headforms.extract import open_checkpoint
 
     ckpt = open_checkpoint(source, revision="bench", name=name)
     layers = [ckpt.read_layer(i) for i in range(ckpt.spec.n_layers)]
@@ -338,11 +338,11 @@ def read_model(source: str, name: str):
 def fits_smollm2(layers, spec) -> dict:
     """All 16 fits (4 samples x 4 families) of every SmolLM2 head, per layer as analyse_layer calls
     them (fit_samples, then one fit_families call on the layer's 4 x 9 samples); best of REPEATS."""
-    from compute.analysis import SAMPLES
-    from compute.fits import fit_families
-    from compute.reduction import reduce_forms
-    from compute.spectra import spectra
-    from compute.statistics import fit_samples
+    from headforms.compute.analysis import SAMPLES
+    from headforms.compute.fits import fit_families
+    from headforms.compute.reduction import reduce_forms
+    from headforms.compute.spectra import spectra
+    from headforms.compute.statistics import fit_samples
 
     sps = [spectra(reduce_forms(wq, wk, spec.kv_index)) for wq, wk in layers]
     times = []
@@ -455,7 +455,7 @@ def straightforward(model_layers: dict, db: Path, full: bool, ours: dict) -> dic
                      ).pl().iter_rows(named=True):
         fits_table[(r["model"], r["layer"], r["head"])].append(r)
     con.close()
-    from compute.threads import single_threaded
+    from headforms.compute.threads import single_threaded
 
     plan = []  # (model, layer, head): one head of each model first, then the rest in seeded random order
     for name, (spec, _) in model_layers.items():
@@ -690,8 +690,8 @@ def synthetic_24b(tmp_root: Path) -> dict | None:
               f"checkpoint pages in the page cache after the run, mincore: {resident / GB:.4f} GB, a lower bound "
               "as the host's DAMON pages out idle memory)")
 
-        from extract import open_checkpoint
-        from extract.checkpoint import sha256_files
+        from headforms.extract import open_checkpoint
+        from headforms.extract.checkpoint import sha256_files
 
         evict(files)
         r0 = proc_read_bytes()
@@ -744,7 +744,7 @@ def synthetic_24b(tmp_root: Path) -> dict | None:
 def projection(read_gbps: float | None) -> dict:
     """Per-layer cost of analyse_layer (reduction, spectra, statistics, baseline, fits) on random
     weights at each model's shape (best of 2), times its layers."""
-    from compute.analysis import analyse_layer
+    from headforms.compute.analysis import analyse_layer
 
     header("6. projection: the paper's fourteen models, 9,512 heads (one random layer per shape, x layers)")
     rng = np.random.default_rng(6)

@@ -3,7 +3,7 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 
-import cli
+from headforms import cli
 
 
 @pytest.fixture(scope="session")

@@ -11,8 +11,8 @@ import time
 import numpy as np
 import torch
 
-from compute.analysis import analyse_layer
-from extract import open_checkpoint
+from headforms.compute.analysis import analyse_layer
+from headforms.extract import open_checkpoint
 
 
 def compare(a, b) -> float:

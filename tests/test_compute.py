@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from compute.baseline import random_forms
-from compute.reduction import reduce_forms
-from compute.spectra import spectra
-from compute.statistics import fit_samples, head_statistics, parity
+from headforms.compute.baseline import random_forms
+from headforms.compute.reduction import reduce_forms
+from headforms.compute.spectra import spectra
+from headforms.compute.statistics import fit_samples, head_statistics, parity
 from tests.dense import dense_reference
 
 RNG = np.random.default_rng(7)

@@ -8,8 +8,8 @@ import pytest
 from matplotlib import image
 from polars.testing import assert_frame_equal
 
-from warehouse.export import LIST_SEPARATOR, TABLES, export
-from warehouse.figures import FIGURES
+from headforms.warehouse.export import LIST_SEPARATOR, TABLES, export
+from headforms.warehouse.figures import FIGURES
 
 EXPECTED = ({f"{stem}.{ext}" for stem in TABLES for ext in ("csv", "parquet")} | set(FIGURES) | {"index.csv"})
 

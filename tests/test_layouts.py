@@ -13,9 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from extract.checkpoint import ExtractError, sha256_files
-from extract.hf import open_hf_folder
-from extract.layouts import LAYOUTS, SUPPORTED, model_spec
+from headforms.extract.checkpoint import ExtractError, sha256_files
+from headforms.extract.hf import open_hf_folder
+from headforms.extract.layouts import LAYOUTS, SUPPORTED, model_spec
 from tests import tiny_models as tm
 
 # name -> (n_heads, n_kv_heads, head_dim, d_model, positional, score_scale, qk_norm) the spec must report.

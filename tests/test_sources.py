@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from extract.checkpoint import ExtractError
-from extract.sources import MODEL_SETS, expand_sources, open_checkpoint
+from headforms.extract.checkpoint import ExtractError
+from headforms.extract.sources import MODEL_SETS, expand_sources, open_checkpoint
 from tests.test_gguf import write_gguf
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -30,9 +30,9 @@ def fake_hf(monkeypatch):
         calls.append(dict(folder=Path(folder), name=name, source=source, revision=revision, qk_norm=qk_norm))
         return calls[-1]
 
-    module = types.ModuleType("extract.hf")
+    module = types.ModuleType("headforms.extract.hf")
     module.open_hf_folder = open_hf_folder
-    monkeypatch.setitem(sys.modules, "extract.hf", module)
+    monkeypatch.setitem(sys.modules, "headforms.extract.hf", module)
     return calls
 
 

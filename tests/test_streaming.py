@@ -5,8 +5,8 @@ from pathlib import Path
 
 import gguf.quants
 
-import extract.hf
-from extract import open_checkpoint
+import headforms.extract.hf
+from headforms.extract import open_checkpoint
 from tests import tiny_models
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,8 +18,8 @@ def test_safetensors_reads_only_that_layers_query_and_key_bytes(tmp_path, monkey
     tiny_models.save(model, folder, "sharded")
     ckpt = open_checkpoint(str(folder))
     reads = []
-    real = extract.hf._read_at
-    monkeypatch.setattr(extract.hf, "_read_at", lambda f, offset, size, path: reads.append(size) or real(f, offset, size, path))
+    real = headforms.extract.hf._read_at
+    monkeypatch.setattr(headforms.extract.hf, "_read_at", lambda f, offset, size, path: reads.append(size) or real(f, offset, size, path))
     ckpt.read_layer(1)
     attn = model.model.layers[1].self_attn
     expected = sorted(w.numel() * w.element_size() for w in (attn.q_proj.weight, attn.k_proj.weight))

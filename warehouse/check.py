@@ -12,8 +12,8 @@ from string import Template
 
 import duckdb
 
-from compute.analysis import SAMPLES
-from compute.fits import FAMILIES
+from headforms.compute.analysis import SAMPLES
+from headforms.compute.fits import FAMILIES
 
 # Rows per head of each spectrum (as warehouse/load.py writes them), in terms of the head's
 # n_pos, n_neg and the model's r = min(N, 2n) and n = head_dim.

@@ -7,7 +7,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from warehouse import figures
+from headforms.warehouse import figures
 
 # Output file stem -> (view of sql/, what it is in the paper). Each table is written as .csv and .parquet.
 TABLES: dict[str, tuple[str, str]] = {

@@ -17,10 +17,10 @@ from typing import Callable
 import numpy as np
 import polars as pl
 
-from compute.analysis import LayerAnalysis, analyse_layer
-from compute.statistics import PARITY_TOLERANCE, lobes
-from extract import Checkpoint
-from warehouse.store import WarehouseError, insert, query, transaction
+from headforms.compute.analysis import LayerAnalysis, analyse_layer
+from headforms.compute.statistics import PARITY_TOLERANCE, lobes
+from headforms.extract import Checkpoint
+from headforms.warehouse.store import WarehouseError, insert, query, transaction
 
 
 def tool_version() -> str:

@@ -1,0 +1,183 @@
+"""The Python API: what the command line does, for notebooks and scripts (polars frames in, out).
+
+    import headforms
+    headforms.extract("demo", db="warehouse.duckdb")
+    heads = headforms.heads("warehouse.duckdb", model="SmolLM2-135M")
+    stats = headforms.analyse(w_q, w_k).heads        # any weights in memory, no warehouse
+
+The command line (cli.py) is a thin layer over these functions.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+
+class Progress:
+    """Callbacks of `extract`: override what you want to show (the CLI draws progress bars)."""
+
+    def model_started(self, ckpt) -> None:
+        """A checkpoint was opened and its layers are about to be read."""
+
+    def layer_done(self, layer: int, heads: int) -> None:
+        """A layer's rows were committed."""
+
+    def model_done(self, ckpt, result) -> None:
+        """A model is complete (or was found up to date)."""
+
+
+def connect(db: str | Path | None = None, *, read_only: bool = True, wait: float = 0.0):
+    """A DuckDB connection to the warehouse (default: $HEADFORMS_DB or warehouse.duckdb) with its views.
+
+    Read-only by default, so it can be opened beside other readers."""
+    from headforms.warehouse.store import connect as open_warehouse, create_schema, default_db
+
+    con = open_warehouse(db or default_db(), read_only=read_only, wait=wait)
+    if not read_only:
+        create_schema(con)
+    return con
+
+
+def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progress: Progress | None = None,
+            name: str | None = None, revision: str | None = None, qk_norm: str = "refuse",
+            wait: float = 0.0, **options):
+    """Extract sources (hub ids, folders, .gguf files, pkg:NAME, model sets) into the warehouse.
+
+    `options` are the fields of `headforms.warehouse.load.LoadOptions` (parity_tolerance, seed,
+    device, force). Returns one row per model: status, layers and heads written, seconds, shape.
+    A failed first run leaves no warehouse file behind; an interruption keeps committed layers."""
+    import polars as pl
+
+    from headforms.extract import open_checkpoint
+    from headforms.extract.sources import expand_sources
+    from headforms.warehouse.load import LoadOptions, load_model
+    from headforms.warehouse.store import connect as open_warehouse, create_schema, default_db, \
+        interruptible, remove_warehouse
+
+    unknown = set(options) - {f.name for f in fields(LoadOptions)}
+    if unknown:
+        raise TypeError(f"extract() got unknown options: {', '.join(sorted(unknown))}")
+    opts = LoadOptions(**options)
+    progress = progress or Progress()
+    db = Path(db or default_db())
+    targets = expand_sources([sources] if isinstance(sources, str) else list(sources))
+    if name and len(targets) > 1:
+        raise ValueError("name= needs exactly one source")
+    con, created, rows = None, not db.exists(), []
+    try:
+        for set_name, source in targets:
+            ckpt = open_checkpoint(source, revision=revision, name=name or set_name, qk_norm=qk_norm)
+            try:
+                if con is None:
+                    con = open_warehouse(db, wait=wait)
+                    create_schema(con)
+                progress.model_started(ckpt)
+                result = load_model(con, ckpt, opts, progress.layer_done)
+            finally:
+                ckpt.close()
+            progress.model_done(ckpt, result)
+            spec = ckpt.spec
+            rows.append({"model": result.model, "status": result.status, "layers": result.layers,
+                         "heads": result.heads, "seconds": result.seconds, "architecture": spec.architecture,
+                         "n_layers": spec.n_layers, "n_heads": spec.n_heads, "d_model": spec.d_model,
+                         "head_dim": spec.head_dim, "revision": ckpt.revision})
+    except Exception:  # an interruption (Ctrl-C) keeps committed layers, and so the file
+        if con is not None and created and not rows:  # the failed run undid its rows: undo the file too
+            con.close()
+            con = None
+            remove_warehouse(db)
+        raise
+    finally:
+        if con is not None:
+            with interruptible():
+                con.close()
+    return pl.DataFrame(rows, schema_overrides={"seconds": pl.Float64})
+
+
+def table(db: str | Path | None, view: str):
+    """A table or view of the warehouse (e.g. 'parity_by_model') as a polars frame."""
+    from headforms.warehouse.store import query
+
+    con = connect(db)
+    try:
+        if view not in set(query(con, "SELECT table_name FROM information_schema.tables")["table_name"]):
+            raise ValueError(f"no table or view '{view}' in the warehouse")
+        return query(con, f'SELECT * FROM "{view}"')
+    finally:
+        con.close()
+
+
+def heads(db: str | Path | None = None, model: str | None = None):
+    """One row per head (every statistic of statistics.md section 3), of one model or all."""
+    from headforms.warehouse.store import query
+
+    con = connect(db)
+    try:
+        where = "WHERE model = ?" if model is not None else ""
+        return query(con, f"SELECT * FROM heads {where} ORDER BY model, layer, head",
+                     [model] if model is not None else None)
+    finally:
+        con.close()
+
+
+def spectra(db: str | Path | None, model: str, layer: int, head: int):
+    """A head's spectra in long form: spectrum ('S', 'S_pos', 'S_neg', 'T_sv', 'T_sigma', 'L', 'L_sv'), idx, value, imag."""
+    from headforms.warehouse.store import query
+
+    con = connect(db)
+    try:
+        return query(con, "SELECT spectrum, idx, value, imag FROM eigenvalues WHERE model = ? AND layer = ? "
+                          "AND head = ? ORDER BY spectrum, idx", [model, layer, head])
+    finally:
+        con.close()
+
+
+@dataclass
+class Analysis:
+    """Every number the warehouse would store about some heads, as polars frames."""
+
+    heads: object        # one row per query head
+    eigenvalues: object  # long-form spectra
+    fits: object         # one row per head, sample and family
+
+
+def analyse(w_q, w_k, *, kv_index=None, parity_tolerance: float | None = None, seed: int = 0,
+            layer: int = 0, model: str = "") -> Analysis:
+    """Statistics, spectra and fits of query/key maps in memory, without a warehouse.
+
+    w_q: (H, n, N) or one head's (n, N); w_k: (H_kv, n, N) or (n, N) (numpy, torch or lists).
+    kv_index: the key head of each query head (default: grouped-query order). `seed` and
+    `layer` select the random baseline heads as an extraction would."""
+    from headforms.compute.analysis import analyse_layer
+    from headforms.compute.statistics import PARITY_TOLERANCE
+    from headforms.warehouse.load import layer_frames
+
+    w_q, w_k = (np.asarray(_as_numpy(w), dtype=np.float64) for w in (w_q, w_k))
+    w_q, w_k = (w[None] if w.ndim == 2 else w for w in (w_q, w_k))
+    if w_q.ndim != 3 or w_k.ndim != 3 or w_q.shape[1:] != w_k.shape[1:]:
+        raise ValueError(f"w_q {w_q.shape} and w_k {w_k.shape} must be (heads, n, N) with the same n and N")
+    if w_q.shape[0] % w_k.shape[0]:
+        raise ValueError(f"{w_q.shape[0]} query heads are not a multiple of {w_k.shape[0]} key heads")
+    if not (np.isfinite(w_q).all() and np.isfinite(w_k).all()):
+        raise ValueError("w_q and w_k must be finite")
+    if kv_index is None:
+        kv_index = np.arange(w_q.shape[0]) // (w_q.shape[0] // w_k.shape[0])
+    kv_index = np.asarray(kv_index)
+    result = analyse_layer(w_q, w_k, kv_index, layer=layer, seed=seed,
+                           parity_tolerance=PARITY_TOLERANCE if parity_tolerance is None else parity_tolerance)
+    frames = layer_frames(model, layer, kv_index, w_q.shape[1], result)
+    return Analysis(heads=frames["heads"], eigenvalues=frames["eigenvalues"], fits=frames["fits"])
+
+
+def _as_numpy(w):
+    """torch tensors (any dtype or device) and array-likes as numpy."""
+    if hasattr(w, "detach"):
+        return w.detach().to("cpu").double().numpy()
+    return w
+
+
+__all__ = ["Analysis", "Progress", "analyse", "connect", "extract", "heads", "spectra", "table"]
