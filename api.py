@@ -136,6 +136,17 @@ def spectra(db: str | Path | None, model: str, layer: int, head: int):
         con.close()
 
 
+def report(db: str | Path | None = None, out: str | Path = "report") -> list[Path]:
+    """Write the interactive report (a static site, offline from file://) of the warehouse; returns its pages."""
+    from headforms.warehouse.report import write_report
+
+    con = connect(db)
+    try:
+        return write_report(con, out)
+    finally:
+        con.close()
+
+
 @dataclass
 class Analysis:
     """Every number the warehouse would store about some heads, as polars frames."""
@@ -180,4 +191,4 @@ def _as_numpy(w):
     return w
 
 
-__all__ = ["Analysis", "Progress", "analyse", "connect", "extract", "heads", "spectra", "table"]
+__all__ = ["Analysis", "Progress", "analyse", "connect", "extract", "heads", "report", "spectra", "table"]

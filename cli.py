@@ -203,6 +203,22 @@ def export(db, out_dir):
 
 @main.command()
 @db_option(read_only=True)
+@click.option("--out", "out_dir", default="report", show_default=True, type=click.Path(file_okay=False),
+              help="Folder for the site (index.html, a page per model and per layer, plotly.min.js).")
+def report(db, out_dir):
+    """Write an interactive report: a static site that works offline from file:// (open OUT/index.html).
+
+    Per model: the 3-D simplex of head profiles (hover a head for its layer, parity, pairing and
+    symmetric energy), parity by layer, pairing and symmetric-energy maps beside the random
+    baseline; per layer: each head's spectra with the fitted gamma densities."""
+    from headforms import api
+
+    pages = api.report(db, out_dir)
+    click.echo(f"{len(pages)} pages written to {out_dir}; open {Path(out_dir) / 'index.html'}")
+
+
+@main.command()
+@db_option(read_only=True)
 @WAIT
 def check(db, wait):
     """Verify the warehouse's invariants: every head of every model, with its eigenvalues and fits, consistent.

@@ -1,0 +1,159 @@
+"""The Python API and the installed namespace: one package, `headforms`, and functions returning polars frames."""
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+import headforms
+from headforms import cli
+from tests.dense import dense_reference
+from tests.test_gguf import write_gguf
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_installed_namespace_is_one_package(tmp_path):
+    """From a folder outside the checkout only `headforms` imports; cli, compute, extract, sql... do not."""
+    probe = ("import importlib, json\n"
+             "out = {}\n"
+             "for name in ('cli', 'compute', 'extract', 'warehouse', 'sql', 'api', 'headforms', 'headforms.compute.spectra'):\n"
+             "    try:\n        importlib.import_module(name); out[name] = True\n"
+             "    except ImportError:\n        out[name] = False\n"
+             "import headforms\n"
+             "out['callable'] = callable(headforms.extract) and hasattr(headforms.extract, 'open_checkpoint')\n"
+             "print(json.dumps(out))")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == ('{"cli": false, "compute": false, "extract": false, "warehouse": false, '
+                                     '"sql": false, "api": false, "headforms": true, '
+                                     '"headforms.compute.spectra": true, "callable": true}')
+
+
+def test_wheel_holds_only_the_headforms_package(tmp_path):
+    """`pip wheel .` of a copy of the checkout (setuptools builds in the tree it is given)."""
+    source = tmp_path / "src"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", "*.duckdb", "export", "report"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path), str(source)], check=True, capture_output=True)
+    wheel, = tmp_path.glob("headforms-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names}
+    assert tops == {"headforms", next(t for t in tops if t.endswith(".dist-info"))}
+    for expected in ("headforms/__init__.py", "headforms/cli.py", "headforms/api.py", "headforms/compute/spectra.py",
+                     "headforms/extract/layouts.py", "headforms/warehouse/schema.sql", "headforms/sql/signature_check.sql"):
+        assert expected in names
+    assert not any(name.startswith("headforms/tests") for name in names)
+    entry = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    assert "headforms = headforms.cli:main" in entry
+
+
+@pytest.fixture(scope="module")
+def tiny_db(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("api")
+    write_gguf(folder / "tiny.gguf")
+    db = folder / "api.duckdb"
+    summary = headforms.extract([str(folder / "tiny.gguf")], db=db, seed=3)
+    return db, summary
+
+
+def test_extract_returns_a_summary_and_fills_the_warehouse(tiny_db):
+    db, summary = tiny_db
+    with duckdb.connect(str(db), read_only=True) as con:
+        models = con.sql("SELECT model, n_layers, n_heads, baseline_seed, revision FROM models").pl()
+        stored = con.execute("SELECT count(*) FROM heads").fetchone()[0]
+    assert summary.select("model", "status", "layers", "heads").rows() == [
+        (models["model"][0], "extracted", models["n_layers"][0], stored)]
+    assert models["baseline_seed"][0] == 3 and summary["revision"][0] == models["revision"][0]
+    again = headforms.extract(str(Path(db).parent / "tiny.gguf"), db=db, seed=3)
+    assert again.select("status", "layers", "heads").rows() == [("up to date", 0, 0)]
+
+
+def test_extract_rejects_unknown_options(tiny_db):
+    with pytest.raises(TypeError, match="unknown options: parity"):
+        headforms.extract("demo", db=tiny_db[0], parity=0.1)
+
+
+def test_frames_equal_the_warehouse_rows(tiny_db):
+    db, _ = tiny_db
+    with duckdb.connect(str(db), read_only=True) as con:
+        heads = con.sql("SELECT * FROM heads ORDER BY model, layer, head").pl()
+        eig = con.sql("SELECT spectrum, idx, value, imag FROM eigenvalues WHERE layer = 1 AND head = 2 "
+                      "ORDER BY spectrum, idx").pl()
+    assert_frame_equal(headforms.heads(db), heads)
+    assert_frame_equal(headforms.heads(db, model=heads["model"][0]), heads)
+    assert headforms.heads(db, model="nope").height == 0
+    assert_frame_equal(headforms.spectra(db, heads["model"][0], 1, 2), eig)
+    assert set(eig["spectrum"]) == {"S", "S_pos", "S_neg", "T_sv", "T_sigma", "L", "L_sv"}
+
+
+def test_table_is_the_view_as_the_cli_prints_it(tiny_db):
+    db, _ = tiny_db
+    frame = headforms.table(db, "parity_by_model")
+    printed = cli_csv(db, "select * from parity_by_model")
+    assert_frame_equal(frame, printed, check_dtypes=False)
+    with pytest.raises(ValueError, match="no table or view 'nope'"):
+        headforms.table(db, "nope")
+
+
+def cli_csv(db, sql):
+    from click.testing import CliRunner
+    import io
+
+    result = CliRunner().invoke(cli.main, ["sql", sql, "--db", str(db), "--format", "csv"])
+    assert result.exit_code == 0, result.output
+    return pl.read_csv(io.StringIO(result.output))
+
+
+def test_connect_is_read_only_with_views(tiny_db):
+    con = headforms.connect(tiny_db[0])
+    try:
+        assert con.execute("SELECT count(*) FROM signature_check").fetchone()[0] == 1
+        with pytest.raises(duckdb.Error, match="read-only"):
+            con.execute("DELETE FROM heads")
+    finally:
+        con.close()
+
+
+def test_analyse_matches_dense_numpy():
+    """Every statistic of analyse() equals the dense N x N computation of tests/dense.py."""
+    rng = np.random.default_rng(7)
+    w_q, w_k = rng.normal(size=(4, 5, 24)), rng.normal(size=(2, 5, 24))
+    result = headforms.analyse(w_q, w_k)
+    assert result.heads["kv_head"].to_list() == [0, 0, 1, 1]
+    for row in result.heads.iter_rows(named=True):
+        ref = dense_reference(w_k[row["kv_head"]].T @ w_q[row["head"]], 5)
+        for name, value in ref.items():
+            assert row[name] == pytest.approx(value, rel=1e-8, abs=1e-10), name
+    assert set(result.fits["family"]) == {"gamma", "lognormal", "weibull", "gengamma"}
+    assert result.fits.height == 4 * 4 * 4
+
+
+def test_analyse_of_one_head_torch_and_lists():
+    import torch
+
+    rng = np.random.default_rng(1)
+    w_q, w_k = rng.normal(size=(3, 12)), rng.normal(size=(3, 12))
+    base = headforms.analyse(w_q, w_k).heads
+    assert_frame_equal(headforms.analyse(torch.tensor(w_q, dtype=torch.float32).double(), w_k.tolist()).heads, base)
+    assert base.height == 1
+    with pytest.raises(ValueError, match="must be \\(heads, n, N\\)"):
+        headforms.analyse(w_q, w_k[:, :5])
+    with pytest.raises(ValueError, match="finite"):
+        headforms.analyse(np.full((3, 12), np.nan), w_k)
+
+
+def test_analyse_equals_what_extract_stored(tiny_db):
+    """The API on a layer's weights in memory gives the rows extraction stored (same seed and layer)."""
+    db, _ = tiny_db
+    ckpt = headforms.extract.open_checkpoint(str(Path(db).parent / "tiny.gguf"))
+    w_q, w_k = ckpt.read_layer(1)
+    result = headforms.analyse(w_q, w_k, kv_index=ckpt.spec.kv_index, seed=3, layer=1, model=ckpt.name)
+    stored = headforms.heads(db).filter(pl.col("layer") == 1)
+    assert_frame_equal(result.heads.select(stored.columns), stored, check_dtypes=False)

@@ -1,0 +1,98 @@
+"""The interactive report: a static site that works offline, checked in a real browser (headless Chromium)."""
+import os
+import re
+import shutil
+from pathlib import Path
+
+import duckdb
+import pytest
+from click.testing import CliRunner
+
+from headforms import cli
+from headforms.warehouse.report import layer_page, model_page, simplex_points, VERTICES
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+SCREENSHOTS = ROOT / "build" / "report-screenshots"  # for a person to look at after `make test`
+
+
+@pytest.fixture(scope="module")
+def report(demo_db, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report") / "site"
+    result = CliRunner().invoke(cli.main, ["report", "--db", str(demo_db), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    with duckdb.connect(str(demo_db), read_only=True) as con:
+        models = con.execute("SELECT model, n_layers, (SELECT count(*) FROM heads h WHERE h.model = m.model "
+                             "AND h.a IS NOT NULL) FROM models m ORDER BY model").fetchall()
+    return out, models
+
+
+def test_site_has_every_page_and_no_outside_resource(report):
+    out, models = report
+    pages = {p.name for p in out.glob("*.html")}
+    expected = {"index.html"} | {model_page(m) for m, _, _ in models} | {
+        layer_page(m, i) for m, layers, _ in models for i in range(layers)}
+    assert pages == expected
+    assert (out / "plotly.min.js").stat().st_size > 1_000_000  # the library itself, bundled
+    for page in out.glob("*.html"):
+        text = page.read_text()
+        assert re.findall(r'<script src="([^"]+)"', text) == ["plotly.min.js"], page.name
+        assert not re.search(r'(src|href)="(https?:)?//', text), page.name
+    index = (out / "index.html").read_text()
+    for model, _, _ in models:
+        assert f'href="{model_page(model)}"' in index
+
+
+def test_simplex_coordinates_are_barycentric():
+    """Vertex profiles land on the tetrahedron's vertices, the midpoint (1/2, 1/2, 0, 0) between a and b."""
+    import numpy as np
+    import polars as pl
+
+    profiles = pl.DataFrame({"a": [1.0, 0., 0., 0., 0.5], "b": [0., 1.0, 0., 0., 0.5], "c": [0., 0., 1.0, 0., 0.],
+                             "d": [0., 0., 0., 1.0, 0.]})
+    points = simplex_points(profiles)
+    np.testing.assert_allclose(points[:4], VERTICES)
+    np.testing.assert_allclose(points[4], (VERTICES[0] + VERTICES[1]) / 2)
+    edges = np.linalg.norm(VERTICES[:, None] - VERTICES[None], axis=2)[np.triu_indices(4, 1)]
+    np.testing.assert_allclose(edges, edges[0])  # regular: every edge the same length
+
+
+def _browser():
+    if CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must run the browser test: .ci/run installs Debian's chromium")
+        pytest.skip("no Chromium on this machine (install Debian's chromium package; .ci/run does)")
+    from playwright.sync_api import sync_playwright
+
+    return sync_playwright()
+
+
+def test_every_page_loads_in_chromium_without_errors(report):
+    out, models = report
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with _browser() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--use-angle=swiftshader", "--enable-unsafe-swiftshader",
+            "--disable-background-networking", "--disable-component-update", "--no-first-run"])
+        page = browser.new_page(viewport={"width": 1300, "height": 900})
+        errors, requests = [], []
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("request", lambda r: requests.append(r.url))
+        points = {}
+        for html in sorted(out.glob("*.html")):
+            page.goto(html.as_uri())
+            page.wait_for_load_state("load")
+            counts = page.evaluate(
+                "() => Object.fromEntries(Array.from(document.querySelectorAll('.js-plotly-plot')).map("
+                "gd => [gd.id, gd.data.filter(t => t.meta === 'heads').reduce((s, t) => s + t.x.length, 0)]))")
+            if "simplex" in counts:
+                points[html.name] = counts["simplex"]
+                # plotly draws the 3-D scene on a WebGL canvas: the scene must exist and be drawn
+                assert page.locator("#simplex .gl-container canvas").count() >= 1, html.name
+            assert page.locator(".js-plotly-plot").count() >= (0 if html.name == "index.html" else 1), html.name
+            page.screenshot(path=str(SCREENSHOTS / f"{html.stem}.png"))
+        browser.close()
+    assert errors == []
+    assert all(url.startswith("file://") for url in requests), [u for u in requests if not u.startswith("file:")]
+    assert points == {model_page(m): heads for m, _, heads in models}  # one point per head

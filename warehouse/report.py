@@ -1,0 +1,208 @@
+"""The interactive report: a static site drawn from the warehouse with plotly, readable offline.
+
+`write_report(con, out)` writes index.html (the models and their key figures), per model a page
+with the 3-D simplex of profiles, parity by layer and the pairing / symmetric-energy maps beside
+the random baseline, and per layer a page with each head's spectra and fitted gamma densities.
+plotly.js is written once beside the pages (no CDN), so the site works from file://.
+"""
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from headforms.warehouse.store import query
+
+PARITY_COLOURS = {"I+": "#d62728", "II": "#2ca02c", "I-": "#1f77b4", None: "#7f7f7f"}
+# Vertices of a regular tetrahedron for the profile simplex: a (antisymmetric), b, c (PSD-like), d (NSD-like).
+VERTICES = np.array([[1.0, 1.0, 1.0], [1.0, -1.0, -1.0], [-1.0, 1.0, -1.0], [-1.0, -1.0, 1.0]]) / np.sqrt(3)
+VERTEX_NAMES = ("a", "b", "c", "d")
+# Histogram samples of a head page: spectrum in `eigenvalues` -> (fits.sample, label).
+HEAD_SAMPLES = {"S_pos": ("S_pos", "λ+ (positive lobe of S)"), "S_neg": ("S_neg", "λ− (negative lobe of S)"),
+                "T_sigma": ("T", "σ(T)")}
+
+PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<script src="plotly.min.js"></script>
+<style>body{{font-family:system-ui,sans-serif;margin:1.5em;max-width:1400px}}
+table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:.25em .6em;text-align:right}}
+th{{background:#f4f4f4}}td:first-child,th:first-child{{text-align:left}}nav a{{margin-right:1em}}</style>
+</head><body>
+<nav>{nav}</nav>
+<h1>{title}</h1>
+{body}
+</body></html>
+"""
+
+
+def write_report(con, out_dir: str | Path) -> list[Path]:
+    """Write the whole site into out_dir; returns the pages written (index.html first)."""
+    import plotly.offline
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plotly.min.js").write_text(plotly.offline.get_plotlyjs(), encoding="utf-8")
+    models = query(con, "SELECT model, architecture, n_layers, n_heads, n_kv_heads, d_model, head_dim, source, "
+                        "revision FROM models WHERE complete ORDER BY model")
+    pages = [_write(out, "index.html", "headforms report", _index_body(con, models), nav="")]
+    for row in models.iter_rows(named=True):
+        heads = query(con, "SELECT * FROM heads WHERE model = ? ORDER BY layer, head", [row["model"]])
+        pages.append(_write(out, model_page(row["model"]), row["model"], _model_body(con, row, heads)))
+        for layer in range(row["n_layers"]):
+            pages.append(_write(out, layer_page(row["model"], layer), f"{row['model']}: layer {layer}",
+                                _layer_body(con, row, layer, heads.filter(pl.col("layer") == layer))))
+    return pages
+
+
+def model_page(model: str) -> str:
+    return f"model-{_slug(model)}.html"
+
+
+def layer_page(model: str, layer: int) -> str:
+    return f"layer-{_slug(model)}-{layer}.html"
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+
+
+def _write(out: Path, name: str, title: str, body: str, nav: str | None = None) -> Path:
+    nav = '<a href="index.html">all models</a>' if nav is None else nav
+    path = out / name
+    path.write_text(PAGE.format(title=html.escape(title), nav=nav, body=body), encoding="utf-8")
+    return path
+
+
+def _figure_html(fig, div_id: str) -> str:
+    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config={"responsive": True})
+
+
+def _table_html(frame: pl.DataFrame, links: dict[str, str] | None = None) -> str:
+    """A frame as an HTML table; floats to 3 significant digits, NULL as an empty cell."""
+    def cell(value, column):
+        if value is None:
+            return ""
+        if isinstance(value, float):
+            return f"{value:.3g}"
+        text = html.escape(str(value))
+        if links and column == frame.columns[0] and value in links:
+            return f'<a href="{links[value]}">{text}</a>'
+        return text
+
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in frame.columns)
+    rows = "".join("<tr>" + "".join(f"<td>{cell(v, c)}</td>" for v, c in zip(r, frame.columns)) + "</tr>"
+                   for r in frame.iter_rows())
+    return f"<table><tr>{head}</tr>{rows}</table>"
+
+
+def _index_body(con, models: pl.DataFrame) -> str:
+    """Models with their key figures: Table 2's parity shares, medians, fit ratios."""
+    figures = query(con, """
+        SELECT m.model, m.architecture, p.heads, p.pct_type_I_plus AS "I+ %", p.pct_type_II AS "II %",
+               p.pct_type_I_minus AS "I- %", d.median_pairing AS "pairing", d.median_random_pairing AS "random pairing",
+               d.median_symmetric_energy AS "symmetric energy", d.share_above_random AS "share above random",
+               d.median_participation_ratio AS "participation ratio", f.median_mode_ratio AS "mode ratio",
+               f.median_shape_ratio AS "shape ratio", f.median_correlation AS "σ-λ correlation"
+        FROM models m LEFT JOIN parity_by_model p USING (model) LEFT JOIN model_medians d USING (model)
+        LEFT JOIN fit_ratios_by_model f USING (model) WHERE m.complete ORDER BY m.model""")
+    links = {m: model_page(m) for m in models["model"]}
+    return ("<p>Per model: parity shares (Table 2, percent), medians of pairing (and of the random baseline), "
+            "symmetric energy, participation ratio, the share of heads above their random baseline, and the "
+            "fit-ratio medians of Observations 7-9 (retained heads). Definitions: statistics.md.</p>" + _table_html(figures, links))
+
+
+def simplex_points(heads: pl.DataFrame) -> np.ndarray:
+    """Profiles (a, b, c, d) as points of the regular tetrahedron VERTICES (barycentric coordinates)."""
+    return heads.select("a", "b", "c", "d").to_numpy() @ VERTICES
+
+
+def _model_body(con, row: dict, heads: pl.DataFrame) -> str:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    model = row["model"]
+    defined = heads.filter(pl.col("a").is_not_null())
+    simplex = go.Figure()
+    edges = [VERTICES[i] for i in (0, 1, 2, 0, 3, 1, 3, 2)]
+    simplex.add_trace(go.Scatter3d(x=[p[0] for p in edges], y=[p[1] for p in edges], z=[p[2] for p in edges],
+                                   mode="lines", line=dict(color="#bbb"), hoverinfo="skip", showlegend=False))
+    simplex.add_trace(go.Scatter3d(x=VERTICES[:, 0], y=VERTICES[:, 1], z=VERTICES[:, 2], mode="text",
+                                   text=list(VERTEX_NAMES), hoverinfo="skip", showlegend=False))
+    for parity in ("I+", "II", "I-", None):
+        group = defined.filter(pl.col("parity").eq_missing(parity))
+        if not group.height:
+            continue
+        xyz = simplex_points(group)
+        hover = group.select(
+            pl.format("layer {} head {}<br>parity {}<br>pairing {}<br>symmetric energy {}<br>a,b,c,d = {}, {}, {}, {}",
+                      "layer", "head", pl.col("parity").fill_null("-"), pl.col("pairing").round(3),
+                      pl.col("symmetric_energy").round(3), *(pl.col(c).round(3) for c in "abcd"))).to_series()
+        simplex.add_trace(go.Scatter3d(
+            x=xyz[:, 0].tolist(), y=xyz[:, 1].tolist(), z=xyz[:, 2].tolist(), mode="markers",
+            name=f"parity {parity or 'undefined'}", meta="heads", marker=dict(size=3, color=PARITY_COLOURS[parity]),
+            text=hover.to_list(), hovertemplate="%{text}<extra></extra>"))
+    simplex.update_layout(height=600, margin=dict(l=0, r=0, t=30, b=0),
+                          scene=dict(xaxis_visible=False, yaxis_visible=False, zaxis_visible=False),
+                          title=f"Profiles of {defined.height} heads on the simplex (vertices a, b, c, d)")
+
+    by_layer = query(con, "SELECT * FROM parity_by_layer WHERE model = ? ORDER BY layer", [model])
+    parity = go.Figure([go.Bar(x=by_layer["layer"].to_list(), y=by_layer[col].to_list(), name=name,
+                               marker_color=PARITY_COLOURS[name])
+                        for col, name in (("pct_type_I_plus", "I+"), ("pct_type_II", "II"), ("pct_type_I_minus", "I-"))])
+    parity.update_layout(barmode="stack", height=350, title="Parity by layer (percent of heads)",
+                         xaxis_title="layer", yaxis_title="percent")
+
+    maps = make_subplots(rows=1, cols=4, subplot_titles=("pairing", "random baseline pairing", "symmetric energy",
+                                                         "random baseline symmetric energy"))
+    for i, column in enumerate(("pairing", "random_pairing", "symmetric_energy", "random_symmetric_energy")):
+        grid = heads.pivot(on="head", index="layer", values=column, sort_columns=True).sort("layer")
+        maps.add_trace(go.Heatmap(z=grid.drop("layer").to_numpy(), x=[int(c) for c in grid.columns[1:]],
+                                  y=grid["layer"].to_list(), coloraxis="coloraxis",
+                                  hovertemplate=f"layer %{{y}} head %{{x}}<br>{column} %{{z:.3f}}<extra></extra>"),
+                       row=1, col=i + 1)
+    maps.update_layout(height=380, coloraxis=dict(colorscale="Viridis", cmin=0, cmax=1),
+                       title="Pairing and symmetric energy per head beside the random baseline")
+    maps.update_xaxes(title_text="head")
+    maps.update_yaxes(title_text="layer", col=1)
+
+    layer_links = " ".join(f'<a href="{layer_page(model, i)}">{i}</a>' for i in range(row["n_layers"]))
+    facts = (f"<p>{html.escape(row['architecture'])}, {row['n_layers']} layers x {row['n_heads']} heads "
+             f"({row['n_kv_heads']} key-value heads), N = {row['d_model']}, n = {row['head_dim']}; "
+             f"source {html.escape(row['source'])}, revision {html.escape(row['revision'])}.</p>")
+    return (facts + _figure_html(simplex, "simplex") + _figure_html(parity, "parity-by-layer")
+            + _figure_html(maps, "maps") + f"<p>Spectra and fitted densities of each head, by layer: {layer_links}</p>")
+
+
+def _layer_body(con, row: dict, layer: int, heads: pl.DataFrame) -> str:
+    """Each head of a layer: histograms of both lobes of S and of sigma(T), with the fitted gamma densities."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+    from scipy import stats
+
+    model, n_heads = row["model"], row["n_heads"]
+    values = query(con, "SELECT head, spectrum, value FROM eigenvalues WHERE model = ? AND layer = ? "
+                        "AND spectrum IN ('S_pos', 'S_neg', 'T_sigma')", [model, layer])
+    fits = query(con, "SELECT head, sample, shape, scale FROM fits WHERE model = ? AND layer = ? "
+                      "AND family = 'gamma' AND shape IS NOT NULL AND scale IS NOT NULL", [model, layer])
+    fig = make_subplots(rows=n_heads, cols=3, subplot_titles=[
+        f"head {h}: {label}" for h in range(n_heads) for _, label in HEAD_SAMPLES.values()])
+    for (head, spectrum), group in values.group_by("head", "spectrum"):
+        sample, _ = HEAD_SAMPLES[spectrum]
+        col = list(HEAD_SAMPLES).index(spectrum) + 1
+        x = group["value"].to_numpy()
+        fig.add_trace(go.Histogram(x=x, histnorm="probability density", nbinsx=20, marker_color="#9ecae1",
+                                   showlegend=False, name=f"head {head} {spectrum}"), row=head + 1, col=col)
+        fit = fits.filter((pl.col("head") == head) & (pl.col("sample") == sample))
+        if fit.height and x.size:
+            grid = np.linspace(0, x.max() * 1.05, 120)
+            pdf = stats.gamma.pdf(grid, fit["shape"][0], scale=fit["scale"][0])
+            fig.add_trace(go.Scatter(x=grid, y=pdf, mode="lines", line=dict(color="#d62728"), showlegend=False,
+                                     name=f"gamma fit k={fit['shape'][0]:.3g}"), row=head + 1, col=col)
+    fig.update_layout(height=230 * n_heads, margin=dict(t=90), title="Histograms (blue) and fitted gamma densities (red)")
+    table = heads.select("head", "parity", "pairing", "symmetric_energy", "a", "b", "c", "d", "participation_ratio")
+    nav_layers = " ".join(f'<a href="{layer_page(model, i)}">{i}</a>' for i in range(row["n_layers"]))
+    return (f'<p><a href="{model_page(model)}">{html.escape(model)}</a>, layers: {nav_layers}</p>'
+            + _table_html(table) + _figure_html(fig, "spectra"))
