@@ -67,7 +67,7 @@ def test_extract_returns_a_summary_and_fills_the_warehouse(tiny_db):
     db, summary = tiny_db
     with duckdb.connect(str(db), read_only=True) as con:
         models = con.sql("SELECT model, n_layers, n_heads, baseline_seed, revision FROM models").pl()
-        stored = con.execute("SELECT count(*) FROM heads").fetchone()[0]
+        (stored,), = con.execute("SELECT count(*) FROM heads").fetchall()
     assert summary.select("model", "status", "layers", "heads").rows() == [
         (models["model"][0], "extracted", models["n_layers"][0], stored)]
     assert models["baseline_seed"][0] == 3 and summary["revision"][0] == models["revision"][0]
@@ -114,7 +114,7 @@ def cli_csv(db, sql):
 def test_connect_is_read_only_with_views(tiny_db):
     con = headforms.connect(tiny_db[0])
     try:
-        assert con.execute("SELECT count(*) FROM signature_check").fetchone()[0] == 1
+        assert con.execute("SELECT count(*) FROM signature_check").fetchall() == [(1,)]
         with pytest.raises(duckdb.Error, match="read-only"):
             con.execute("DELETE FROM heads")
     finally:

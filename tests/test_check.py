@@ -100,6 +100,36 @@ DAMAGE = {
         ["UPDATE models SET complete = false WHERE model = {G}",
          *(f"DELETE FROM {table} WHERE model = {{G}} AND layer = 1" for table in ("heads", "eigenvalues", "fits", "layers"))],
         [("warning", "incomplete", G, None, None)]),
+    # one case per remaining clause of each check, so that no clause can be dropped unnoticed
+    "break b_sym + c_sym + d_sym": (
+        ["UPDATE heads SET c_sym = c_sym + 1e-6 WHERE model = {M} AND layer = 4 AND head = 0"],
+        [("violation", "profile", M, 4, 0)]),
+    "break symmetric_energy + a": (
+        ["UPDATE heads SET symmetric_energy = symmetric_energy + 1e-6 WHERE model = {M} AND layer = 2 AND head = 6"],
+        [("violation", "profile", M, 2, 6)]),
+    "negative n_pos with the sums kept": (
+        ["UPDATE heads SET n_pos = -1, n_zero = n_zero + n_pos + 1, n_zero_ambient = n_zero_ambient + n_pos + 1 "
+         "WHERE model = {G} AND layer = 1 AND head = 1"],
+        [("violation", "signature", G, 1, 1), ("violation", "balanced", G, 1, 1),
+         ("violation", "eigenvalue_rows", G, 1, 1)]),  # S_pos then has more rows than n_pos
+    "layer index outside the model": (
+        ["INSERT INTO layers SELECT * REPLACE (6 AS layer) FROM layers WHERE model = {M} AND layer = 0"],
+        [("violation", "layer_record", M, 6, None), *(("violation", "missing_head", M, 6, h) for h in range(12))]),
+    "head index outside the model": (
+        [f"INSERT INTO {table} SELECT * REPLACE (9 AS head{', 4 AS kv_head' * (table == 'heads')}) FROM {table} "
+         "WHERE model = {G} AND layer = 0 AND head = 0" for table in ("heads", "eigenvalues", "fits")],
+        [("violation", "uncommitted_rows", G, 0, 9)]),
+    "eigenvalue idx not starting at 0": (
+        ["UPDATE eigenvalues SET idx = idx + 1 WHERE model = {M} AND layer = 0 AND head = 1 AND spectrum = 'L_sv'"],
+        [("violation", "eigenvalue_rows", M, 0, 1)]),
+    "negative lobe value": (
+        ["UPDATE eigenvalues SET value = -1e-3 WHERE model = {M} AND layer = 2 AND head = 2 AND spectrum = 'S_neg' "
+         "AND idx = (SELECT max(idx) FROM eigenvalues WHERE model = {M} AND layer = 2 AND head = 2 AND spectrum = 'S_neg')"],
+        [("violation", "eigenvalue_order", M, 2, 2)]),
+    "fit of an unknown family": (
+        ["INSERT INTO fits SELECT * REPLACE ('pareto' AS family) FROM fits WHERE model = {G} AND layer = 1 AND head = 0 "
+         "AND sample = 'T' AND family = 'gamma'"],
+        [("violation", "fits", G, 1, 0)]),
     "a partial layer": (
         ["UPDATE models SET complete = false WHERE model = {G}", "DELETE FROM layers WHERE model = {G} AND layer = 1"],
         [("warning", "incomplete", G, None, None), ("violation", "uncommitted_rows", G, 1, None)]),

@@ -1,0 +1,71 @@
+"""What unit tests of single functions cannot see: stored columns equal a recomputation from stored
+inputs (the loader passes the right layer and seed), thresholds at their exact boundary, and the
+structure of the reduced form that the spectra rely on for speed."""
+import numpy as np
+import polars as pl
+import pytest
+
+from headforms.compute.baseline import random_forms
+from headforms.compute.reduction import reduce_forms
+from headforms.compute.spectra import Spectra, spectra
+from headforms.compute.statistics import ZERO_TOLERANCE, head_statistics, parity
+from headforms.compute.threads import single_threaded
+from tests.dense import dense_reference
+
+
+def test_stored_random_baseline_is_each_layers_own(demo_con):
+    """random_symmetric_energy and random_pairing of every stored head equal a dense recomputation of the
+    baseline head drawn for (baseline_seed, layer): a loader passing layer 0 everywhere, or another formula, fails."""
+    heads = demo_con.sql("SELECT h.model, layer, head, random_symmetric_energy, random_pairing, n_heads, head_dim, "
+                         "d_model, baseline_seed FROM heads h JOIN models USING (model) ORDER BY ALL").pl()
+    for (model, layer), group in heads.group_by("model", "layer", maintain_order=True):
+        row = group.row(0, named=True)
+        forms = random_forms(row["baseline_seed"], layer, row["n_heads"], row["head_dim"], row["d_model"])
+        with single_threaded():  # BLAS teams thrash on a loaded 2-core machine
+            refs = [dense_reference(forms[h], row["head_dim"]) for h in group["head"]]
+        np.testing.assert_allclose(group["random_symmetric_energy"], [r["symmetric_energy"] for r in refs], rtol=1e-9,
+                                   err_msg=f"{model} layer {layer}")
+        np.testing.assert_allclose(group["random_pairing"], [r["pairing"] for r in refs], rtol=1e-9,
+                                   err_msg=f"{model} layer {layer}")
+    # and the baseline differs between layers (otherwise the check above could not tell layers apart)
+    per_layer = heads.group_by("model", "layer").agg(pl.col("random_pairing").first())
+    assert per_layer.group_by("model").agg(pl.col("random_pairing").n_unique())["random_pairing"].min() > 1
+
+
+def test_reduced_form_rows_below_n_are_exactly_zero():
+    """l = R_K R_Q^T: R_K's rows from n on vanish, so l's do; spectra take the cheap block route only then."""
+    rng = np.random.default_rng(3)
+    n, N = 4, 20
+    wq, wk = rng.normal(size=(3, n, N)), rng.normal(size=(1, n, N))
+    l = np.asarray(reduce_forms(wq, wk, np.zeros(3, dtype=int)))
+    assert l.shape == (3, 2 * n, 2 * n)
+    assert (l[:, n:, :] == 0).all() and (l[:, :n, :] != 0).any(axis=(1, 2)).all()
+    for h in range(3):  # and it is the form: same nonzero spectrum as the dense N x N L = W_K^T W_Q
+        dense = np.linalg.svd(wk[0].T @ wq[h], compute_uv=False)[:n]
+        np.testing.assert_allclose(np.linalg.svd(l[h], compute_uv=False)[:n], dense, rtol=1e-10)
+
+
+def test_parity_at_its_tolerance_is_type_II():
+    """Type II is c_sym + d_sym <= tolerance: a head exactly at the tolerance is Type II, just above it is not."""
+    rng = np.random.default_rng(5)
+    wq, wk = rng.normal(size=(4, 3, 12)), rng.normal(size=(4, 3, 12))
+    sp = spectra(reduce_forms(wq, wk, np.arange(4)))
+    stats = head_statistics(sp, 12)
+    total = stats["c_sym"] + stats["d_sym"]
+    at = head_statistics(sp, 12, parity_tolerance=float(total[2]))["parity"]
+    assert at[2] == "II"
+    below = head_statistics(sp, 12, parity_tolerance=float(np.nextafter(total[2], 0)))["parity"]
+    assert below[2] == ("I+" if stats["c_sym"][2] > stats["d_sym"][2] else "I-")
+    assert list(parity(np.array([0.25, 0.25]), np.array([0.125, 0.25]), 0.375)) == ["II", "I-"]
+
+
+def test_eigenvalues_at_the_zero_tolerance_count_as_zero():
+    """An eigenvalue of S exactly at ZERO_TOLERANCE x max|eig| is a zero, one just above it is not."""
+    top = 1.0
+    at, above = ZERO_TOLERANCE * top, np.nextafter(ZERO_TOLERANCE * top, 1)
+    eig_S = np.array([[top, at, 0.0, -at, -0.5, -top / 4], [top, above, 0.0, -above, -0.5, -top / 4]])
+    sp = Spectra(eig_S=eig_S, sv_T=np.zeros((2, 6)), sigma_T=np.zeros((2, 3)),
+                 eig_L=np.zeros((2, 6), complex), sv_L=np.tile([1.0, 0.5, 0, 0, 0, 0], (2, 1)))
+    stats = head_statistics(sp, 6)
+    assert stats["n_pos"].tolist() == [1, 2] and stats["n_neg"].tolist() == [2, 3]
+    assert stats["n_zero"].tolist() == [3, 1]
