@@ -96,3 +96,26 @@ def test_every_page_loads_in_chromium_without_errors(report):
     assert errors == []
     assert all(url.startswith("file://") for url in requests), [u for u in requests if not u.startswith("file:")]
     assert points == {model_page(m): heads for m, _, heads in models}  # one point per head
+
+
+def test_index_shows_the_layer_bootstrap_interval_beside_a_figure(demo_db, tmp_path):
+    from headforms.warehouse.report import write_report
+    from headforms.warehouse.store import connect
+
+    path = tmp_path / "intervals.duckdb"
+    shutil.copy(demo_db, path)
+    with duckdb.connect(str(path)) as con:
+        con.execute("CREATE TABLE IF NOT EXISTS intervals (model VARCHAR, view VARCHAR, figure VARCHAR, method VARCHAR, "
+                    "estimate DOUBLE, low DOUBLE, high DOUBLE, resamples INTEGER, seed BIGINT)")
+        con.execute("DELETE FROM intervals")
+        con.execute("INSERT INTO intervals VALUES ('SmolLM2-135M', 'model_medians', 'median_pairing', 'layer', NULL, "
+                    "0.8125, 0.875, 10, 0), ('SmolLM2-135M', 'model_medians', 'median_pairing', 'head', NULL, 0.5, 0.75, 10, 0)")
+    con = connect(path, read_only=True)
+    try:
+        (median,), = con.execute("SELECT median_pairing FROM model_medians WHERE model = 'SmolLM2-135M'").fetchall()
+        write_report(con, tmp_path / "site")
+    finally:
+        con.close()
+    index = (tmp_path / "site" / "index.html").read_text()
+    assert f"<td>{median:.3g} [0.812, 0.875]</td>" in index  # the layer interval, not the head one
+    assert index.count("[") == 1

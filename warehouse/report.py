@@ -81,13 +81,9 @@ def _figure_html(fig, div_id: str) -> str:
 
 
 def _table_html(frame: pl.DataFrame, links: dict[str, str] | None = None) -> str:
-    """A frame as an HTML table; floats to 3 significant digits, NULL as an empty cell."""
+    """A frame as an HTML table; numbers to 3 significant digits, NULL as an empty cell."""
     def cell(value, column):
-        if value is None:
-            return ""
-        if isinstance(value, float):
-            return f"{value:.3g}"
-        text = html.escape(str(value))
+        text = html.escape(_number(value))
         if links and column == frame.columns[0] and value in links:
             return f'<a href="{links[value]}">{text}</a>'
         return text
@@ -98,20 +94,52 @@ def _table_html(frame: pl.DataFrame, links: dict[str, str] | None = None) -> str
     return f"<table><tr>{head}</tr>{rows}</table>"
 
 
+# The index's key figures: (label, view, column), in the order shown.
+KEY_FIGURES = [
+    ("heads", "parity_by_model", "heads"),
+    ("I+ %", "parity_by_model", "pct_type_I_plus"), ("II %", "parity_by_model", "pct_type_II"),
+    ("I- %", "parity_by_model", "pct_type_I_minus"),
+    ("pairing", "model_medians", "median_pairing"), ("random pairing", "model_medians", "median_random_pairing"),
+    ("symmetric energy", "model_medians", "median_symmetric_energy"),
+    ("share above random", "model_medians", "share_above_random"),
+    ("participation ratio", "model_medians", "median_participation_ratio"),
+    ("mode ratio", "fit_ratios_by_model", "median_mode_ratio"),
+    ("shape ratio", "fit_ratios_by_model", "median_shape_ratio"),
+    ("σ-λ correlation", "fit_ratios_by_model", "median_correlation"),
+]
+
+
 def _index_body(con, models: pl.DataFrame) -> str:
-    """Models with their key figures: Table 2's parity shares, medians, fit ratios."""
-    figures = query(con, """
-        SELECT m.model, m.architecture, p.heads, p.pct_type_I_plus AS "I+ %", p.pct_type_II AS "II %",
-               p.pct_type_I_minus AS "I- %", d.median_pairing AS "pairing", d.median_random_pairing AS "random pairing",
-               d.median_symmetric_energy AS "symmetric energy", d.share_above_random AS "share above random",
-               d.median_participation_ratio AS "participation ratio", f.median_mode_ratio AS "mode ratio",
-               f.median_shape_ratio AS "shape ratio", f.median_correlation AS "σ-λ correlation"
-        FROM models m LEFT JOIN parity_by_model p USING (model) LEFT JOIN model_medians d USING (model)
-        LEFT JOIN fit_ratios_by_model f USING (model) WHERE m.complete ORDER BY m.model""")
+    """Models with their key figures (Table 2's parity shares, medians, fit ratios) and, where the
+    warehouse holds bootstrap intervals, the layer-resampling 95% interval beside each."""
+    rows = {m: {"model": m, "architecture": a} for m, a in models.select("model", "architecture").iter_rows()}
+    intervals = _intervals(con)
+    for label, view, column in KEY_FIGURES:
+        for model, value in query(con, f"SELECT model, {column} FROM {view}").iter_rows():
+            if model in rows:
+                low_high = intervals.get((model, view, column))
+                rows[model][label] = _number(value) + (f" [{_number(low_high[0])}, {_number(low_high[1])}]"
+                                                       if low_high and None not in low_high else "")
+    frame = pl.DataFrame(list(rows.values()), schema=["model", "architecture", *(k[0] for k in KEY_FIGURES)])
     links = {m: model_page(m) for m in models["model"]}
     return ("<p>Per model: parity shares (Table 2, percent), medians of pairing (and of the random baseline), "
             "symmetric energy, participation ratio, the share of heads above their random baseline, and the "
-            "fit-ratio medians of Observations 7-9 (retained heads). Definitions: statistics.md.</p>" + _table_html(figures, links))
+            "fit-ratio medians of Observations 7-9 (retained heads); in brackets the 95% bootstrap interval "
+            "resampling layers, where the warehouse has one. Definitions: statistics.md.</p>"
+            + _table_html(frame, links))
+
+
+def _intervals(con) -> dict[tuple[str, str, str], tuple[float, float]]:
+    """(model, view, figure) -> (low, high) of the layer bootstrap, from the intervals table when there is one."""
+    tables = set(query(con, "SELECT table_name FROM information_schema.tables")["table_name"])
+    if "intervals" not in tables:
+        return {}
+    found = query(con, "SELECT model, view, figure, low, high FROM intervals WHERE method = 'layer'")
+    return {(m, v, f): (low, high) for m, v, f, low, high in found.iter_rows()}
+
+
+def _number(value) -> str:
+    return "" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
 def simplex_points(heads: pl.DataFrame) -> np.ndarray:
