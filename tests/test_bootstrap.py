@@ -32,11 +32,11 @@ def test_median_and_mean_are_numpys_nan_aggregates(values):
 def test_aggregates_are_duckdbs(values):
     """median, avg and round(100 * count FILTER / count(*), 1) as DuckDB computes them, row by row."""
     con = duckdb.connect()
-    frame = pl.DataFrame({"row": np.repeat(np.arange(len(values)), values.shape[1]), "x": values.ravel()})
-    frame = frame.with_columns(pl.col("x").fill_nan(None), flag=(pl.col("x") > 0.3).fill_null(False).cast(pl.Int32))
+    flags = np.where(np.isnan(values), 0, values > 0.3).astype(float)
+    frame = pl.DataFrame({"row": np.repeat(np.arange(len(values)), values.shape[1]), "x": values.ravel(),
+                          "flag": flags.ravel()}).with_columns(pl.col("x").fill_nan(None))
     sql = con.sql("""select median(x) as median, avg(x) as mean, round(100 * count(*) FILTER (WHERE flag = 1)
                      / count(*), 1) as percent from frame group by "row" order by "row" """).pl()
-    flags = np.where(np.isnan(values), 0, values > 0.3).astype(float)
     np.testing.assert_allclose(bootstrap.median(values), sql["median"].to_numpy().astype(float), rtol=1e-15)
     np.testing.assert_allclose(bootstrap.mean(values), sql["mean"].to_numpy().astype(float), rtol=1e-13, atol=1e-15)
     np.testing.assert_array_equal(bootstrap.percent(flags), sql["percent"].to_numpy())
