@@ -148,3 +148,20 @@ def test_intervals_recomputed_equal_the_stored_ones(demo_con):
     stored = demo_con.sql(f"select * from intervals where model = '{MODELS[1]}'").pl().sort("view", "figure", "method")
     assert again.select(stored.columns).equals(stored.with_columns(pl.col("resamples").cast(again["resamples"].dtype),
                                                                    pl.col("seed").cast(again["seed"].dtype)))
+
+
+def test_estimates_with_undefined_statistics_are_the_views_values(demo_db, tmp_path):
+    """Heads with NULL statistics (as a zero form has): counted by the percent figures' count(*), skipped by
+    medians and shares, exactly as the views do."""
+    import shutil
+
+    path = tmp_path / "nulls.duckdb"
+    shutil.copy(demo_db, path)
+    with duckdb.connect(str(path)) as con:
+        con.execute("""UPDATE heads SET parity = NULL, pairing = NULL, symmetric_energy = NULL, theta_distance = NULL,
+                       sigma_lambda_correlation = NULL WHERE model = 'all-MiniLM-L6-v2' AND head < 3""")
+        computed = model_intervals(con, "all-MiniLM-L6-v2", 50, 0)
+        for view, figure, estimate in computed.filter(pl.col("method") == "layer").select(
+                "view", "figure", "estimate").iter_rows():
+            expected = con.sql(f"select {figure} from {view} where model = 'all-MiniLM-L6-v2'").fetchall()[0][0]
+            assert estimate == pytest.approx(expected, rel=1e-12, abs=1e-15), (view, figure)
