@@ -72,7 +72,7 @@ def model_head_types(con, model: str, seed: int) -> pl.DataFrame:
         WHERE model = ? AND spectrum = 'S' GROUP BY layer, head ORDER BY layer, head""", [model])
     points = unit_spectra(np.array(spectra["eig"].to_list(), dtype=float))
     keep = ~np.isnan(points).any(axis=1)
-    coords = projection(points[keep])
+    coords = projection(points[keep]) if keep.any() else np.zeros((0, 3))
     types, scores = head_types(coords, seed)
     return pl.DataFrame({
         "model": model, "layer": spectra["layer"].filter(keep), "head": spectra["head"].filter(keep),
