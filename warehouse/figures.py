@@ -227,9 +227,10 @@ def theta_accumulation(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
         ax.scatter(rows["random_theta_position"], rows["random_theta_distance"], s=10, color="0.55", marker=".",
                    label=f"random baseline ({rows.height})")
         _parity_scatter(ax, rows, "theta_position", "theta_distance")
-        top = max(rows["theta_distance"].max(), rows["theta_position"].max()) * 1.05
-        ax.plot([0, top], [0, top], color="black", lw=0.8, ls="--")
-        ax.text(top * 0.98, top * 0.93, "distance = position", ha="right", va="top", rotation=45, fontsize=7,
+        values = rows.select(pl.exclude("model", "parity")).to_numpy()
+        bottom, top = values[values > 0].min() / 2, values.max() * 2
+        ax.plot([bottom, top], [bottom, top], color="black", lw=0.8, ls="--")
+        ax.text(top / 1.5, top / 1.9, "distance = position", ha="right", va="top", rotation=45, fontsize=7,
                 rotation_mode="anchor", transform_rotates_text=True)
         ax.set_title(f"{model} ({rows.height} heads)\nmedian distance {shown.get((model, 'median_theta_distance'))}, "
                      f"position {shown.get((model, 'median_theta_position'))}\nshare below the diagonal "
@@ -237,14 +238,17 @@ def theta_accumulation(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
         ax.set_xlabel(r"theta_position: distance of the nearest point of $\Theta$ from $(1/2, 1/2, 0, 0)$",
                       fontsize=7)
         ax.set_ylabel(r"theta_distance: distance of the profile to $\Theta$", fontsize=7)
-        ax.set_xlim(0, top)
-        ax.set_ylim(0, top)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(bottom, top)
+        ax.set_ylim(bottom, top)
         ax.set_aspect("equal")
         ax.tick_params(labelsize=7)
         ax.legend(loc="upper left", fontsize=7, frameon=False, handletextpad=0.3)
     fig.suptitle("Observation 2. Profiles near $\\Theta=\\{a=b,\\ cd=0\\}$: trained heads (parity markers) and "
                  "random heads (grey)\nbelow the dashed diagonal a head lies closer to $\\Theta$ than its foot point "
-                 "lies to the random midpoint; medians with 95% layer-bootstrap intervals", fontsize=9)
+                 "lies to the random midpoint\nmedians with 95% layer-bootstrap intervals; log axes (zeros not drawn)",
+                 fontsize=9)
     return _save(fig, path)
 
 
