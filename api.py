@@ -48,7 +48,7 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     """Extract sources (hub ids, folders, .gguf files, pkg:NAME, model sets) into the warehouse.
 
     `options` are the fields of `headforms.warehouse.load.LoadOptions` (parity_tolerance, seed,
-    device, force). Returns one row per model: status, layers and heads written, seconds, shape.
+    device, force, resamples). Returns one row per model: status, layers and heads written, seconds, shape.
     A failed first run leaves no warehouse file behind; an interruption keeps committed layers."""
     import polars as pl
 

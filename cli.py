@@ -68,8 +68,10 @@ def main():
               help="Type II when c_sym + d_sym is at most this.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random baseline heads.")
 @click.option("--device", default="cpu", show_default=True, help="torch device for the linear algebra (cpu, cuda).")
+@click.option("--resamples", type=click.IntRange(min=1), default=2000, show_default=True,
+              help="B, the bootstrap resamples of the per-model intervals (seeded by --seed).")
 @WAIT
-def extract(sources, db, name, revision, force, qk_norm, parity_tolerance, seed, device, wait):
+def extract(sources, db, name, revision, force, qk_norm, parity_tolerance, seed, device, resamples, wait):
     """Extract SOURCES into the warehouse: hub ids, local folders, .gguf files, pkg:NAME, or a model set.
 
     Model sets (see `headforms models`): demo, paper. A model already in the warehouse is
@@ -84,7 +86,7 @@ def extract(sources, db, name, revision, force, qk_norm, parity_tolerance, seed,
     try:
         summary = api.extract(sources, db=db, progress=progress, name=name, revision=revision,
                               qk_norm=qk_norm, wait=wait, parity_tolerance=parity_tolerance, seed=seed,
-                              device=device, force=force)
+                              device=device, force=force, resamples=resamples)
     except KeyboardInterrupt:
         raise click.ClickException("interrupted: committed layers are kept; run the same command to resume") from None
     finally:

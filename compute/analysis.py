@@ -10,7 +10,8 @@ from headforms.compute.baseline import random_forms
 from headforms.compute.fits import fit_families
 from headforms.compute.reduction import reduce_forms
 from headforms.compute.spectra import Spectra, spectra
-from headforms.compute.statistics import PARITY_TOLERANCE, fit_samples, head_statistics, pairing, symmetric_energy
+from headforms.compute.statistics import PARITY_TOLERANCE, fit_samples, head_statistics, pairing, profile, \
+    symmetric_energy, theta
 from headforms.compute.threads import single_threaded
 
 SAMPLES = ("L_abs", "S_pos", "S_neg", "T")
@@ -52,8 +53,10 @@ def _analyse(wq, wk, kv_index, layer, seed, parity_tolerance, device) -> LayerAn
 
     rand = random_forms(seed, layer, n_heads, head_dim, d_model)
     rand_eig = np.linalg.eigvalsh((rand + rand.transpose(0, 2, 1)) / 2)[:, ::-1]
-    stats["random_symmetric_energy"] = symmetric_energy(rand_eig, np.linalg.norm(rand, axis=(1, 2)))
+    rand_norm = np.linalg.norm(rand, axis=(1, 2))
+    stats["random_symmetric_energy"] = symmetric_energy(rand_eig, rand_norm)
     stats["random_pairing"] = pairing(rand_eig)
+    stats["random_theta_distance"], stats["random_theta_position"] = theta(profile(rand_eig, rand_norm))
 
     samples = fit_samples(sp, head_dim)
     stacked = fit_families(np.concatenate([samples[name] for name in SAMPLES]))

@@ -62,9 +62,7 @@ def head_statistics(sp: Spectra, d_model: int, parity_tolerance: float = PARITY_
     t2 = (sp.sv_T**2).sum(axis=1)       # ||T||^2
     plus, minus = lobes(eig_S)
     u = plus - minus
-    cross = 2 * (plus * minus).sum(axis=1)
-    c_num = np.where(u > 0, u**2, 0.0).sum(axis=1)
-    d_num = np.where(u < 0, u**2, 0.0).sum(axis=1)
+    cross, c_num, d_num = _profile_numerators(plus, minus)
     norm_plus, norm_minus = np.linalg.norm(plus, axis=1), np.linalg.norm(minus, axis=1)
     rho = _ratio(norm_minus, norm_plus)
     c_sym, d_sym = _ratio(c_num, s2), _ratio(d_num, s2)
@@ -75,7 +73,7 @@ def head_statistics(sp: Spectra, d_model: int, parity_tolerance: float = PARITY_
     sigma = sp.sigma_T
     geometric = np.sqrt(plus[:, :n] * minus[:, :n])
     abs_S = np.sort(np.abs(eig_S), axis=1)[:, ::-1]
-    return {
+    stats = {
         "frobenius": np.sqrt(l2),
         "n_pos": n_pos,
         "n_neg": n_neg,
@@ -102,6 +100,40 @@ def head_statistics(sp: Spectra, d_model: int, parity_tolerance: float = PARITY_
         "sigma_lambda_correlation": _correlation(abs_S, sp.sv_T),
         "geometric_mean_error": _ratio(np.linalg.norm(sigma - geometric, axis=1), np.linalg.norm(sigma, axis=1)),
     }
+    stats["theta_distance"], stats["theta_position"] = theta(np.stack([stats[k] for k in "abcd"], axis=1))
+    return stats
+
+
+def _profile_numerators(plus: np.ndarray, minus: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """||L||^2 (b, c, d): 2<lambda_+, lambda_->, and sum u^2 over u = lambda_+ - lambda_- > 0 and < 0."""
+    u = plus - minus
+    return 2 * (plus * minus).sum(axis=1), np.where(u > 0, u**2, 0.0).sum(axis=1), np.where(u < 0, u**2, 0.0).sum(axis=1)
+
+
+def profile(eig_S: np.ndarray, frobenius: np.ndarray) -> np.ndarray:
+    """The profile (a, b, c, d) as (H, 4) from S's eigenvalues and ||L||, with a = 1 - ||S||^2/||L||^2 = ||T||^2/||L||^2."""
+    l2 = frobenius**2
+    parts = _profile_numerators(*lobes(eig_S))
+    return np.stack([_ratio(l2 - (eig_S**2).sum(axis=1), l2), *(_ratio(p, l2) for p in parts)], axis=1)
+
+
+# Observation 2's set Theta = {a = b, cd = 0}: two segments m + t v, t in [-1/2, 0], through the random midpoint m.
+THETA_MIDPOINT = np.array([0.5, 0.5, 0.0, 0.0])
+THETA_DIRECTIONS = np.array([[1.0, 1.0, -2.0, 0.0], [1.0, 1.0, 0.0, -2.0]])
+
+
+def theta(profiles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """theta_distance (to the nearer segment of Theta) and theta_position (that point's distance from m), rows of (H, 4).
+
+    Closed form (statistics.md section 7): project on each segment's line, clip t to [-1/2, 0]."""
+    offset = profiles - THETA_MIDPOINT                                        # (H, 4)
+    norms2 = (THETA_DIRECTIONS**2).sum(axis=1)                                # |v|^2 = 6
+    t = np.clip(offset @ THETA_DIRECTIONS.T / norms2, -0.5, 0.0)              # (H, 2)
+    gaps = np.linalg.norm(offset[:, None, :] - t[:, :, None] * THETA_DIRECTIONS, axis=2)
+    nearer = np.argmin(np.where(np.isnan(gaps), np.inf, gaps), axis=1)[:, None]
+    distance = np.take_along_axis(gaps, nearer, axis=1)[:, 0]
+    position = np.abs(np.take_along_axis(t, nearer, axis=1)[:, 0]) * np.sqrt(norms2[nearer[:, 0]])
+    return distance, np.where(np.isnan(distance), np.nan, position)
 
 
 def _correlation(x: np.ndarray, y: np.ndarray) -> np.ndarray:

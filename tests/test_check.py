@@ -90,6 +90,13 @@ DAMAGE = {
          "INSERT INTO eigenvalues SELECT * REPLACE ('ghost' AS model) FROM eigenvalues WHERE model = {G} AND head = 0",
          "INSERT INTO fits SELECT * REPLACE ('ghost' AS model) FROM fits WHERE model = {G} AND layer = 0"],
         [("violation", "orphan_rows", "ghost", None, None)] * 3),
+    "orphan intervals and head types": (
+        ["INSERT INTO intervals SELECT * REPLACE ('ghost' AS model) FROM intervals WHERE model = {G}",
+         "INSERT INTO head_types SELECT * REPLACE ('ghost' AS model) FROM head_types WHERE model = {G}"],
+        [("violation", "orphan_rows", "ghost", None, None)] * 2),
+    "a complete model without intervals": (
+        ["DELETE FROM intervals WHERE model = {M}"],
+        [("warning", "summaries", M, None, None)]),
     "delete a layer of a complete model": (
         ["DELETE FROM layers WHERE model = {M} AND layer = 4"],
         [("violation", "missing_layer", M, 4, None), ("violation", "uncommitted_rows", M, 4, None)]),

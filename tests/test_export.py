@@ -30,7 +30,7 @@ def one_model_export(demo_db, tmp_path_factory):
     path = folder / "warehouse.duckdb"
     shutil.copy(demo_db, path)
     with duckdb.connect(str(path)) as con:
-        for table in ("heads", "eigenvalues", "fits", "layers", "models"):
+        for table in ("heads", "eigenvalues", "fits", "layers", "models", "intervals", "head_types"):
             con.execute(f"DELETE FROM {table} WHERE model = 'all-MiniLM-L6-v2'")
         con.execute("""UPDATE heads SET n_pos = n_pos - 1, n_zero = n_zero + 1, balanced = false
                        WHERE (layer, head) IN ((7, 3), (2, 8))""")

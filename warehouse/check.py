@@ -47,6 +47,10 @@ CHECKS: tuple[tuple[str, str, str], ...] = (
                format('{} of {} layers committed; run the same extract command to resume',
                       count(l.layer), m.n_layers)
         FROM models m LEFT JOIN layers l USING (model) WHERE NOT m.complete GROUP BY m.model, m.n_layers"""),
+    ("summaries", "warning", """
+        SELECT model, NULL, NULL, 'complete model without bootstrap intervals (built before them): extract --force '
+                                  'recomputes them'
+        FROM models ANTI JOIN intervals USING (model) WHERE complete"""),
     ("missing_layer", "violation", """
         SELECT model, layer, NULL, 'layer of a complete model missing from layers'
         FROM (SELECT model, unnest(range(n_layers)) AS layer FROM models WHERE complete)
@@ -79,6 +83,12 @@ CHECKS: tuple[tuple[str, str, str], ...] = (
         UNION ALL
         SELECT model, NULL, NULL, format('{} fits rows of a model not in models', count(*))
         FROM fits ANTI JOIN models USING (model) GROUP BY model
+        UNION ALL
+        SELECT model, NULL, NULL, format('{} intervals rows of a model not in models', count(*))
+        FROM intervals ANTI JOIN models USING (model) GROUP BY model
+        UNION ALL
+        SELECT model, NULL, NULL, format('{} head_types rows of a model not in models', count(*))
+        FROM head_types ANTI JOIN models USING (model) GROUP BY model
         UNION ALL
         SELECT model, layer, head, format('{} eigenvalues rows without a heads row', count(*))
         FROM eigenvalues SEMI JOIN models USING (model) ANTI JOIN heads USING (model, layer, head)

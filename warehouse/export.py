@@ -34,6 +34,15 @@ TABLES: dict[str, tuple[str, str]] = {
     "figure6_fit_errors": (
         "fit_errors_by_model", "Figure 6: median histogram error and KS per model, sample and family; "
                                "share of heads where each family fits best"),
+    "bootstrap_intervals": (
+        "model_intervals", "Every per-model figure of the tables above beside its 95% bootstrap intervals, "
+                           "resampling layers and resampling heads"),
+    "observation2_theta_accumulation": (
+        "theta_accumulation", "Observation 2 per model: medians of the distance to Theta and of the position along "
+                              "it, trained and random heads; share of heads closer to Theta than to the midpoint"),
+    "figure05_head_types": (
+        "head_types_by_model", "Figure 5 per model: k-means types of the projected spectra of S, mean silhouette, "
+                               "adjusted Rand index with parity"),
 }
 LIST_SEPARATOR = "; "
 

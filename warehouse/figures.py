@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 import duckdb
+import matplotlib
 import numpy as np
 import polars as pl
 from matplotlib.colors import CenteredNorm
@@ -61,10 +62,7 @@ def profiles(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
     for ax, (model, rows) in zip(axes, models):
         ax.plot(*corners[[1, 2, 0]].T, color="black", lw=1)            # edges {d = 0} and {c = 0}
         ax.plot(*corners[[0, 1]].T, color="black", lw=1, ls="--")      # edge {b = 0}: empty fibers
-        for kind, (marker, colour, label) in PARITY.items():
-            pts = rows.filter(pl.col("parity") == kind)
-            paint = {"facecolors": "none", "edgecolors": colour} if marker == "o" else {"color": colour}
-            ax.scatter(pts["x"], pts["y"], marker=marker, s=28, lw=1.0, label=f"{label} ({pts.height})", **paint)
+        _parity_scatter(ax, rows, "x", "y", s=28, lw=1.0)
         ax.annotate("$b=1$\n" r"$\lambda_{+}=\lambda_{-}$", corners[2], xytext=(0, 6), textcoords="offset points",
                     ha="center", va="bottom", fontsize=9)
         ax.annotate("$c=1$\nPSD", corners[1], xytext=(4, -4), textcoords="offset points", ha="left", va="top", fontsize=9)
@@ -207,10 +205,93 @@ def pairing_distribution(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
     return _save(fig, path)
 
 
+def _parity_scatter(ax, rows: pl.DataFrame, *columns: str, s: float = 22, lw: float = 0.9) -> None:
+    """Scatter of rows' columns (x, y[, z]) with the paper's parity markers, the count of each type in the legend."""
+    for kind, (marker, colour, label) in PARITY.items():
+        pts = rows.filter(pl.col("parity") == kind)
+        paint = {"facecolors": "none", "edgecolors": colour} if marker == "o" else {"color": colour}
+        ax.scatter(*(pts[c].to_numpy() for c in columns), marker=marker, s=s, lw=lw, label=f"{label} ({pts.height})",
+                   **paint)
+
+
+def theta_accumulation(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
+    """Observation 2: each head's distance to Theta against its position along Theta, trained beside random heads."""
+    data = _frame(con, """
+        SELECT model, parity, theta_distance, theta_position, random_theta_distance, random_theta_position
+        FROM heads WHERE theta_distance IS NOT NULL ORDER BY model, layer, head""")
+    shown = {(model, figure): text for model, figure, text in _frame(
+        con, "SELECT model, figure, shown FROM model_intervals WHERE view = 'theta_accumulation'").iter_rows()}
+    models = _by_model(data)
+    fig, axes = _panel_grid(len(models), 2, (5.2, 4.6))
+    for ax, (model, rows) in zip(axes, models):
+        ax.scatter(rows["random_theta_position"], rows["random_theta_distance"], s=10, color="0.55", marker=".",
+                   label=f"random baseline ({rows.height})")
+        _parity_scatter(ax, rows, "theta_position", "theta_distance")
+        values = rows.select(pl.exclude("model", "parity")).to_numpy()
+        bottom, top = values[values > 0].min() / 2, values.max() * 2
+        ax.plot([bottom, top], [bottom, top], color="black", lw=0.8, ls="--")
+        ax.text(top / 1.5, top / 1.9, "distance = position", ha="right", va="top", rotation=45, fontsize=7,
+                rotation_mode="anchor", transform_rotates_text=True)
+        ax.set_title(f"{model} ({rows.height} heads)\nmedian distance {shown.get((model, 'median_theta_distance'))}, "
+                     f"position {shown.get((model, 'median_theta_position'))}\nshare below the diagonal "
+                     f"{shown.get((model, 'share_closer_to_theta'))}", fontsize=8)
+        ax.set_xlabel(r"theta_position: distance of the nearest point of $\Theta$ from $(1/2, 1/2, 0, 0)$",
+                      fontsize=7)
+        ax.set_ylabel(r"theta_distance: distance of the profile to $\Theta$", fontsize=7)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(bottom, top)
+        ax.set_ylim(bottom, top)
+        ax.set_aspect("equal")
+        ax.tick_params(labelsize=7)
+        ax.legend(loc="upper left", fontsize=7, frameon=False, handletextpad=0.3)
+    fig.suptitle("Observation 2. Profiles near $\\Theta=\\{a=b,\\ cd=0\\}$: trained heads (parity markers) and "
+                 "random heads (grey)\nbelow the dashed diagonal a head lies closer to $\\Theta$ than its foot point "
+                 "lies to the random midpoint\nmedians with 95% layer-bootstrap intervals; log axes (zeros not drawn)",
+                 fontsize=9)
+    return _save(fig, path)
+
+
+def head_types(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
+    """Figure 5: the three-dimensional projection of the sorted unit-length spectra of S, k-means types and parity."""
+    data = _frame(con, """
+        SELECT t.model, t.x, t.y, t.z, t.type, h.parity, v.k, v.silhouette AS mean_silhouette, v.ari_parity
+        FROM head_types t JOIN heads h USING (model, layer, head) JOIN head_types_by_model v USING (model)
+        ORDER BY t.model, t.layer, t.head""")
+    models = _by_model(data)
+    fig = Figure(figsize=(10.4, 4.8 * len(models)), layout="constrained", dpi=DPI)
+    colours = matplotlib.colormaps["Dark2"].colors
+    for row, (model, rows) in enumerate(models):
+        left = fig.add_subplot(len(models), 2, 2 * row + 1, projection="3d")
+        right = fig.add_subplot(len(models), 2, 2 * row + 2, projection="3d")
+        _parity_scatter(left, rows, "x", "y", "z")
+        for kind in range(rows["k"][0]):
+            pts = rows.filter(pl.col("type") == kind)
+            right.scatter(pts["x"], pts["y"], pts["z"], s=14, color=colours[kind % len(colours)],
+                          label=f"type {kind} ({pts.height})")
+        for ax, what in ((left, "parity"), (right, f"k-means types (k = {rows['k'][0]} by silhouette, "
+                                                    f"mean {rows['mean_silhouette'][0]:.2f})\n"
+                                                    f"adjusted Rand index with parity {rows['ari_parity'][0]:.2f}")):
+            ax.set_title(f"{model}: {what}", fontsize=9)
+            ax.set_xlabel("1st", fontsize=7)
+            ax.set_ylabel("2nd", fontsize=7)
+            ax.set_zlabel("3rd", fontsize=7)
+            ax.tick_params(labelsize=6)
+            ax.legend(loc="upper left", fontsize=7, frameon=False)
+    fig.suptitle("Figure 5. Sorted unit-length spectra of $S$ projected on their three leading singular directions",
+                 fontsize=10)
+    return _save(fig, path)
+
+
 # File name -> (drawing function, what the figure shows); export writes these and lists them in its index.
 FIGURES: dict[str, tuple[Callable[[duckdb.DuckDBPyConnection, Path], Path], str]] = {
     "figure03_mean_spectrum.png": (
         mean_spectrum, "Figure 3: mean sorted unit-length spectrum of S per model"),
+    "figure05_head_types.png": (
+        head_types, "Figure 5: 3-D projection of the sorted unit-length spectra of S, by parity and by k-means type"),
+    "observation2_theta.png": (
+        theta_accumulation, "Observation 2: distance of each profile to Theta against its position along Theta, "
+                            "trained and random heads"),
     "figure09_profiles.png": (
         profiles, "Figure 9: symmetric profiles (b_S, c_S, d_S) on the face Delta, by parity"),
     "figure11_pairing.png": (

@@ -18,9 +18,11 @@ import numpy as np
 import polars as pl
 
 from headforms.compute.analysis import LayerAnalysis, analyse_layer
+from headforms.compute.bootstrap import RESAMPLES
 from headforms.compute.statistics import PARITY_TOLERANCE, lobes
 from headforms.extract import Checkpoint
 from headforms.warehouse.store import WarehouseError, insert, query, transaction
+from headforms.warehouse.summaries import write_summaries
 
 
 def tool_version() -> str:
@@ -38,6 +40,11 @@ class LoadOptions:
     seed: int = 0
     device: str = "cpu"
     force: bool = False
+    resamples: int = RESAMPLES   # B of the bootstrap intervals, seeded by `seed`
+
+    def __post_init__(self):
+        if self.resamples < 1:
+            raise ValueError(f"resamples must be at least 1, not {self.resamples}")
 
 
 @dataclass
@@ -93,6 +100,7 @@ def load_model(con, ckpt: Checkpoint, opts: LoadOptions,
         with transaction(con):
             con.execute("UPDATE models SET complete = true, extracted_at = ? WHERE model = ?",
                         [record["extracted_at"], name])
+            write_summaries(con, name, opts.resamples, opts.seed)
     except Exception:
         with transaction(con):  # undo this run only; an interruption (Ctrl-C, kill) keeps its layers
             if created:
@@ -112,10 +120,11 @@ def _write_model(con, ckpt, opts, record, on_layer) -> None:
         _write_layer(con, ckpt, opts, layer)
         if on_layer:
             on_layer(layer, ckpt.spec.n_heads)
+    write_summaries(con, ckpt.name, opts.resamples, opts.seed)
 
 
 def _delete_model(con, name: str) -> None:
-    for table in ("heads", "eigenvalues", "fits", "layers", "models"):
+    for table in ("heads", "eigenvalues", "fits", "layers", "models", "intervals", "head_types"):
         con.execute(f"DELETE FROM {table} WHERE model = ?", [name])
 
 

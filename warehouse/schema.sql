@@ -61,8 +61,17 @@ CREATE TABLE IF NOT EXISTS heads (
     geometric_mean_error     DOUBLE,
     random_symmetric_energy  DOUBLE,
     random_pairing           DOUBLE,
+    theta_distance           DOUBLE,    -- Observation 2: distance of (a, b, c, d) to Theta = {a = b, cd = 0}
+    theta_position           DOUBLE,    -- distance of the nearest point of Theta from (1/2, 1/2, 0, 0)
+    random_theta_distance    DOUBLE,
+    random_theta_position    DOUBLE,
     PRIMARY KEY (model, layer, head)
 );
+-- Columns added after the first release: warehouses built before them still open (the values stay NULL).
+ALTER TABLE heads ADD COLUMN IF NOT EXISTS theta_distance DOUBLE;
+ALTER TABLE heads ADD COLUMN IF NOT EXISTS theta_position DOUBLE;
+ALTER TABLE heads ADD COLUMN IF NOT EXISTS random_theta_distance DOUBLE;
+ALTER TABLE heads ADD COLUMN IF NOT EXISTS random_theta_position DOUBLE;
 
 -- Long-form spectra (statistics.md section 2), idx from 0 in decreasing order:
 --   'S'       eigenvalues of S, min(N, 2n) values (the ambient zeros are implicit)
@@ -100,4 +109,33 @@ CREATE TABLE IF NOT EXISTS fits (
     hist_error DOUBLE,
     n          INTEGER NOT NULL,
     PRIMARY KEY (model, layer, head, sample, family)
+);
+
+-- 95% percentile bootstrap intervals of the views' per-model figures (statistics.md section 7),
+-- written when a model's last layer is in. method 'layer': a model's layers are resampled with
+-- replacement (all heads of each drawn layer); 'head': heads are resampled. estimate = the view's value.
+CREATE TABLE IF NOT EXISTS intervals (
+    model     VARCHAR NOT NULL,
+    view      VARCHAR NOT NULL,   -- the view of sql/ holding the figure
+    figure    VARCHAR NOT NULL,   -- its column there
+    method    VARCHAR NOT NULL,   -- 'layer' or 'head'
+    estimate  DOUBLE,
+    low       DOUBLE,
+    high      DOUBLE,
+    resamples INTEGER NOT NULL,   -- B
+    seed      BIGINT NOT NULL,
+    PRIMARY KEY (model, view, figure, method)
+);
+
+-- Figure 5: each head's sorted unit-length spectrum of S projected on the model's three leading
+-- right singular directions (x, y, z), its k-means type (0 = the largest) and its silhouette.
+-- Heads whose S is zero have no row.
+CREATE TABLE IF NOT EXISTS head_types (
+    model      VARCHAR NOT NULL,
+    layer      INTEGER NOT NULL,
+    head       INTEGER NOT NULL,
+    x DOUBLE NOT NULL, y DOUBLE NOT NULL, z DOUBLE NOT NULL,
+    type       INTEGER NOT NULL,
+    silhouette DOUBLE NOT NULL,
+    PRIMARY KEY (model, layer, head)
 );

@@ -1,0 +1,64 @@
+"""Percentile bootstrap intervals of per-model figures (statistics.md section 7), vectorised over resamples.
+
+A resample draws whole groups with replacement (a model's layers, or single heads) and takes every
+row of each drawn group; each figure is then an aggregate over the rows of every resample at once.
+Aggregates follow SQL: NaN is NULL, ignored by median and avg.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+LEVEL = 0.95
+RESAMPLES = 2000
+
+
+def resample_rows(groups: np.ndarray, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """(resamples, G * m) row indices: G groups drawn with replacement from `groups` (G, m), all rows of each."""
+    drawn = rng.integers(0, len(groups), size=(resamples, len(groups)))
+    return groups[drawn].reshape(resamples, -1)
+
+
+def median(values: np.ndarray) -> np.ndarray:
+    """Row-wise median ignoring NaN, the middle two averaged (DuckDB's median of DOUBLE); NaN for an empty row."""
+    ordered = np.sort(values, axis=-1)                       # NaN sorts last
+    count = (~np.isnan(values)).sum(axis=-1, keepdims=True)
+    low = np.take_along_axis(ordered, np.maximum(count - 1, 0) // 2, axis=-1)
+    high = np.take_along_axis(ordered, count // 2 - (count == 0), axis=-1)
+    return np.where(count > 0, (low + high) / 2, np.nan)[..., 0]
+
+
+def mean(values: np.ndarray) -> np.ndarray:
+    """Row-wise mean ignoring NaN (SQL avg); NaN for an empty row."""
+    count = (~np.isnan(values)).sum(axis=-1)
+    total = np.where(np.isnan(values), 0.0, values).sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def percent(values: np.ndarray) -> np.ndarray:
+    """round(100 * sum / count(*), 1), half away from zero, as the parity views compute a type's share."""
+    share = 100 * values.sum(axis=-1) / values.shape[-1]
+    return np.floor(share * 10 + 0.5) / 10
+
+
+AGGREGATES = {"median": median, "mean": mean, "percent": percent}
+
+
+def intervals(values: np.ndarray, aggregate: str, groups: np.ndarray, resamples: int,
+              seed: int | tuple[int, ...]) -> np.ndarray:
+    """(F, 3): estimate, low, high of the 95% percentile interval of each figure.
+
+    values: (rows, F), one column per figure, all aggregated the same way; groups: (G, m) row
+    indices resampled together. The same resamples serve every figure (one seed); one figure at a
+    time keeps the (resamples, rows) working array small for large models."""
+    rows = resample_rows(groups, resamples, np.random.default_rng(seed))
+    aggregate_rows = AGGREGATES[aggregate]
+    estimate = aggregate_rows(values.T)                                                  # (F,)
+    replicates = np.stack([aggregate_rows(column[rows]) for column in values.T])        # (F, B)
+    alpha = (1 - LEVEL) / 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a figure undefined on every resample: NaN bounds
+        low, high = np.nanquantile(replicates, [alpha, 1 - alpha], axis=1)
+    return np.column_stack([estimate, low, high])

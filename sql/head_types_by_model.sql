@@ -1,0 +1,30 @@
+-- Figure 5 per model: the number k of k-means head types (chosen by silhouette), the mean silhouette,
+-- and the adjusted Rand index of the types against parity (1 = the same partition, 0 = chance level),
+-- from the contingency table of type x parity over the heads that have both.
+WITH typed AS (
+    SELECT t.model, t.type, t.silhouette, h.parity
+    FROM head_types t JOIN heads h USING (model, layer, head)
+), cells AS (
+    SELECT model, type, parity, count(*)::DOUBLE AS n FROM typed WHERE parity IS NOT NULL GROUP BY ALL
+), by_type AS (
+    SELECT model, sum(c * (c - 1) / 2) AS same_type
+    FROM (SELECT model, type, sum(n) AS c FROM cells GROUP BY ALL) GROUP BY model
+), by_parity AS (
+    SELECT model, sum(c * (c - 1) / 2) AS same_parity
+    FROM (SELECT model, parity, sum(n) AS c FROM cells GROUP BY ALL) GROUP BY model
+), pair_counts AS (
+    SELECT model, same_both, same_type, same_parity, same_type * same_parity / (total * (total - 1) / 2) AS expected
+    FROM (SELECT model, sum(n * (n - 1) / 2) AS same_both, sum(n) AS total FROM cells GROUP BY model)
+    JOIN by_type USING (model) JOIN by_parity USING (model)
+)
+SELECT
+    t.model,
+    count(*)                  AS heads,
+    count(DISTINCT t.type)    AS k,
+    avg(t.silhouette)         AS silhouette,
+    any_value(CASE WHEN (p.same_type + p.same_parity) / 2 = p.expected THEN 1.0
+                   ELSE (p.same_both - p.expected) / ((p.same_type + p.same_parity) / 2 - p.expected) END)
+                              AS ari_parity
+FROM typed t LEFT JOIN pair_counts p USING (model)
+GROUP BY t.model
+ORDER BY t.model

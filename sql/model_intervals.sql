@@ -1,0 +1,34 @@
+-- Every per-model figure with its 95% bootstrap intervals beside it: the view's own value
+-- (estimate), the interval resampling layers (layer_low, layer_high) and the one resampling heads
+-- (head_low, head_high), with B and the seed; `shown` is "estimate [layer_low, layer_high]".
+WITH estimates AS (
+    SELECT 'parity_by_model' AS view, * FROM (
+        UNPIVOT parity_by_model ON pct_type_I_plus, pct_type_II, pct_type_I_minus
+        INTO NAME figure VALUE estimate)
+    UNION ALL BY NAME
+    SELECT 'model_medians' AS view, * FROM (
+        UNPIVOT model_medians ON median_symmetric_energy, median_pairing, median_rho, median_lobe_departure,
+            median_participation_ratio, median_stable_rank, median_random_symmetric_energy, median_random_pairing,
+            share_above_random, share_above_baseline_mean, share_participation_below_2
+        INTO NAME figure VALUE estimate)
+    UNION ALL BY NAME
+    SELECT 'fit_ratios_by_model' AS view, * FROM (
+        UNPIVOT fit_ratios_by_model ON median_mode_ratio, median_shape_ratio, median_correlation,
+            median_geometric_mean_error
+        INTO NAME figure VALUE estimate)
+    UNION ALL BY NAME
+    SELECT 'theta_accumulation' AS view, * FROM (
+        UNPIVOT theta_accumulation ON median_theta_distance, median_theta_position, median_random_theta_distance,
+            median_random_theta_position, share_closer_to_theta, random_share_closer_to_theta
+        INTO NAME figure VALUE estimate)
+)
+SELECT
+    e.model, e.view, e.figure, e.estimate,
+    l.low AS layer_low, l.high AS layer_high,
+    h.low AS head_low, h.high AS head_high,
+    l.resamples, l.seed,
+    printf('%.4g [%.4g, %.4g]', e.estimate, l.low, l.high) AS shown
+FROM estimates e
+LEFT JOIN intervals l ON l.model = e.model AND l.view = e.view AND l.figure = e.figure AND l.method = 'layer'
+LEFT JOIN intervals h ON h.model = e.model AND h.view = e.view AND h.figure = e.figure AND h.method = 'head'
+ORDER BY e.model, e.view, e.figure

@@ -1,0 +1,80 @@
+"""Per-model tables computed from a model's stored heads once its last layer is in:
+bootstrap intervals of the views' figures (`intervals`) and the head types of Figure 5 (`head_types`)."""
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from headforms.compute import bootstrap
+from headforms.compute.head_types import head_types, projection, unit_spectra
+from headforms.warehouse.store import insert, query
+
+# (view, figure, aggregate, per-head SQL expression): each figure recomputed on a resample exactly as its
+# view computes it. h is a row of heads, g of spectral_geometry, m of models. Percent figures count a
+# head with undefined parity in the denominator only, as count(*) FILTER does.
+FIGURES: tuple[tuple[str, str, str, str], ...] = (
+    ("parity_by_model", "pct_type_I_plus", "percent", "coalesce(h.parity = 'I+', false)::INT"),
+    ("parity_by_model", "pct_type_II", "percent", "coalesce(h.parity = 'II', false)::INT"),
+    ("parity_by_model", "pct_type_I_minus", "percent", "coalesce(h.parity = 'I-', false)::INT"),
+    *(("model_medians", f"median_{column}", "median", f"h.{column}") for column in (
+        "symmetric_energy", "pairing", "rho", "lobe_departure", "participation_ratio", "stable_rank",
+        "random_symmetric_energy", "random_pairing")),
+    ("model_medians", "share_above_random", "mean", "(h.symmetric_energy > h.random_symmetric_energy)::INT"),
+    ("model_medians", "share_above_baseline_mean", "mean", "(h.symmetric_energy > (m.d_model + 1) / (2.0 * m.d_model))::INT"),
+    ("model_medians", "share_participation_below_2", "mean", "(h.participation_ratio < 2)::INT"),
+    ("fit_ratios_by_model", "median_mode_ratio", "median", "CASE WHEN g.retained THEN g.mode_ratio END"),
+    ("fit_ratios_by_model", "median_shape_ratio", "median", "CASE WHEN g.retained THEN g.shape_ratio END"),
+    ("fit_ratios_by_model", "median_correlation", "median", "g.sigma_lambda_correlation"),
+    ("fit_ratios_by_model", "median_geometric_mean_error", "median", "g.geometric_mean_error"),
+    *(("theta_accumulation", f"median_{column}", "median", f"h.{column}") for column in (
+        "theta_distance", "theta_position", "random_theta_distance", "random_theta_position")),
+    ("theta_accumulation", "share_closer_to_theta", "mean", "(h.theta_distance < h.theta_position)::INT"),
+    ("theta_accumulation", "random_share_closer_to_theta", "mean",
+     "(h.random_theta_distance < h.random_theta_position)::INT"),
+)
+# Resampling methods: which rows are drawn together (statistics.md section 7).
+METHODS = ("layer", "head")
+
+
+def write_summaries(con, model: str, resamples: int, seed: int) -> None:
+    """Compute and insert the model's intervals and head types (inside the caller's transaction)."""
+    insert(con, "intervals", model_intervals(con, model, resamples, seed))
+    insert(con, "head_types", model_head_types(con, model, seed))
+
+
+def model_intervals(con, model: str, resamples: int, seed: int) -> pl.DataFrame:
+    """95% bootstrap intervals of every figure of FIGURES for one model, by both methods (rows of `intervals`)."""
+    columns = ", ".join(f"{expr} AS f{i}" for i, (_, _, _, expr) in enumerate(FIGURES))
+    heads = query(con, f"""
+        SELECT h.layer, {columns} FROM heads h JOIN models m USING (model)
+        JOIN spectral_geometry g USING (model, layer, head)
+        WHERE h.model = ? ORDER BY h.layer, h.head""", [model])
+    values = heads.drop("layer").to_numpy().astype(float)
+    layer = heads["layer"].to_numpy()
+    groups = {"layer": np.stack([np.flatnonzero(layer == k) for k in np.unique(layer)]),
+              "head": np.arange(len(layer))[:, None]}
+    parts = []
+    for m, method in enumerate(METHODS):
+        for aggregate in bootstrap.AGGREGATES:
+            chosen = [i for i, figure in enumerate(FIGURES) if figure[2] == aggregate]
+            result = bootstrap.intervals(values[:, chosen], aggregate, groups[method], resamples, (seed, m))
+            parts.append(pl.DataFrame({
+                "model": model, "view": [FIGURES[i][0] for i in chosen], "figure": [FIGURES[i][1] for i in chosen],
+                "method": method, "estimate": result[:, 0], "low": result[:, 1], "high": result[:, 2],
+                "resamples": resamples, "seed": seed}))
+    return pl.concat(parts).with_columns(pl.col(pl.Float64).fill_nan(None))
+
+
+def model_head_types(con, model: str, seed: int) -> pl.DataFrame:
+    """Figure 5 coordinates, k-means type and silhouette of each head with a nonzero S (rows of `head_types`)."""
+    spectra = query(con, """
+        SELECT layer, head, list(value ORDER BY idx) AS eig FROM eigenvalues
+        WHERE model = ? AND spectrum = 'S' GROUP BY layer, head ORDER BY layer, head""", [model])
+    points = unit_spectra(np.array(spectra["eig"].to_list(), dtype=float))
+    keep = ~np.isnan(points).any(axis=1)
+    coords = projection(points[keep]) if keep.any() else np.zeros((0, 3))
+    types, scores = head_types(coords, seed)
+    return pl.DataFrame({
+        "model": model, "layer": spectra["layer"].filter(keep), "head": spectra["head"].filter(keep),
+        "x": coords[:, 0], "y": coords[:, 1], "z": coords[:, 2],
+        "type": types.astype(np.int32), "silhouette": scores})
