@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import shlex
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -190,12 +191,64 @@ def test_stored_precision_read_exactly(dtype, tmp_path):
 
 
 def test_unknown_architecture(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5"}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "not_a_model"}))
     with pytest.raises(ExtractError) as err:
         open_folder(tmp_path)
-    assert str(err.value) == f"unsupported architecture 't5'; supported: {', '.join(SUPPORTED)}"
-    assert {"gpt2", "opt", "bloom", "gpt_neox", "llama", "mistral", "qwen2", "gemma", "gemma2", "bert",
-            "qwen3"} <= set(SUPPORTED)
+    message = str(err.value)
+    assert message.startswith(f"unsupported architecture 'not_a_model' (supported: {', '.join(SUPPORTED)})")
+    assert "transformers" in message and "\n" not in message
+    assert len(SUPPORTED) >= 35 and {"phi3", "falcon", "whisper", "clip", "siglip", "qwen3_moe"} <= set(SUPPORTED)
+
+
+def test_discovery_needs_transformers(monkeypatch):
+    config = tm.build("arcee").config.to_dict()
+    monkeypatch.setitem(sys.modules, "transformers", None)  # what `import transformers` sees when not installed
+    with pytest.raises(ExtractError, match=r"^unsupported architecture 'arcee' .*needs transformers \(pip install"):
+        model_spec(config)
+
+
+@pytest.mark.parametrize("tiny, overrides, reason", [
+    ("olmo3", {}, r"QK-norm \(q_norm, k_norm\)"),
+    ("exaone4", {}, r"QK-norm \(q_norm, k_norm\)"),
+    ("persimmon", {}, "q and k pass through a LayerNorm"),
+    ("persimmon", {"qk_layernorm": False}, "fused QKV projection 'layers.0.self_attn.query_key_value'"),
+])
+def test_discovery_refuses_what_it_cannot_explain(tiny, overrides, reason):
+    import transformers
+
+    config_class = transformers.AutoConfig.for_model(tiny).__class__
+    config = config_class(**_decoder_shape(tiny) | overrides).to_dict()
+    with pytest.raises(ExtractError, match=reason) as err:
+        model_spec(config)
+    assert f"{tiny} is refused (layout found by transformers on the meta device)" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def _decoder_shape(model_type: str) -> dict:
+    """A tiny config of a family only discovery knows (config class defaults are full-size)."""
+    return dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, vocab_size=tm.VOCAB,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=8, pad_token_id=0)
+
+
+def test_discovered_layout_reads_the_model_weights(tmp_path):
+    model, folder = saved("arcee", tmp_path)
+    ckpt = open_folder(folder)
+    w_q, w_k = ckpt.read_layer(1)
+    attn = model.model.layers[1].self_attn
+    np.testing.assert_array_equal(w_q, attn.q_proj.weight.detach().numpy().reshape(4, 8, 32))
+    np.testing.assert_array_equal(w_k, attn.k_proj.weight.detach().numpy().reshape(2, 8, 32))
+
+
+def test_towers(tmp_path):
+    _, folder = saved("whisper_encoder", tmp_path)
+    encoder, decoder = open_folder(folder).spec, open_folder(folder, tower="decoder").spec
+    assert (encoder.architecture, encoder.config["tower"], encoder.n_heads) == ("whisper.encoder", "encoder", 4)
+    assert (decoder.architecture, decoder.config["tower"], decoder.n_heads) == ("whisper.decoder", "decoder", 2)
+    with pytest.raises(ExtractError, match="whisper has no tower 'vision'; towers: encoder, decoder"):
+        open_folder(folder, tower="vision")
+    _, llama = saved("llama", tmp_path / "llama")
+    with pytest.raises(ExtractError, match="llama has a single tower"):
+        open_folder(llama, tower="text")
 
 
 def test_missing_config_and_weights(tmp_path):
@@ -255,13 +308,23 @@ def test_inconsistent_config(config, message):
     ({"model_type": "gpt2", "scale_attn_by_inverse_layer_idx": True}, "differ per layer"),
     ({"model_type": "bert", "position_embedding_type": "relative_key"}, "position_embedding_type"),
     ({"model_type": "qwen2", "quantization_config": {"quant_method": "gptq"}}, r"quantized checkpoints \(gptq\)"),
+    ({"model_type": "phi", "qk_layernorm": True}, "qk_layernorm=True: q and k pass through a LayerNorm"),
+    ({"model_type": "stablelm", "qk_layernorm": True}, "qk_layernorm=True: q and k pass through a LayerNorm"),
+    ({"model_type": "cohere", "use_qk_norm": True}, "use_qk_norm=True: q and k pass through a LayerNorm"),
+    ({"model_type": "olmo", "clip_qkv": 8.0}, "clip_qkv=8.0: q and k are clipped elementwise"),
+    ({"model_type": "mpt", "attn_config": {"qk_ln": True}}, "attn_config.qk_ln=True: q and k pass through"),
+    ({"model_type": "mpt", "attn_config": {"clip_qkv": 6}}, "attn_config.clip_qkv=6: q and k are clipped"),
+    ({"model_type": "deepseek_v3"}, "multi-head latent attention normalises the latent q and kv"),
+    ({"model_type": "diffllama"}, "differential attention subtracts two softmaxes"),
+    ({"model_type": "phi3", "rope_scaling": {"type": "longrope"}}, "rope_type 'longrope'"),
 ])
 def test_non_bilinear_scores_refused(config, reason):
-    with pytest.raises(ExtractError, match=reason):
+    with pytest.raises(ExtractError, match=reason) as err:
         model_spec(config)
+    assert str(err.value).startswith(f"{config['model_type']} is refused: ") and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "olmo2", "gemma3_text"])
+@pytest.mark.parametrize("model_type", ["qwen3", "olmo2", "gemma3_text", "qwen3_moe"])
 def test_qk_norm_refused_by_default(model_type):
     with pytest.raises(ExtractError) as err:
         model_spec({"model_type": model_type, "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 32})
