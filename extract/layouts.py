@@ -106,14 +106,14 @@ def _no_refusal(config: dict) -> str | None:
 
 
 def _gpt2_refusal(config: dict) -> str | None:
-    """scale_attn_by_inverse_layer_idx (the scale differs per layer)"""
+    """scale_attn_by_inverse_layer_idx is set (the scale differs per layer)"""
     if config.get("scale_attn_by_inverse_layer_idx"):
         return "scale_attn_by_inverse_layer_idx makes the score scale differ per layer"
     return None
 
 
 def _bert_refusal(config: dict) -> str | None:
-    """relative position_embedding_type (position terms inside q.k)"""
+    """position_embedding_type is relative (position terms inside q.k)"""
     kind = config.get("position_embedding_type", "absolute")
     if kind != "absolute":
         return f"position_embedding_type '{kind}' adds position-dependent terms to q.k"
@@ -121,7 +121,7 @@ def _bert_refusal(config: dict) -> str | None:
 
 
 def _softcap_refusal(config: dict) -> str | None:
-    """attn_logit_softcapping (the score is a tanh of q.k)"""
+    """attn_logit_softcapping is set (the score is a tanh of q.k)"""
     cap = config.get("attn_logit_softcapping")
     if cap is not None:
         return f"attn_logit_softcapping={cap} makes the score a tanh of q.k, not bilinear in x"
@@ -135,16 +135,16 @@ def _flag_refusal(key: str, why: str) -> Callable[[dict], str | None]:
         value = config.get(key)
         return f"{key}={value}: {why}, not bilinear in x" if value else None
 
-    refusal.__doc__ = f"{key} ({why})"
+    refusal.__doc__ = f"{key} is set ({why})"
     return refusal
 
 
-_QK_LAYERNORM = "q and k pass through a LayerNorm (centred, with its own statistics)"
+_QK_LAYERNORM = "q and k pass through a LayerNorm"
 _CLIPPED = "q and k are clipped elementwise"
 
 
 def _mpt_refusal(config: dict) -> str | None:
-    """attn_config.qk_ln or clip_qkv (q, k normalised or clipped)"""
+    """attn_config.qk_ln or clip_qkv is set (q, k normalised or clipped)"""
     attn = config.get("attn_config") or {}
     for key, why in (("qk_ln", _QK_LAYERNORM), ("clip_qkv", _CLIPPED)):
         if attn.get(key):
