@@ -26,12 +26,12 @@ def tiny_folder(tmp_path_factory):
     return folder
 
 
-@pytest.mark.parametrize("command", [None, "extract", "sql", "status", "models", "export", "check"])
+@pytest.mark.parametrize("command", [None, "extract", "sql", "status", "models", "export", "check", "architectures"])
 def test_help_documents_every_command(runner, command):
     result = runner.invoke(cli.main, ([command] if command else []) + ["--help"])
     assert result.exit_code == 0
     if command is None:
-        for name in ("extract", "sql", "status", "models", "export", "check"):
+        for name in ("extract", "sql", "status", "models", "export", "check", "architectures"):
             assert name in result.output
     else:
         params = cli.main.commands[command].params
