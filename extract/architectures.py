@@ -23,9 +23,9 @@ def _switched(layout: Layout, field: str, show) -> str:
 
 
 def _hf_row(family: str, layout: Layout) -> dict:
-    notes = []
-    if layout.qk_norm:
-        notes.append(f"QK-norm ({layout.qk_norm} gains): refused unless --qk-norm fold")
+    norms = [("", layout.qk_norm)] + [(f"{v.when}: ", v.fields["qk_norm"]) for v in layout.variants
+                                      if "qk_norm" in v.fields]
+    notes = [f"{when}QK-norm ({kind} gains): refused unless --qk-norm fold" for when, kind in norms if kind]
     if layout.refusal is not _no_refusal:
         notes.append(f"refused when {layout.refusal.__doc__}")
     if "." in family:

@@ -154,7 +154,7 @@ def _mpt_refusal(config: dict) -> str | None:
 
 @dataclass(frozen=True)
 class Variant:
-    """Layout fields a config switches (Falcon's and GPT-BigCode's QKV packings, Falcon's ALiBi)."""
+    """Layout fields a config switches (Falcon's and GPT-BigCode's QKV packings, Falcon's ALiBi, Cohere's QK-norm)."""
 
     when: str                      # the condition, as the architectures listing shows it
     applies: Callable[[dict], bool]
@@ -177,26 +177,28 @@ class Layout:
     variants: tuple[Variant, ...] = ()  # config-switched fields, every matching one applied in order
     scale: Scale = INVERSE_SQRT_HEAD_DIM
     refusal: Callable[[dict], str | None] = _no_refusal
-    qk_norm: str | None = None    # None, "head" (gain of size n) or "projection" (gain of size H*n)
+    qk_norm: str | None = None    # None, "head" (gain of size n), "projection" (H*n) or "centred" (LayerNorm, (H, n))
     norm_offset: float = 0.0      # the norm multiplies by (offset + weight); gemma3 stores weight - 1
 
     def tensors_for(self, spec: ModelSpec, prefix: str, layer: int) -> dict[str, tuple[str, tuple[int, ...]]]:
         """role -> (tensor name, expected shape) of one layer; norm gains only when folding."""
         shapes = self.packing.shapes(spec)
         if spec.qk_norm == "folded":
-            per_head = self.qk_norm == "head"
-            shapes |= {
-                "q_norm": (spec.head_dim if per_head else spec.n_heads * spec.head_dim,),
-                "k_norm": (spec.head_dim if per_head else spec.n_kv_heads * spec.head_dim,),
-            }
+            gains = {"head": lambda heads: (spec.head_dim,), "projection": lambda heads: (heads * spec.head_dim,),
+                     "centred": lambda heads: (heads, spec.head_dim)}[self.qk_norm]
+            shapes |= {"q_norm": gains(spec.n_heads), "k_norm": gains(spec.n_kv_heads)}
         return {role: (prefix + self.tensors[role].format(i=layer), shape) for role, shape in shapes.items()}
 
     def qk_maps(self, tensors: dict[str, np.ndarray], spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
         """W_Q (H, n, N) and W_K (Hkv, n, N) from a layer's raw tensors, norm gains folded when present.
 
-        Copies to contiguous arrays so no view keeps a fused tensor's V block alive.
+        A centred norm (LayerNorm without bias) first subtracts each head's mean row: q - mean(q) = C q
+        with the centring matrix C, so C W_Q is the map the RMS then normalises. Copies to contiguous
+        arrays so no view keeps a fused tensor's V block alive.
         """
         w_q, w_k = self.packing.split(tensors, spec)
+        if "q_norm" in tensors and self.qk_norm == "centred":
+            w_q, w_k = w_q - w_q.mean(axis=1, keepdims=True), w_k - w_k.mean(axis=1, keepdims=True)
         if "q_norm" in tensors:
             w_q = w_q * (self.norm_offset + tensors["q_norm"]).reshape(-1, spec.head_dim, 1)
             w_k = w_k * (self.norm_offset + tensors["k_norm"]).reshape(-1, spec.head_dim, 1)
@@ -305,7 +307,7 @@ LAYOUTS: dict[str, Layout] = {
     "qwen3_moe": _llama_like(qk_norm="head"),
     "granite": _llama_like(scale=ATTENTION_MULTIPLIER),
     "olmo": _llama_like(refusal=_flag_refusal("clip_qkv", _CLIPPED)),
-    "cohere": _llama_like(refusal=_flag_refusal("use_qk_norm", _QK_LAYERNORM)),
+    "cohere": _llama_like(variants=(Variant("use_qk_norm", lambda c: c.get("use_qk_norm"), {"qk_norm": "centred"}),)),
     "phi": _llama_like(refusal=_flag_refusal("qk_layernorm", _QK_LAYERNORM)),
     "stablelm": _llama_like(defaults={"partial_rotary_factor": 0.25},
                             refusal=_flag_refusal("qk_layernorm", _QK_LAYERNORM)),

@@ -52,6 +52,7 @@ EXPECTED = {
     "stablelm": (4, 2, 8, 32, "rope", 8**-0.5, None),
     "olmo": (4, 2, 8, 32, "rope", 8**-0.5, None),
     "cohere": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "cohere_qk_norm": (4, 2, 8, 32, "rope", 8**-0.5, "folded"),
     "granite": (4, 2, 8, 32, "rope", 0.2, None),
     "mixtral": (4, 2, 8, 32, "rope", 8**-0.5, None),
     "qwen2_moe": (4, 2, 8, 32, "rope", 8**-0.5, None),
@@ -91,10 +92,13 @@ def saved(name: str, folder: Path, fmt: str = "safetensors", **build_kw):
     return model, tm.save(model, folder, fmt)
 
 
-def qk_rms(out: np.ndarray, heads: int, per_head: bool, head_dim: int, eps: float) -> np.ndarray:
-    """Per-token RMS (without gain) that a QK-norm divides q or k by, as (B, heads, T)."""
+def qk_rms(out: np.ndarray, heads: int, kind: str, head_dim: int, eps: float) -> np.ndarray:
+    """Per-token RMS (without gain) that a QK-norm divides q or k by, as (B, heads, T): per head, over the
+    whole projection, or of the head's centred values (a LayerNorm's standard deviation)."""
     b, t, _ = out.shape
-    groups = out.reshape(b, t, heads, head_dim) if per_head else out[:, :, None, :]
+    groups = out[:, :, None, :] if kind == "projection" else out.reshape(b, t, heads, head_dim)
+    if kind == "centred":
+        groups = groups - groups.mean(-1, keepdims=True)
     return np.broadcast_to(np.sqrt((groups**2).mean(-1) + eps), (b, t, heads)).transpose(0, 2, 1)
 
 
@@ -107,10 +111,11 @@ def logit_error(ckpt, trace: tm.Trace, layer: int, kv_index: np.ndarray, model) 
     x = trace.inputs[layer]
     predicted = spec.score_scale * np.einsum("zja,hab,zib->zhij", x, forms, x)
     if spec.qk_norm == "folded":
-        per_head = LAYOUTS[spec.architecture].qk_norm == "head"
-        eps = model.config.get_text_config().rms_norm_eps
-        r_q = qk_rms(trace.q[layer], spec.n_heads, per_head, spec.head_dim, eps)
-        r_k = qk_rms(trace.k[layer], spec.n_kv_heads, per_head, spec.head_dim, eps)[:, kv_index]
+        kind = LAYOUTS[spec.architecture].for_config(spec.config).qk_norm
+        text = model.config.get_text_config()
+        eps = getattr(text, "rms_norm_eps", None) or text.layer_norm_eps
+        r_q = qk_rms(trace.q[layer], spec.n_heads, kind, spec.head_dim, eps)
+        r_k = qk_rms(trace.k[layer], spec.n_kv_heads, kind, spec.head_dim, eps)[:, kv_index]
         predicted = predicted / (r_q[..., :, None] * r_k[..., None, :])
     probs, allowed = trace.probs[layer], trace.allowed
     assert (probs[..., allowed] > 0).all() and (probs[..., ~allowed] == 0).all()
@@ -310,7 +315,6 @@ def test_inconsistent_config(config, message):
     ({"model_type": "qwen2", "quantization_config": {"quant_method": "gptq"}}, r"quantized checkpoints \(gptq\)"),
     ({"model_type": "phi", "qk_layernorm": True}, "qk_layernorm=True: q and k pass through a LayerNorm"),
     ({"model_type": "stablelm", "qk_layernorm": True}, "qk_layernorm=True: q and k pass through a LayerNorm"),
-    ({"model_type": "cohere", "use_qk_norm": True}, "use_qk_norm=True: q and k pass through a LayerNorm"),
     ({"model_type": "olmo", "clip_qkv": 8.0}, "clip_qkv=8.0: q and k are clipped elementwise"),
     ({"model_type": "mpt", "attn_config": {"qk_ln": True}}, "attn_config.qk_ln=True: q and k pass through"),
     ({"model_type": "mpt", "attn_config": {"clip_qkv": 6}}, "attn_config.clip_qkv=6: q and k are clipped"),
@@ -324,10 +328,12 @@ def test_non_bilinear_scores_refused(config, reason):
     assert str(err.value).startswith(f"{config['model_type']} is refused: ") and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "olmo2", "gemma3_text", "qwen3_moe"])
-def test_qk_norm_refused_by_default(model_type):
+@pytest.mark.parametrize("model_type, flags", [("qwen3", {}), ("olmo2", {}), ("gemma3_text", {}), ("qwen3_moe", {}),
+                                               ("cohere", {"use_qk_norm": True})])
+def test_qk_norm_refused_by_default(model_type, flags):
     with pytest.raises(ExtractError) as err:
-        model_spec({"model_type": model_type, "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 32})
+        model_spec({"model_type": model_type, "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 32}
+                   | flags)
     message = str(err.value)
     assert "\n" not in message and "QK-norm" in message and "not bilinear in x" in message
     assert "--qk-norm fold" in message

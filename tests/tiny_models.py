@@ -132,6 +132,8 @@ TINY |= {
     "olmo": Tiny("OlmoForCausalLM", "OlmoConfig", _decoder(num_attention_heads=4, num_key_value_heads=2), rope=True),
     "cohere": Tiny("CohereForCausalLM", "CohereConfig", _decoder(num_attention_heads=4, num_key_value_heads=2),
                    rope=True),
+    "cohere_qk_norm": Tiny("CohereForCausalLM", "CohereConfig",  # LayerNorm on q, k: folded with its centring
+                           _decoder(num_attention_heads=4, num_key_value_heads=2, use_qk_norm=True), rope=True),
     "granite": Tiny("GraniteForCausalLM", "GraniteConfig",
                     _decoder(num_attention_heads=4, num_key_value_heads=2, attention_multiplier=0.2), rope=True),
     "mixtral": Tiny("MixtralForCausalLM", "MixtralConfig",
