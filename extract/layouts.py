@@ -154,11 +154,16 @@ def _mpt_refusal(config: dict) -> str | None:
 
 @dataclass(frozen=True)
 class Variant:
-    """Layout fields a config switches (Falcon's and GPT-BigCode's QKV packings, Falcon's ALiBi, Cohere's QK-norm)."""
+    """Layout fields a config switches (Falcon's and GPT-BigCode's QKV packings, Falcon's ALiBi, QK LayerNorms)."""
 
     when: str                      # the condition, as the architectures listing shows it
     applies: Callable[[dict], bool]
     fields: dict
+
+
+def _gains(tensors: dict[str, np.ndarray], role: str, heads: int) -> np.ndarray:
+    """A QK-norm's gains: one tensor, or one per head's norm module (role.0, role.1, ...) stacked."""
+    return tensors[role] if role in tensors else np.stack([tensors[f"{role}.{h}"] for h in range(heads)])
 
 
 @dataclass(frozen=True)
@@ -183,11 +188,17 @@ class Layout:
     def tensors_for(self, spec: ModelSpec, prefix: str, layer: int) -> dict[str, tuple[str, tuple[int, ...]]]:
         """role -> (tensor name, expected shape) of one layer; norm gains only when folding."""
         shapes = self.packing.shapes(spec)
+        per_module = {}  # one norm module per head (stablelm): role.h -> its gain of size n
         if spec.qk_norm == "folded":
             gains = {"head": lambda heads: (spec.head_dim,), "projection": lambda heads: (heads * spec.head_dim,),
                      "centred": lambda heads: (heads, spec.head_dim)}[self.qk_norm]
-            shapes |= {"q_norm": gains(spec.n_heads), "k_norm": gains(spec.n_kv_heads)}
-        return {role: (prefix + self.tensors[role].format(i=layer), shape) for role, shape in shapes.items()}
+            for role, heads in (("q_norm", spec.n_heads), ("k_norm", spec.n_kv_heads)):
+                if "{h}" in self.tensors[role]:
+                    per_module |= {f"{role}.{h}": (prefix + self.tensors[role].format(i=layer, h=h), (spec.head_dim,))
+                                   for h in range(heads)}
+                else:
+                    shapes[role] = gains(heads)
+        return {role: (prefix + self.tensors[role].format(i=layer), shape) for role, shape in shapes.items()} | per_module
 
     def qk_maps(self, tensors: dict[str, np.ndarray], spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
         """W_Q (H, n, N) and W_K (Hkv, n, N) from a layer's raw tensors, norm gains folded when present.
@@ -197,11 +208,11 @@ class Layout:
         arrays so no view keeps a fused tensor's V block alive.
         """
         w_q, w_k = self.packing.split(tensors, spec)
-        if "q_norm" in tensors and self.qk_norm == "centred":
+        if spec.qk_norm == "folded" and self.qk_norm == "centred":
             w_q, w_k = w_q - w_q.mean(axis=1, keepdims=True), w_k - w_k.mean(axis=1, keepdims=True)
-        if "q_norm" in tensors:
-            w_q = w_q * (self.norm_offset + tensors["q_norm"]).reshape(-1, spec.head_dim, 1)
-            w_k = w_k * (self.norm_offset + tensors["k_norm"]).reshape(-1, spec.head_dim, 1)
+        if spec.qk_norm == "folded":
+            w_q = w_q * (self.norm_offset + _gains(tensors, "q_norm", spec.n_heads)).reshape(-1, spec.head_dim, 1)
+            w_k = w_k * (self.norm_offset + _gains(tensors, "k_norm", spec.n_kv_heads)).reshape(-1, spec.head_dim, 1)
         return np.ascontiguousarray(w_q), np.ascontiguousarray(w_k)
 
     def for_config(self, config: dict) -> Layout:
@@ -220,6 +231,9 @@ _LLAMA_TENSORS = {
     "k_norm": "layers.{i}.self_attn.k_norm.weight",
 }
 _LLAMA_PREFIXES = ("model.", "")
+# StableLM's qk_layernorm: one bias-free LayerNorm module per head, h = head.
+_STABLELM_TENSORS = _LLAMA_TENSORS | {"q_norm": "layers.{i}.self_attn.q_layernorm.norms.{h}.weight",
+                                      "k_norm": "layers.{i}.self_attn.k_layernorm.norms.{h}.weight"}
 
 
 _GEMMA2_DEFAULTS = {"head_dim": 256, "query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0}
@@ -309,8 +323,8 @@ LAYOUTS: dict[str, Layout] = {
     "olmo": _llama_like(refusal=_flag_refusal("clip_qkv", _CLIPPED)),
     "cohere": _llama_like(variants=(Variant("use_qk_norm", lambda c: c.get("use_qk_norm"), {"qk_norm": "centred"}),)),
     "phi": _llama_like(refusal=_flag_refusal("qk_layernorm", _QK_LAYERNORM)),
-    "stablelm": _llama_like(defaults={"partial_rotary_factor": 0.25},
-                            refusal=_flag_refusal("qk_layernorm", _QK_LAYERNORM)),
+    "stablelm": _llama_like(defaults={"partial_rotary_factor": 0.25}, variants=(
+        Variant("qk_layernorm", lambda c: c.get("qk_layernorm"), {"qk_norm": "centred", "tensors": _STABLELM_TENSORS}),)),
     "phi3": _llama_like(tensors={"qkv": "layers.{i}.self_attn.qkv_proj.weight"}, packing=STACKED_QKV),
     "gptj": Layout(positional="rope", prefixes=("transformer.", ""),
                    tensors=_named_qk("h.{i}.attn.{proj}.weight", "q_proj", "k_proj"), packing=SEPARATE),

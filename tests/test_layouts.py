@@ -50,6 +50,7 @@ EXPECTED = {
     "gpt_bigcode_mha": (4, 4, 8, 32, "learned", 8**-0.5, None),
     "starcoder2": (4, 2, 8, 32, "rope", 8**-0.5, None),
     "stablelm": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "stablelm_qk_norm": (4, 2, 8, 32, "rope", 8**-0.5, "folded"),
     "olmo": (4, 2, 8, 32, "rope", 8**-0.5, None),
     "cohere": (4, 2, 8, 32, "rope", 8**-0.5, None),
     "cohere_qk_norm": (4, 2, 8, 32, "rope", 8**-0.5, "folded"),
@@ -314,7 +315,6 @@ def test_inconsistent_config(config, message):
     ({"model_type": "bert", "position_embedding_type": "relative_key"}, "position_embedding_type"),
     ({"model_type": "qwen2", "quantization_config": {"quant_method": "gptq"}}, r"quantized checkpoints \(gptq\)"),
     ({"model_type": "phi", "qk_layernorm": True}, "qk_layernorm=True: q and k pass through a LayerNorm"),
-    ({"model_type": "stablelm", "qk_layernorm": True}, "qk_layernorm=True: q and k pass through a LayerNorm"),
     ({"model_type": "olmo", "clip_qkv": 8.0}, "clip_qkv=8.0: q and k are clipped elementwise"),
     ({"model_type": "mpt", "attn_config": {"qk_ln": True}}, "attn_config.qk_ln=True: q and k pass through"),
     ({"model_type": "mpt", "attn_config": {"clip_qkv": 6}}, "attn_config.clip_qkv=6: q and k are clipped"),
@@ -329,7 +329,7 @@ def test_non_bilinear_scores_refused(config, reason):
 
 
 @pytest.mark.parametrize("model_type, flags", [("qwen3", {}), ("olmo2", {}), ("gemma3_text", {}), ("qwen3_moe", {}),
-                                               ("cohere", {"use_qk_norm": True})])
+                                               ("cohere", {"use_qk_norm": True}), ("stablelm", {"qk_layernorm": True})])
 def test_qk_norm_refused_by_default(model_type, flags):
     with pytest.raises(ExtractError) as err:
         model_spec({"model_type": model_type, "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 32}

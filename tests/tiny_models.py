@@ -129,6 +129,8 @@ TINY |= {
                        _decoder(num_attention_heads=4, num_key_value_heads=2), rope=True),
     "stablelm": Tiny("StableLmForCausalLM", "StableLmConfig",  # partial rotary (0.25)
                      _decoder(num_attention_heads=4, num_key_value_heads=2), rope=True),
+    "stablelm_qk_norm": Tiny("StableLmForCausalLM", "StableLmConfig",  # a LayerNorm module per head on q, k
+                             _decoder(num_attention_heads=4, num_key_value_heads=2, qk_layernorm=True), rope=True),
     "olmo": Tiny("OlmoForCausalLM", "OlmoConfig", _decoder(num_attention_heads=4, num_key_value_heads=2), rope=True),
     "cohere": Tiny("CohereForCausalLM", "CohereConfig", _decoder(num_attention_heads=4, num_key_value_heads=2),
                    rope=True),
