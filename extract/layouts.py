@@ -322,7 +322,7 @@ LAYOUTS: dict[str, Layout] = {
     "granite": _llama_like(scale=ATTENTION_MULTIPLIER),
     "olmo": _llama_like(refusal=_flag_refusal("clip_qkv", _CLIPPED)),
     "cohere": _llama_like(variants=(Variant("use_qk_norm", lambda c: c.get("use_qk_norm"), {"qk_norm": "centred"}),)),
-    "phi": _llama_like(refusal=_flag_refusal("qk_layernorm", _QK_LAYERNORM)),
+    "phi": _llama_like(refusal=_flag_refusal("qk_layernorm", _QK_LAYERNORM + " with a bias")),
     "stablelm": _llama_like(defaults={"partial_rotary_factor": 0.25}, variants=(
         Variant("qk_layernorm", lambda c: c.get("qk_layernorm"), {"qk_norm": "centred", "tensors": _STABLELM_TENSORS}),)),
     "phi3": _llama_like(tensors={"qkv": "layers.{i}.self_attn.qkv_proj.weight"}, packing=STACKED_QKV),

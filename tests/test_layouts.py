@@ -314,7 +314,7 @@ def test_inconsistent_config(config, message):
     ({"model_type": "gpt2", "scale_attn_by_inverse_layer_idx": True}, "differ per layer"),
     ({"model_type": "bert", "position_embedding_type": "relative_key"}, "position_embedding_type"),
     ({"model_type": "qwen2", "quantization_config": {"quant_method": "gptq"}}, r"quantized checkpoints \(gptq\)"),
-    ({"model_type": "phi", "qk_layernorm": True}, "qk_layernorm=True: q and k pass through a LayerNorm"),
+    ({"model_type": "phi", "qk_layernorm": True}, "qk_layernorm=True: q and k pass through a LayerNorm with a bias"),
     ({"model_type": "olmo", "clip_qkv": 8.0}, "clip_qkv=8.0: q and k are clipped elementwise"),
     ({"model_type": "mpt", "attn_config": {"qk_ln": True}}, "attn_config.qk_ln=True: q and k pass through"),
     ({"model_type": "mpt", "attn_config": {"clip_qkv": 6}}, "attn_config.clip_qkv=6: q and k are clipped"),
