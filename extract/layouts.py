@@ -393,13 +393,13 @@ def layout_key(raw: dict, tower: str | None = None) -> str:
     return model_type
 
 
-def layout_for(model_type: str | None, raw: dict | None = None) -> Layout:
-    """The layout of a LAYOUTS key; unknown types are discovered from transformers (needs raw) or refused."""
+def layout_for(model_type: str | None, raw: dict) -> Layout:
+    """The layout of a LAYOUTS key; other model_types are discovered from raw with transformers, or refused."""
     if model_type in LAYOUTS:
         return LAYOUTS[model_type]
     if model_type in REFUSED:
         raise ExtractError(f"{model_type} is refused: {REFUSED[model_type]}")
-    if raw is None or not isinstance(model_type, str):
+    if not isinstance(model_type, str):
         raise ExtractError(f"unsupported architecture '{model_type}'; supported: {', '.join(SUPPORTED)}")
     from headforms.extract.discover import discover_layout
 
