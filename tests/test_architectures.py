@@ -24,7 +24,7 @@ def test_every_listed_family_is_proven_by_a_tiny_model():
     proven = set()
     for tiny in tm.TINY.values():
         config = getattr(transformers, tiny.config_class)(**tiny.kwargs).to_dict()
-        proven.add(layout_key(config, (tiny.open or {}).get("tower")))
+        proven.add(layout_key(config, tiny.tower))
     listed = {row["family"] for row in architectures() if row["format"] == "hf" and row["family"] not in REFUSED}
     assert listed == set(LAYOUTS) and listed <= proven
     assert len({family.partition(".")[0] for family in proven}) >= 35

@@ -131,7 +131,7 @@ def logit_error(ckpt, trace: tm.Trace, layer: int, kv_index: np.ndarray, model) 
 @pytest.mark.parametrize("name", list(tm.TINY))
 def test_forms_reproduce_model_logits(name, tmp_path):
     model, folder = saved(name, tmp_path)
-    ckpt = open_folder(folder, qk_norm="fold", **(tm.TINY[name].open or {}))
+    ckpt = open_folder(folder, qk_norm="fold", tower=tm.TINY[name].tower)
     spec = ckpt.spec
     assert (spec.architecture in LAYOUTS) != tm.TINY[name].discovered
     assert (spec.n_heads, spec.n_kv_heads, spec.head_dim, spec.d_model, spec.positional,

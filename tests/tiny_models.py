@@ -26,7 +26,7 @@ class Tiny:
     rope: bool = False    # feed position_ids = 0 so RoPE is the identity
     inputs: str = "tokens"  # "tokens", "pixels" (image models) or "features" (whisper's log-mel frames)
     run: str | None = None  # the submodule to run (one tower of a multi-tower model), else the whole model
-    open: dict | None = None  # open_hf_folder options the checkpoint needs (a tower)
+    tower: str | None = None  # the tower to open (clip, siglip, whisper), None for the default one
     discovered: bool = False  # its model_type is not in LAYOUTS: the layout comes from extract.discover
 
 
@@ -159,22 +159,22 @@ TINY |= {
                 inputs="pixels"),
     "deit": Tiny("DeiTModel", "DeiTConfig", _image(intermediate_size=64), causal=False, inputs="pixels"),
     "dinov2": Tiny("Dinov2Model", "Dinov2Config", _image(mlp_ratio=2), causal=False, inputs="pixels"),
-    "clip_text": Tiny("CLIPModel", "CLIPConfig", _CLIP, run="text_model", open={"tower": "text"}),
+    "clip_text": Tiny("CLIPModel", "CLIPConfig", _CLIP, run="text_model", tower="text"),
     "clip_vision": Tiny("CLIPModel", "CLIPConfig", _CLIP, causal=False, inputs="pixels", run="vision_model",
-                        open={"tower": "vision"}),
+                        tower="vision"),
     "clip_text_model": Tiny("CLIPTextModel", "CLIPTextConfig", _CLIP["text_config"]),
     "clip_vision_model": Tiny("CLIPVisionModel", "CLIPVisionConfig", _CLIP["vision_config"], causal=False,
                               inputs="pixels"),
     "siglip_text": Tiny("SiglipModel", "SiglipConfig", _CLIP, causal=False, run="text_model"),
     "siglip_vision": Tiny("SiglipModel", "SiglipConfig", _CLIP, causal=False, inputs="pixels", run="vision_model",
-                          open={"tower": "vision"}),
+                          tower="vision"),
     "siglip_text_model": Tiny("SiglipTextModel", "SiglipTextConfig", _CLIP["text_config"], causal=False),
     "siglip_vision_model": Tiny("SiglipVisionModel", "SiglipVisionConfig", _CLIP["vision_config"], causal=False,
                                 inputs="pixels"),
     "whisper_encoder": Tiny("WhisperForConditionalGeneration", "WhisperConfig", _WHISPER, causal=False,
                             inputs="features", run="model.encoder"),
     "whisper_decoder": Tiny("WhisperForConditionalGeneration", "WhisperConfig", _WHISPER, run="model.decoder",
-                            open={"tower": "decoder"}),
+                            tower="decoder"),
     # not in LAYOUTS: found on the meta device by extract.discover
     "arcee": Tiny("ArceeForCausalLM", "ArceeConfig", _decoder(num_attention_heads=4, num_key_value_heads=2),
                   rope=True, discovered=True),
