@@ -44,11 +44,12 @@ def connect(db: str | Path | None = None, *, read_only: bool = True, wait: float
 
 def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progress: Progress | None = None,
             name: str | None = None, revision: str | None = None, qk_norm: str = "refuse",
-            wait: float = 0.0, **options):
+            wait: float = 0.0, tower: str | None = None, **options):
     """Extract sources (hub ids, folders, .gguf files, pkg:NAME, model sets) into the warehouse.
 
     `options` are the fields of `headforms.warehouse.load.LoadOptions` (parity_tolerance, seed,
-    device, force, resamples). Returns one row per model: status, layers and heads written, seconds, shape.
+    device, force, resamples); tower picks the tower of clip/siglip/whisper checkpoints (default text/encoder).
+    Returns one row per model: status, layers and heads written, seconds, shape.
     A failed first run leaves no warehouse file behind; an interruption keeps committed layers."""
     import polars as pl
 
@@ -70,7 +71,7 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     con, created, rows = None, not db.exists(), []
     try:
         for set_name, source in targets:
-            ckpt = open_checkpoint(source, revision=revision, name=name or set_name, qk_norm=qk_norm)
+            ckpt = open_checkpoint(source, revision=revision, name=name or set_name, qk_norm=qk_norm, tower=tower)
             try:
                 if con is None:
                     con = open_warehouse(db, wait=wait)

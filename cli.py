@@ -64,6 +64,8 @@ def main():
 @click.option("--force", is_flag=True, help="Recompute and replace models already in the warehouse.")
 @click.option("--qk-norm", type=click.Choice(["refuse", "fold"]), default="refuse", show_default=True,
               help="Checkpoints with QK-norm: refuse, or fold the norm gains into W_Q, W_K (recorded).")
+@click.option("--tower", help="Tower of a multi-tower checkpoint: clip/siglip text|vision, whisper encoder|decoder "
+                              "(default: the first; see `headforms architectures`).")
 @click.option("--parity-tolerance", type=float, default=1 / 50, show_default=True,
               help="Type II when c_sym + d_sym is at most this.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random baseline heads.")
@@ -71,7 +73,7 @@ def main():
 @click.option("--resamples", type=click.IntRange(min=1), default=2000, show_default=True,
               help="B, the bootstrap resamples of the per-model intervals (seeded by --seed).")
 @WAIT
-def extract(sources, db, name, revision, force, qk_norm, parity_tolerance, seed, device, resamples, wait):
+def extract(sources, db, name, revision, force, qk_norm, tower, parity_tolerance, seed, device, resamples, wait):
     """Extract SOURCES into the warehouse: hub ids, local folders, .gguf files, pkg:NAME, or a model set.
 
     Model sets (see `headforms models`): demo, paper. A model already in the warehouse is
@@ -85,7 +87,7 @@ def extract(sources, db, name, revision, force, qk_norm, parity_tolerance, seed,
     started, progress = time.perf_counter(), _BarProgress()
     try:
         summary = api.extract(sources, db=db, progress=progress, name=name, revision=revision,
-                              qk_norm=qk_norm, wait=wait, parity_tolerance=parity_tolerance, seed=seed,
+                              qk_norm=qk_norm, tower=tower, wait=wait, parity_tolerance=parity_tolerance, seed=seed,
                               device=device, force=force, resamples=resamples)
     except KeyboardInterrupt:
         raise click.ClickException("interrupted: committed layers are kept; run the same command to resume") from None
@@ -242,6 +244,20 @@ def check(db, wait):
     if violations:
         raise click.ClickException(f"{db}: {violations} violation{'s' * (violations != 1)} of the warehouse's invariants")
     click.echo(f"{db}: all invariants hold ({len(findings)} warning{'s' * (len(findings) != 1)})")
+
+
+@main.command()
+@click.option("--format", "fmt", type=click.Choice((*FORMATS, "markdown")), default="table", show_default=True)
+def architectures(fmt):
+    """Supported families of both formats: positional scheme, Q/K packing, score scale, and what is refused."""
+    from headforms.extract.architectures import architectures as rows, markdown
+
+    if fmt == "markdown":
+        click.echo(markdown(), nl=False)
+    else:
+        import polars as pl
+
+        _print(pl.DataFrame(rows()), fmt)
 
 
 @main.command()

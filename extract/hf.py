@@ -233,13 +233,14 @@ def _check_tensors(layout: Layout, spec: ModelSpec, weights: _Weights, prefix: s
 
 
 def open_hf_folder(folder: Path, *, name: str, source: str, revision: str | None,
-                   qk_norm: str = "refuse") -> Checkpoint:
+                   qk_norm: str = "refuse", tower: str | None = None) -> Checkpoint:
     """A Checkpoint over a local Hugging Face folder; validates config and every layer's Q/K tensors up front.
 
-    revision=None records "sha256:<hex>" of the weight files. qk_norm: "refuse" or "fold" (see model_spec).
+    revision=None records "sha256:<hex>" of the weight files. qk_norm: "refuse" or "fold"; tower: which
+    tower of a multi-tower model (see model_spec).
     """
     folder = Path(folder)
-    layout, spec = model_spec(_read_config(folder), qk_norm=qk_norm)
+    layout, spec = model_spec(_read_config(folder), qk_norm=qk_norm, tower=tower)
     weights = _find_weights(folder)
     first = next(iter(layout.tensors.values())).format(i=0)  # layer 0's Q (or fused QKV) locates the prefix
     prefix = next((p for p in layout.prefixes if p + first in weights.meta), layout.prefixes[0])

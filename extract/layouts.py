@@ -6,7 +6,7 @@ extract.hf, so this module stays testable on plain dicts.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -15,9 +15,9 @@ from headforms.extract.checkpoint import ExtractError, ModelSpec
 
 # config.json spellings of the shape fields, first present wins (families name them differently).
 _CONFIG_KEYS = {
-    "n_layers": ("num_hidden_layers", "n_layer"),
-    "n_heads": ("num_attention_heads", "n_head"),
-    "d_model": ("hidden_size", "n_embd", "n_embed"),
+    "n_layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
+    "n_heads": ("num_attention_heads", "n_head", "num_heads", "n_heads"),
+    "d_model": ("hidden_size", "n_embd", "n_embed", "d_model", "dim"),
 }
 # RoPE variants whose cos/sin carry an attention factor: q.k gets scaled by it squared at every distance.
 _SCALED_ROPE = ("yarn", "longrope")
@@ -27,6 +27,7 @@ _SCALED_ROPE = ("yarn", "longrope")
 class Packing:
     """How a family stores one layer's Q and K: tensor roles, their shapes, and the split into heads."""
 
+    name: str  # as `headforms architectures` lists it
     shapes: Callable[[ModelSpec], dict[str, tuple[int, ...]]]
     split: Callable[[dict[str, np.ndarray], ModelSpec], tuple[np.ndarray, np.ndarray]]
 
@@ -36,47 +37,83 @@ def _heads(w: np.ndarray, heads: int, s: ModelSpec) -> np.ndarray:
     return w.reshape(heads, s.head_dim, s.d_model)
 
 
+def _fused_rows(s: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """A fused [Q; K; V] projection of H query and Hkv key/value heads: ((H + 2 Hkv) n, N)."""
+    return {"qkv": ((s.n_heads + 2 * s.n_kv_heads) * s.head_dim, s.d_model)}
+
+
+def _stacked_split(t: dict[str, np.ndarray], s: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
+    q_rows = s.n_heads * s.head_dim
+    w = t["qkv"]
+    return _heads(w[:q_rows], s.n_heads, s), _heads(w[q_rows:q_rows + s.n_kv_heads * s.head_dim], s.n_kv_heads, s)
+
+
+def _grouped_split(t: dict[str, np.ndarray], s: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
+    groups = t["qkv"].reshape(s.n_kv_heads, s.n_heads // s.n_kv_heads + 2, s.head_dim, s.d_model)
+    return groups[:, :-2].reshape(s.n_heads, s.head_dim, s.d_model), groups[:, -2]
+
+
 # q_proj/k_proj as separate nn.Linear weights [H*n, N] and [Hkv*n, N] (llama family, OPT, BERT).
 SEPARATE = Packing(
+    name="separate Q, K",
     shapes=lambda s: {"q": (s.n_heads * s.head_dim, s.d_model), "k": (s.n_kv_heads * s.head_dim, s.d_model)},
     split=lambda t, s: (_heads(t["q"], s.n_heads, s), _heads(t["k"], s.n_kv_heads, s)),
 )
 # GPT-2 Conv1D c_attn [N, 3N]: its transpose stacks the Q | K | V row blocks.
 CONV1D_QKV = Packing(
+    name="Conv1D [Q|K|V]",
     shapes=lambda s: {"qkv": (s.d_model, 3 * s.d_model)},
     split=lambda t, s: tuple(t["qkv"].T.reshape(3, s.n_heads, s.head_dim, s.d_model)[:2]),
 )
 # Bloom / GPT-NeoX query_key_value [3N, N], interleaved per head as (heads, 3, n, N).
 INTERLEAVED_QKV = Packing(
+    name="fused, per head (q,k,v)",
     shapes=lambda s: {"qkv": (3 * s.d_model, s.d_model)},
     split=lambda t, s: tuple(np.moveaxis(t["qkv"].reshape(s.n_heads, 3, s.head_dim, s.d_model), 1, 0)[:2]),
 )
+# Phi-3 qkv_proj, MPT Wqkv, multi-query Falcon and GPT-BigCode: row blocks Q (H n) | K (Hkv n) | V (Hkv n).
+STACKED_QKV = Packing(name="fused [Q|K|V] blocks", shapes=_fused_rows, split=_stacked_split)
+# Falcon's new decoder architecture: per key/value group, its H/Hkv query heads then one K and one V head.
+GROUPED_QKV = Packing(name="fused, per group (q..q,k,v)", shapes=_fused_rows, split=_grouped_split)
 
 
-def _inverse_sqrt_head_dim(config: dict, head_dim: int) -> float:
-    return head_dim**-0.5
+@dataclass(frozen=True)
+class Scale:
+    """The factor on q.k before the softmax, as a function of the config and head_dim n, with its formula."""
+
+    formula: str
+    of: Callable[[dict, int], float]
 
 
-def _gpt2_scale(config: dict, head_dim: int) -> float:
-    return head_dim**-0.5 if config["scale_attn_weights"] else 1.0
-
-
-def _query_pre_attn_scale(config: dict, head_dim: int) -> float:
-    """Gemma 2/3 scale q.k by query_pre_attn_scalar**-0.5, not head_dim**-0.5."""
-    return float(config["query_pre_attn_scalar"]) ** -0.5
+INVERSE_SQRT_HEAD_DIM = Scale("1/sqrt(n)", lambda config, n: n**-0.5)
+UNSCALED = Scale("1 (unscaled)", lambda config, n: 1.0)
+# GPT-2 and GPT-BigCode can switch the scaling off.
+GPT2_SCALE = Scale("1/sqrt(n), 1 if not scale_attn_weights",
+                   lambda config, n: n**-0.5 if config["scale_attn_weights"] else 1.0)
+# Gemma 2/3 scale q.k by query_pre_attn_scalar**-0.5, not head_dim**-0.5.
+QUERY_PRE_ATTN_SCALE = Scale("1/sqrt(query_pre_attn_scalar)",
+                             lambda config, n: float(config["query_pre_attn_scalar"]) ** -0.5)
+# Granite multiplies q.k by its attention_multiplier instead.
+ATTENTION_MULTIPLIER = Scale("attention_multiplier", lambda config, n: float(config["attention_multiplier"]))
+# MPT: attn_config.softmax_scale when set.
+MPT_SCALE = Scale("attn_config.softmax_scale, else 1/sqrt(n)",
+                  lambda config, n: float(config["attn_config"].get("softmax_scale") or n**-0.5))
 
 
 def _no_refusal(config: dict) -> str | None:
+    """Accepts every config of the family."""
     return None
 
 
 def _gpt2_refusal(config: dict) -> str | None:
+    """scale_attn_by_inverse_layer_idx is set (the scale differs per layer)"""
     if config.get("scale_attn_by_inverse_layer_idx"):
         return "scale_attn_by_inverse_layer_idx makes the score scale differ per layer"
     return None
 
 
 def _bert_refusal(config: dict) -> str | None:
+    """position_embedding_type is relative (position terms inside q.k)"""
     kind = config.get("position_embedding_type", "absolute")
     if kind != "absolute":
         return f"position_embedding_type '{kind}' adds position-dependent terms to q.k"
@@ -84,10 +121,49 @@ def _bert_refusal(config: dict) -> str | None:
 
 
 def _softcap_refusal(config: dict) -> str | None:
+    """attn_logit_softcapping is set (the score is a tanh of q.k)"""
     cap = config.get("attn_logit_softcapping")
     if cap is not None:
         return f"attn_logit_softcapping={cap} makes the score a tanh of q.k, not bilinear in x"
     return None
+
+
+def _flag_refusal(key: str, why: str) -> Callable[[dict], str | None]:
+    """A refusal of configs that set `key` (QK LayerNorms, clipped q/k): why the score is then not bilinear."""
+
+    def refusal(config: dict) -> str | None:
+        value = config.get(key)
+        return f"{key}={value}: {why}, not bilinear in x" if value else None
+
+    refusal.__doc__ = f"{key} is set ({why})"
+    return refusal
+
+
+_QK_LAYERNORM = "q and k pass through a LayerNorm"
+_CLIPPED = "q and k are clipped elementwise"
+
+
+def _mpt_refusal(config: dict) -> str | None:
+    """attn_config.qk_ln or clip_qkv is set (q, k normalised or clipped)"""
+    attn = config.get("attn_config") or {}
+    for key, why in (("qk_ln", _QK_LAYERNORM), ("clip_qkv", _CLIPPED)):
+        if attn.get(key):
+            return f"attn_config.{key}={attn[key]}: {why}, not bilinear in x"
+    return None
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Layout fields a config switches (Falcon's and GPT-BigCode's QKV packings, Falcon's ALiBi, QK LayerNorms)."""
+
+    when: str                      # the condition, as the architectures listing shows it
+    applies: Callable[[dict], bool]
+    fields: dict
+
+
+def _gains(tensors: dict[str, np.ndarray], role: str, heads: int) -> np.ndarray:
+    """A QK-norm's gains: one tensor, or one per head's norm module (role.0, role.1, ...) stacked."""
+    return tensors[role] if role in tensors else np.stack([tensors[f"{role}.{h}"] for h in range(heads)])
 
 
 @dataclass(frozen=True)
@@ -100,33 +176,52 @@ class Layout:
     packing: Packing
     grouped: bool = False         # reads num_key_value_heads and an explicit head_dim
     defaults: dict | None = None  # transformers' config defaults that config.json may omit
-    text_config: bool = False     # multimodal: the attention shape lives under config["text_config"]
-    scale: Callable[[dict, int], float] = _inverse_sqrt_head_dim
+    sub_config: str | None = None  # multimodal / multi-tower: the attention shape lives under config[sub_config]
+    config_keys: dict | None = None  # per-tower spellings of the shape fields (whisper's encoder_layers, ...)
+    kv_heads: Callable[[dict, int], int] | None = None  # key heads from (config, H) where a family fixes them
+    variants: tuple[Variant, ...] = ()  # config-switched fields, every matching one applied in order
+    scale: Scale = INVERSE_SQRT_HEAD_DIM
     refusal: Callable[[dict], str | None] = _no_refusal
-    qk_norm: str | None = None    # None, "head" (gain of size n) or "projection" (gain of size H*n)
+    qk_norm: str | None = None    # None, "head" (gain of size n), "projection" (H*n) or "centred" (LayerNorm, (H, n))
     norm_offset: float = 0.0      # the norm multiplies by (offset + weight); gemma3 stores weight - 1
 
     def tensors_for(self, spec: ModelSpec, prefix: str, layer: int) -> dict[str, tuple[str, tuple[int, ...]]]:
         """role -> (tensor name, expected shape) of one layer; norm gains only when folding."""
         shapes = self.packing.shapes(spec)
+        per_module = {}  # one norm module per head (stablelm): role.h -> its gain of size n
         if spec.qk_norm == "folded":
-            per_head = self.qk_norm == "head"
-            shapes |= {
-                "q_norm": (spec.head_dim if per_head else spec.n_heads * spec.head_dim,),
-                "k_norm": (spec.head_dim if per_head else spec.n_kv_heads * spec.head_dim,),
-            }
-        return {role: (prefix + self.tensors[role].format(i=layer), shape) for role, shape in shapes.items()}
+            gains = {"head": lambda heads: (spec.head_dim,), "projection": lambda heads: (heads * spec.head_dim,),
+                     "centred": lambda heads: (heads, spec.head_dim)}[self.qk_norm]
+            for role, heads in (("q_norm", spec.n_heads), ("k_norm", spec.n_kv_heads)):
+                if "{h}" in self.tensors[role]:
+                    per_module |= {f"{role}.{h}": (prefix + self.tensors[role].format(i=layer, h=h), (spec.head_dim,))
+                                   for h in range(heads)}
+                else:
+                    shapes[role] = gains(heads)
+        return {role: (prefix + self.tensors[role].format(i=layer), shape) for role, shape in shapes.items()} | per_module
 
     def qk_maps(self, tensors: dict[str, np.ndarray], spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
         """W_Q (H, n, N) and W_K (Hkv, n, N) from a layer's raw tensors, norm gains folded when present.
 
-        Copies to contiguous arrays so no view keeps a fused tensor's V block alive.
+        A centred norm (LayerNorm without bias) first subtracts each head's mean row: q - mean(q) = C q
+        with the centring matrix C, so C W_Q is the map the RMS then normalises. Copies to contiguous
+        arrays so no view keeps a fused tensor's V block alive.
         """
         w_q, w_k = self.packing.split(tensors, spec)
-        if "q_norm" in tensors:
-            w_q = w_q * (self.norm_offset + tensors["q_norm"]).reshape(-1, spec.head_dim, 1)
-            w_k = w_k * (self.norm_offset + tensors["k_norm"]).reshape(-1, spec.head_dim, 1)
+        if spec.qk_norm == "folded" and self.qk_norm == "centred":
+            w_q, w_k = w_q - w_q.mean(axis=1, keepdims=True), w_k - w_k.mean(axis=1, keepdims=True)
+        if spec.qk_norm == "folded":
+            w_q = w_q * (self.norm_offset + _gains(tensors, "q_norm", spec.n_heads)).reshape(-1, spec.head_dim, 1)
+            w_k = w_k * (self.norm_offset + _gains(tensors, "k_norm", spec.n_kv_heads)).reshape(-1, spec.head_dim, 1)
         return np.ascontiguousarray(w_q), np.ascontiguousarray(w_k)
+
+    def for_config(self, config: dict) -> Layout:
+        """This layout with the fields of every variant the config selects."""
+        layout = self
+        for variant in self.variants:
+            if variant.applies(config):
+                layout = replace(layout, **variant.fields)
+        return layout
 
 
 _LLAMA_TENSORS = {
@@ -136,6 +231,9 @@ _LLAMA_TENSORS = {
     "k_norm": "layers.{i}.self_attn.k_norm.weight",
 }
 _LLAMA_PREFIXES = ("model.", "")
+# StableLM's qk_layernorm: one bias-free LayerNorm module per head, h = head.
+_STABLELM_TENSORS = _LLAMA_TENSORS | {"q_norm": "layers.{i}.self_attn.q_layernorm.norms.{h}.weight",
+                                      "k_norm": "layers.{i}.self_attn.k_layernorm.norms.{h}.weight"}
 
 
 _GEMMA2_DEFAULTS = {"head_dim": 256, "query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0}
@@ -144,13 +242,58 @@ _GEMMA3_DEFAULTS = {"num_attention_heads": 8, "num_key_value_heads": 4, "head_di
 
 def _llama_like(prefixes: tuple[str, ...] = _LLAMA_PREFIXES, **kw) -> Layout:
     """The q_proj/k_proj rotary decoders (llama, mistral, qwen, gemma, olmo2)."""
-    return Layout(positional="rope", prefixes=prefixes, tensors=_LLAMA_TENSORS, packing=SEPARATE, grouped=True, **kw)
+    return Layout(**{"positional": "rope", "prefixes": prefixes, "tensors": _LLAMA_TENSORS, "packing": SEPARATE,
+                      "grouped": True} | kw)
+
+
+def _named_qk(template: str, q: str, k: str) -> dict[str, str]:
+    """Separate Q/K tensor names from one template with {proj} (and {i} for the layer)."""
+    return {"q": template.format(proj=q, i="{i}"), "k": template.format(proj=k, i="{i}")}
+
+
+def _bert_like(prefix: str) -> Layout:
+    """BERT's encoder layout under another base-model prefix (RoBERTa, ELECTRA, XLM-R, CamemBERT)."""
+    return Layout(positional="absolute", prefixes=(prefix, ""),
+                  tensors=_named_qk("encoder.layer.{i}.attention.self.{proj}.weight", "query", "key"),
+                  packing=SEPARATE, refusal=_bert_refusal)
+
+
+def _vit_like(prefix: str) -> Layout:
+    """ViT-style image encoders: patch tokens plus learned position embeddings, query/key Linear layers."""
+    return Layout(positional="absolute", prefixes=(prefix, ""),
+                  tensors=_named_qk("encoder.layer.{i}.attention.attention.{proj}.weight", "query", "key"),
+                  packing=SEPARATE)
+
+
+def _tower(prefixes: tuple[str, ...], sub_config: str | None = None, **kw) -> Layout:
+    """A CLIP/SigLIP text or vision tower: encoder.layers.{i}.self_attn.q_proj/k_proj under its prefix."""
+    return Layout(positional="absolute", prefixes=prefixes, sub_config=sub_config,
+                  tensors=_named_qk("encoder.layers.{i}.self_attn.{proj}.weight", "q_proj", "k_proj"),
+                  packing=SEPARATE, **kw)
+
+
+def _whisper(stack: str) -> Layout:
+    """Whisper's encoder or decoder self-attention (the decoder's cross-attention, encoder_attn, is not read)."""
+    return Layout(positional="absolute", prefixes=(f"model.{stack}.", f"{stack}."),
+                  tensors=_named_qk("layers.{i}.self_attn.{proj}.weight", "q_proj", "k_proj"), packing=SEPARATE,
+                  config_keys={"n_layers": (f"{stack}_layers",), "n_heads": (f"{stack}_attention_heads",),
+                               "d_model": ("d_model",)})
+
+
+_MULTI_QUERY = Variant("multi_query", lambda c: c["multi_query"], {"packing": STACKED_QKV, "kv_heads": lambda c, h: 1})
+_FALCON_VARIANTS = (
+    _MULTI_QUERY,
+    Variant("new_decoder_architecture", lambda c: c["new_decoder_architecture"],
+            {"packing": GROUPED_QKV, "kv_heads": lambda c, h: c.get("num_kv_heads") or h}),
+    Variant("alibi", lambda c: c["alibi"], {"positional": "alibi"}),
+)
+_GPT_BIGCODE_VARIANTS = (_MULTI_QUERY,)
 
 
 LAYOUTS: dict[str, Layout] = {
     "gpt2": Layout(positional="learned", prefixes=("transformer.", ""),
                    tensors={"qkv": "h.{i}.attn.c_attn.weight"}, packing=CONV1D_QKV,
-                   defaults={"scale_attn_weights": True}, scale=_gpt2_scale, refusal=_gpt2_refusal),
+                   defaults={"scale_attn_weights": True}, scale=GPT2_SCALE, refusal=_gpt2_refusal),
     "opt": Layout(positional="learned", prefixes=("model.decoder.", "decoder."),
                   tensors={"q": "layers.{i}.self_attn.q_proj.weight", "k": "layers.{i}.self_attn.k_proj.weight"},
                   packing=SEPARATE),
@@ -158,31 +301,109 @@ LAYOUTS: dict[str, Layout] = {
                     tensors={"qkv": "h.{i}.self_attention.query_key_value.weight"}, packing=INTERLEAVED_QKV),
     "gpt_neox": Layout(positional="rope", prefixes=("gpt_neox.", ""),
                        tensors={"qkv": "layers.{i}.attention.query_key_value.weight"}, packing=INTERLEAVED_QKV),
-    "bert": Layout(positional="absolute", prefixes=("bert.", ""),
-                   tensors={"q": "encoder.layer.{i}.attention.self.query.weight",
-                            "k": "encoder.layer.{i}.attention.self.key.weight"},
-                   packing=SEPARATE, refusal=_bert_refusal),
+    "bert": _bert_like("bert."),
     "llama": _llama_like(),
     "mistral": _llama_like(),
     "qwen2": _llama_like(),
     "gemma": _llama_like(defaults={"head_dim": 256}),
-    "gemma2": _llama_like(defaults=_GEMMA2_DEFAULTS, scale=_query_pre_attn_scale, refusal=_softcap_refusal),
+    "gemma2": _llama_like(defaults=_GEMMA2_DEFAULTS, scale=QUERY_PRE_ATTN_SCALE, refusal=_softcap_refusal),
     "qwen3": _llama_like(defaults={"head_dim": 128}, qk_norm="head"),
     "olmo2": _llama_like(qk_norm="projection"),
-    "gemma3_text": _llama_like(defaults=_GEMMA3_DEFAULTS, scale=_query_pre_attn_scale, refusal=_softcap_refusal,
+    "gemma3_text": _llama_like(defaults=_GEMMA3_DEFAULTS, scale=QUERY_PRE_ATTN_SCALE, refusal=_softcap_refusal,
                                qk_norm="head", norm_offset=1.0),
     "gemma3": _llama_like(("language_model.model.", "model.language_model."), defaults=_GEMMA3_DEFAULTS,
-                          text_config=True, scale=_query_pre_attn_scale, refusal=_softcap_refusal,
+                          sub_config="text_config", scale=QUERY_PRE_ATTN_SCALE, refusal=_softcap_refusal,
                           qk_norm="head", norm_offset=1.0),
+    # rotary decoders with q_proj/k_proj
+    "mixtral": _llama_like(),
+    "starcoder2": _llama_like(),
+    "qwen2_moe": _llama_like(),
+    "qwen3_moe": _llama_like(qk_norm="head"),
+    "granite": _llama_like(scale=ATTENTION_MULTIPLIER),
+    "olmo": _llama_like(refusal=_flag_refusal("clip_qkv", _CLIPPED)),
+    "cohere": _llama_like(variants=(Variant("use_qk_norm", lambda c: c.get("use_qk_norm"), {"qk_norm": "centred"}),)),
+    "phi": _llama_like(refusal=_flag_refusal("qk_layernorm", _QK_LAYERNORM + " with a bias")),
+    "stablelm": _llama_like(defaults={"partial_rotary_factor": 0.25}, variants=(
+        Variant("qk_layernorm", lambda c: c.get("qk_layernorm"), {"qk_norm": "centred", "tensors": _STABLELM_TENSORS}),)),
+    "phi3": _llama_like(tensors={"qkv": "layers.{i}.self_attn.qkv_proj.weight"}, packing=STACKED_QKV),
+    "gptj": Layout(positional="rope", prefixes=("transformer.", ""),
+                   tensors=_named_qk("h.{i}.attn.{proj}.weight", "q_proj", "k_proj"), packing=SEPARATE),
+    "gpt_neo": Layout(positional="learned", prefixes=("transformer.", ""),
+                      tensors=_named_qk("h.{i}.attn.attention.{proj}.weight", "q_proj", "k_proj"),
+                      packing=SEPARATE, scale=UNSCALED),
+    # fused QKV whose packing the config switches
+    "falcon": Layout(positional="rope", prefixes=("transformer.", ""),
+                     tensors={"qkv": "h.{i}.self_attention.query_key_value.weight"}, packing=INTERLEAVED_QKV,
+                     defaults={"multi_query": True, "new_decoder_architecture": False, "alibi": False},
+                     variants=_FALCON_VARIANTS),
+    "gpt_bigcode": Layout(positional="learned", prefixes=("transformer.", ""),
+                          tensors={"qkv": "h.{i}.attn.c_attn.weight"}, packing=INTERLEAVED_QKV,
+                          defaults={"multi_query": True, "scale_attn_weights": True},
+                          variants=_GPT_BIGCODE_VARIANTS, scale=GPT2_SCALE),
+    "mpt": Layout(positional="alibi", prefixes=("transformer.", ""), tensors={"qkv": "blocks.{i}.attn.Wqkv.weight"},
+                  packing=STACKED_QKV, defaults={"attn_config": {}}, scale=MPT_SCALE,
+                  refusal=_mpt_refusal),
+    # encoders
+    "roberta": _bert_like("roberta."),
+    "xlm-roberta": _bert_like("roberta."),
+    "camembert": _bert_like("roberta."),
+    "electra": _bert_like("electra."),
+    "distilbert": Layout(positional="absolute", prefixes=("distilbert.", ""),
+                         tensors=_named_qk("transformer.layer.{i}.attention.{proj}.weight", "q_lin", "k_lin"),
+                         packing=SEPARATE),
+    "vit": _vit_like("vit."),
+    "deit": _vit_like("deit."),
+    "dinov2": _vit_like("dinov2."),
+    # multi-tower models: one model per tower, the tower after the dot (TOWERS lists them, default first)
+    "clip.text": _tower(("text_model.",), "text_config"),
+    "clip.vision": _tower(("vision_model.",), "vision_config"),
+    "clip_text_model": _tower(("text_model.", "")),
+    "clip_vision_model": _tower(("vision_model.", "")),
+    "siglip.text": _tower(("text_model.",), "text_config"),
+    "siglip.vision": _tower(("vision_model.",), "vision_config"),
+    "siglip_text_model": _tower(("text_model.", "")),
+    "siglip_vision_model": _tower(("vision_model.", "")),
+    "whisper.encoder": _whisper("encoder"),
+    "whisper.decoder": _whisper("decoder"),
 }
-SUPPORTED = sorted(LAYOUTS)
+# model_type -> its towers, the first read unless another is asked for.
+TOWERS = {"clip": ("text", "vision"), "siglip": ("text", "vision"), "whisper": ("encoder", "decoder")}
+# Families transformers knows whose attention score is not scale * x_j^T L x_i: refused by name, never discovered.
+REFUSED = {
+    "deepseek_v2": "multi-head latent attention normalises the latent q and kv (q_a_layernorm, kv_a_layernorm) "
+                   "inside the projection, so the score is not bilinear in x",
+    "deepseek_v3": "multi-head latent attention normalises the latent q and kv (q_a_layernorm, kv_a_layernorm) "
+                   "inside the projection, so the score is not bilinear in x",
+    "diffllama": "differential attention subtracts two softmaxes, so no single bilinear score exists",
+    "t5": "a learned relative-position bias is added to q.k, and the score is unscaled per bucket",
+}
+SUPPORTED = sorted({key.partition(".")[0] for key in LAYOUTS})
 
 
-def layout_for(model_type: str | None) -> Layout:
-    """The layout of a config's model_type, or the ExtractError listing what is supported."""
-    if model_type not in LAYOUTS:
+def layout_key(raw: dict, tower: str | None = None) -> str:
+    """The LAYOUTS key of a config: its model_type, with the tower for multi-tower models."""
+    model_type = raw.get("model_type")
+    if model_type in TOWERS:
+        towers = TOWERS[model_type]
+        if tower not in (None, *towers):
+            raise ExtractError(f"{model_type} has no tower '{tower}'; towers: {', '.join(towers)}")
+        return f"{model_type}.{tower or towers[0]}"
+    if tower is not None:
+        raise ExtractError(f"{model_type} has a single tower; --tower applies to {', '.join(TOWERS)}")
+    return model_type
+
+
+def layout_for(model_type: str | None, raw: dict) -> Layout:
+    """The layout of a LAYOUTS key; other model_types are discovered from raw with transformers, or refused."""
+    if model_type in LAYOUTS:
+        return LAYOUTS[model_type]
+    if model_type in REFUSED:
+        raise ExtractError(f"{model_type} is refused: {REFUSED[model_type]}")
+    if not isinstance(model_type, str):
         raise ExtractError(f"unsupported architecture '{model_type}'; supported: {', '.join(SUPPORTED)}")
-    return LAYOUTS[model_type]
+    from headforms.extract.discover import discover_layout
+
+    return discover_layout(raw)
 
 
 def _positive_int(config: dict, keys: tuple[str, ...]) -> int:
@@ -203,11 +424,13 @@ def _rope_settings(config: dict) -> list[dict]:
     return [params]
 
 
-def _rotary_fraction(config: dict) -> float:
-    """Share of each head's dimensions that RoPE rotates (GPT-NeoX/Pythia use 0.25)."""
+def _rotary_fraction(config: dict, head_dim: int) -> float:
+    """Share of each head's dimensions that RoPE rotates (GPT-NeoX/Pythia use 0.25, GPT-J rotary_dim of n)."""
     for rope in _rope_settings(config):
         if "partial_rotary_factor" in rope:
             return float(rope["partial_rotary_factor"])
+    if config.get("rotary_dim"):
+        return config["rotary_dim"] / head_dim
     return float(config.get("partial_rotary_factor", config.get("rotary_pct", 1.0)))
 
 
@@ -223,31 +446,36 @@ def _refusal(layout: Layout, raw: dict, config: dict) -> str | None:
     return layout.refusal(config)
 
 
-def model_spec(raw: dict, *, qk_norm: str = "refuse") -> tuple[Layout, ModelSpec]:
+def model_spec(raw: dict, *, qk_norm: str = "refuse", tower: str | None = None) -> tuple[Layout, ModelSpec]:
     """Validate a config.json and normalise it to (layout, ModelSpec); spec.config keeps the raw config.
 
     qk_norm="refuse" rejects QK-norm models (their score is not bilinear in x); "fold" folds the
-    norm gains into W_Q, W_K and marks the spec qk_norm="folded".
+    norm gains into W_Q, W_K and marks the spec qk_norm="folded". tower picks the tower of a
+    multi-tower model (TOWERS; default its first), recorded as architecture "model_type.tower".
     """
     if qk_norm not in ("refuse", "fold"):
         raise ExtractError(f"unknown qk-norm option '{qk_norm}'; expected 'refuse' or 'fold'")
-    model_type = raw.get("model_type")
-    layout = layout_for(model_type)
-    config = (layout.defaults or {}) | ((raw.get("text_config") or {}) if layout.text_config else raw)
+    architecture = layout_key(raw, tower)
+    layout = layout_for(architecture, raw)
+    config = (layout.defaults or {}) | ((raw.get(layout.sub_config) or {}) if layout.sub_config else raw)
+    layout = layout.for_config(config)
     reason = _refusal(layout, raw, config)
     if reason:
-        raise ExtractError(f"{model_type} is refused: {reason}")
+        raise ExtractError(f"{architecture} is refused: {reason}")
     if layout.qk_norm and qk_norm == "refuse":
         raise ExtractError(
-            f"{model_type} uses QK-norm, so the attention score is not bilinear in x; "
+            f"{architecture} uses QK-norm, so the attention score is not bilinear in x; "
             "pass --qk-norm fold to fold the norm gains into W_Q and W_K (L then acts on RMS-normalised q, k)"
         )
-    n_layers, n_heads, d_model = (_positive_int(config, _CONFIG_KEYS[f]) for f in ("n_layers", "n_heads", "d_model"))
+    keys = _CONFIG_KEYS | (layout.config_keys or {})
+    n_layers, n_heads, d_model = (_positive_int(config, keys[f]) for f in ("n_layers", "n_heads", "d_model"))
     n_kv_heads, head_dim = n_heads, None
-    if layout.grouped:
+    if layout.kv_heads:
+        n_kv_heads = layout.kv_heads(config, n_heads)
+    elif layout.grouped:
         n_kv_heads = _positive_int(config, ("num_key_value_heads", "num_attention_heads", "n_head"))
-        if config.get("head_dim") is not None:
-            head_dim = _positive_int(config, ("head_dim",))
+    if layout.grouped and config.get("head_dim") is not None:
+        head_dim = _positive_int(config, ("head_dim",))
     if head_dim is None:
         if d_model % n_heads:
             raise ExtractError(f"config.json: width {d_model} is not divisible by {n_heads} heads")
@@ -256,15 +484,17 @@ def model_spec(raw: dict, *, qk_norm: str = "refuse") -> tuple[Layout, ModelSpec
         raise ExtractError(f"config.json: {n_heads} query heads are not divisible by {n_kv_heads} key/value heads")
     recorded = dict(raw)
     if layout.positional == "rope":
-        recorded["rotary_fraction"] = _rotary_fraction(config)
+        recorded["rotary_fraction"] = _rotary_fraction(config, head_dim)
+    if architecture != raw.get("model_type"):
+        recorded["tower"] = architecture.partition(".")[2]
     spec = ModelSpec(
-        architecture=model_type,
+        architecture=architecture,
         n_layers=n_layers,
         n_heads=n_heads,
         n_kv_heads=n_kv_heads,
         d_model=d_model,
         head_dim=head_dim,
-        score_scale=layout.scale(config, head_dim),
+        score_scale=layout.scale.of(config, head_dim),
         positional=layout.positional,
         qk_norm="folded" if layout.qk_norm else None,
         config=recorded,

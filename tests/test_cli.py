@@ -32,7 +32,7 @@ def test_help_documents_every_command(runner, command):
     result = runner.invoke(cli.main, ([command] if command else []) + ["--help"])
     assert result.exit_code == 0
     if command is None:
-        for name in ("extract", "sql", "status", "models", "export", "check", "report", *cli.main.commands):
+        for name in ("extract", "sql", "status", "models", "export", "check", "report", "architectures", *cli.main.commands):
             assert name in result.output
     else:
         params = cli.main.commands[command].params

