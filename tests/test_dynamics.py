@@ -17,6 +17,7 @@ from headforms import api, cli
 from headforms.extract.checkpoint import ExtractError
 from headforms.extract.sources import PYTHIA_STEPS, REVISION_SETS, Target, plan_targets, read_set_file, training_step
 from tests import tiny_models
+from tests.dense import dense_reference
 from tests.test_sources import FakeHub, go_online, hub_cache  # noqa: F401  (hub_cache is a fixture)
 
 REPO = "org/tiny-neox"
@@ -94,3 +95,87 @@ def test_revisions_extract_one_model_per_checkpoint(revision_hub, tmp_path):
     with duckdb.connect(str(db), read_only=True) as con:
         models = con.sql("select model, base_model, training_step, revision, source from models order by training_step").pl()
     assert models.rows() == [(f"tiny-neox@{r}", "tiny-neox", step, commit(REPO, r), REPO) for r, step in STEPS.items()]
+
+
+def dense_heads(seed: int) -> pl.DataFrame:
+    """Symmetric energy, pairing and parity of every head of the tiny GPT-NeoX drawn from `seed`, straight from
+    its fused query_key_value weight ((heads, 3, n, N): Q, K, V per head) and dense N x N forms."""
+    model = tiny_models.build("gpt_neox", seed=seed)
+    config = model.config
+    heads, n = config.num_attention_heads, config.hidden_size // config.num_attention_heads
+    rows = []
+    for layer, block in enumerate(model.gpt_neox.layers):
+        fused = block.attention.query_key_value.weight.detach().double().numpy().reshape(heads, 3, n, -1)
+        for head in range(heads):
+            ref = dense_reference(fused[head, 1].T @ fused[head, 0], n)
+            kind = "II" if ref["c_sym"] + ref["d_sym"] <= 1 / 50 else "I+" if ref["c_sym"] > ref["d_sym"] else "I-"
+            rows.append({"layer": layer, "head": head, "symmetric_energy": ref["symmetric_energy"],
+                         "pairing": ref["pairing"], "parity": kind})
+    return pl.DataFrame(rows)
+
+
+@pytest.fixture
+def dynamics_db(revision_hub, tmp_path):
+    """A warehouse holding REPO's three revisions as training checkpoints."""
+    db = tmp_path / "dynamics.duckdb"
+    api.extract(REPO, db=db, revisions=list(STEPS))
+    return db
+
+
+def test_each_checkpoint_holds_its_own_weights(dynamics_db):
+    with duckdb.connect(str(dynamics_db), read_only=True) as con:
+        stored = con.sql("select model, layer, head, symmetric_energy, pairing, parity from heads").pl()
+    for seed, revision in enumerate(STEPS):
+        actual = stored.filter(pl.col("model") == f"tiny-neox@{revision}").drop("model").sort("layer", "head")
+        expected = dense_heads(seed)
+        assert actual["parity"].to_list() == expected["parity"].to_list()
+        np.testing.assert_allclose(actual.select("symmetric_energy", "pairing").to_numpy(),
+                                   expected.select("symmetric_energy", "pairing").to_numpy(), rtol=1e-9)
+
+
+def test_rerun_is_up_to_date_and_names_base_model(revision_hub, dynamics_db):
+    again = api.extract(REPO, db=dynamics_db, revisions=list(STEPS))
+    assert set(again["status"]) == {"up to date"}
+    named = api.extract(REPO, db=dynamics_db, revisions=["step1000"], name="neox")
+    assert named["model"].to_list() == ["neox@step1000"]
+    with duckdb.connect(str(dynamics_db), read_only=True) as con:
+        row = con.execute("select base_model, training_step from models where model = 'neox@step1000'").fetchone()
+    assert row == ("neox", 1000)
+
+
+def test_dynamics_by_step_view(dynamics_db, tmp_path):
+    """The view against polars over heads and models; a model without training_step stays out of it."""
+    with duckdb.connect(str(dynamics_db)) as con:
+        con.execute("""INSERT INTO models SELECT * REPLACE ('plain' AS model, NULL AS base_model,
+                       NULL AS training_step) FROM models WHERE model = 'tiny-neox@step0'""")
+        con.execute("INSERT INTO heads SELECT * REPLACE ('plain' AS model) FROM heads WHERE model = 'tiny-neox@step0'")
+    with duckdb.connect(str(dynamics_db), read_only=True) as con:
+        actual = con.sql("select * from dynamics_by_step").pl()
+        heads, models = con.sql("select * from heads").pl(), con.sql("select * from models").pl()
+
+    def pct(kind: str) -> pl.Expr:
+        return (100 * (pl.col("parity") == kind).sum() / pl.len()).round(1, mode="half_away_from_zero")
+
+    expected = (heads.join(models.filter(pl.col("training_step").is_not_null()), on="model")
+                .group_by("base_model", "training_step", "model", "revision")
+                .agg(heads=pl.len(), pct_type_I_plus=pct("I+"), pct_type_II=pct("II"), pct_type_I_minus=pct("I-"),
+                     median_pairing=pl.col("pairing").median(), median_random_pairing=pl.col("random_pairing").median(),
+                     median_symmetric_energy=pl.col("symmetric_energy").median(),
+                     median_random_symmetric_energy=pl.col("random_symmetric_energy").median(),
+                     share_above_random=(pl.col("symmetric_energy") > pl.col("random_symmetric_energy")).mean())
+                .sort("base_model", "training_step"))
+    assert actual["training_step"].to_list() == list(STEPS.values())
+    assert actual.columns == expected.columns
+    from polars.testing import assert_frame_equal
+    assert_frame_equal(actual, expected, check_dtypes=False, abs_tol=1e-12, rel_tol=0)
+
+
+def test_training_dynamics_figure(dynamics_db, tmp_path):
+    from matplotlib import image
+
+    from headforms.warehouse.figures import training_dynamics
+
+    with duckdb.connect(str(dynamics_db), read_only=True) as con:
+        path = training_dynamics(con, tmp_path / "training_dynamics.png")
+    picture = image.imread(path)
+    assert picture.shape[0] > 300 and picture.shape[1] > 1000 and picture[..., :3].std() > 0.05

@@ -34,6 +34,9 @@ TABLES: dict[str, tuple[str, str]] = {
     "figure6_fit_errors": (
         "fit_errors_by_model", "Figure 6: median histogram error and KS per model, sample and family; "
                                "share of heads where each family fits best"),
+    "training_dynamics": (
+        "dynamics_by_step", "Training dynamics: per training checkpoint, parity shares and the medians of pairing "
+                            "and symmetric energy with their random baselines"),
 }
 LIST_SEPARATOR = "; "
 
