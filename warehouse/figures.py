@@ -240,8 +240,8 @@ def training_dynamics(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
             ax.legend(fontsize=7, frameon=False)
         axes[3 * row].set_title(f"{model} ({rows.height} checkpoints, {rows['heads'][0]} heads each)",
                                 fontsize=9, loc="left")
-    fig.suptitle("Training dynamics: parity shares, pairing and symmetric energy against the training step",
-                 fontsize=10)
+    fig.suptitle("Training dynamics against the training step:\n"
+                 "parity shares, median pairing, median symmetric energy", fontsize=10)
     return _save(fig, path)
 
 
