@@ -34,6 +34,12 @@ TABLES: dict[str, tuple[str, str]] = {
     "figure6_fit_errors": (
         "fit_errors_by_model", "Figure 6: median histogram error and KS per model, sample and family; "
                                "share of heads where each family fits best"),
+    "paper_reference": (
+        "paper_reference", "The paper's published figures (Table 2, section 3.1's model shapes, the survey-wide "
+                           "ranges), as printed, with their section"),
+    "paper_comparison": (
+        "paper_comparison", "The paper beside its reproduction: per model and figure, the paper's value, "
+                            "headforms' value and the difference"),
     "training_dynamics": (
         "dynamics_by_step", "Training dynamics: per training checkpoint, parity shares and the medians of pairing "
                             "and symmetric energy with their random baselines"),
