@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from contextlib import contextmanager
 from http.server import ThreadingHTTPServer
 
 import duckdb
@@ -12,6 +13,7 @@ import numpy as np
 import polars as pl
 import pytest
 from click.testing import CliRunner
+from polars.testing import assert_frame_equal
 
 from headforms import api, cli
 from headforms.extract.checkpoint import ExtractError
@@ -70,18 +72,27 @@ def neox_files(tmp_path, seed: int) -> dict[str, bytes]:
     return {f.name: f.read_bytes() for f in folder.iterdir()}
 
 
-@pytest.fixture
-def revision_hub(hub_cache, monkeypatch, tmp_path):  # noqa: F811
-    """A local hub serving REPO at the revisions of STEPS, each a different tiny GPT-NeoX (seed = position)."""
-    repos = {REPO: {revision: neox_files(tmp_path, seed) for seed, revision in enumerate(STEPS)}}
+@contextmanager
+def serving(monkeypatch, repos: dict[str, dict[str, dict[str, bytes]]]):
+    """RevisionHub on a local port serving `repos`, huggingface_hub online and pointed at it; yields its URL."""
     monkeypatch.setattr(RevisionHub, "repos", repos)
     monkeypatch.setattr(RevisionHub, "log", [])
     server = ThreadingHTTPServer(("127.0.0.1", 0), RevisionHub)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    go_online(monkeypatch, f"http://127.0.0.1:{server.server_port}")
-    yield RevisionHub
-    server.shutdown()
-    server.server_close()
+    endpoint = f"http://127.0.0.1:{server.server_port}"
+    go_online(monkeypatch, endpoint)
+    try:
+        yield endpoint
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def revision_hub(hub_cache, monkeypatch, tmp_path):  # noqa: F811
+    """A local hub serving REPO at the revisions of STEPS, each a different tiny GPT-NeoX (seed = position)."""
+    with serving(monkeypatch, {REPO: {revision: neox_files(tmp_path, seed) for seed, revision in enumerate(STEPS)}}):
+        yield RevisionHub
 
 
 def test_revisions_extract_one_model_per_checkpoint(revision_hub, tmp_path):
@@ -162,7 +173,6 @@ def test_dynamics_by_step_view(dynamics_db, tmp_path):
                 .sort("base_model", "training_step"))
     assert actual["training_step"].to_list() == list(STEPS.values())
     assert actual.columns == expected.columns
-    from polars.testing import assert_frame_equal
     assert_frame_equal(actual, expected, check_dtypes=False, abs_tol=1e-12, rel_tol=0)
 
 
@@ -266,17 +276,8 @@ def test_pythia_dynamics_steps():
 def test_pythia_dynamics_set_end_to_end(hub_cache, monkeypatch, tmp_path):  # noqa: F811
     """Every revision of the set served (one tiny GPT-NeoX at each) and extracted as its own model."""
     files = neox_files(tmp_path, 0)
-    repos = {"EleutherAI/pythia-70m-deduped": {f"step{s}": files for s in PYTHIA_STEPS}}
-    monkeypatch.setattr(RevisionHub, "repos", repos)
-    monkeypatch.setattr(RevisionHub, "log", [])
-    server = ThreadingHTTPServer(("127.0.0.1", 0), RevisionHub)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    go_online(monkeypatch, f"http://127.0.0.1:{server.server_port}")
-    try:
+    with serving(monkeypatch, {"EleutherAI/pythia-70m-deduped": {f"step{s}": files for s in PYTHIA_STEPS}}):
         summary = api.extract("pythia-dynamics", db=tmp_path / "w.duckdb")
-    finally:
-        server.shutdown()
-        server.server_close()
     assert summary["model"].to_list() == [f"pythia-70m-deduped@step{s}" for s in PYTHIA_STEPS]
     assert api.table(tmp_path / "w.duckdb", "dynamics_by_step")["training_step"].to_list() == PYTHIA_STEPS
 
