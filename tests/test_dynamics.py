@@ -7,6 +7,7 @@ import json
 import threading
 from contextlib import contextmanager
 from http.server import ThreadingHTTPServer
+from pathlib import Path
 
 import duckdb
 import numpy as np
@@ -16,6 +17,7 @@ from click.testing import CliRunner
 from polars.testing import assert_frame_equal
 
 from headforms import api, cli
+from headforms.extract import MODEL_SETS
 from headforms.extract.checkpoint import ExtractError
 from headforms.extract.sources import PYTHIA_STEPS, REVISION_SETS, Target, plan_targets, read_set_file, training_step
 from tests import tiny_models
@@ -302,3 +304,15 @@ def test_older_warehouse_opens_and_is_upgraded(dynamics_db, revision_hub, tmp_pa
         steps = con.sql("select model, training_step from models order by model").pl().rows()
     assert steps == [("neox@step1000", 1000), ("tiny-neox@step0", None), ("tiny-neox@step1000", None),
                      ("tiny-neox@step143000", None)]
+
+
+def test_readme_set_file_example(tmp_path):
+    """The README's example set file reads as it says."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    example = readme.split("```text\n# survey.txt\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "survey.txt").write_text(example)
+    targets = read_set_file(tmp_path / "survey.txt")
+    assert [(t.source, t.name, t.revision, t.of_revision) for t in targets[:3]] == [
+        ("gpt2", None, None, False), ("facebook/opt-125m", "opt", None, False),
+        ("EleutherAI/pythia-70m-deduped", None, "step1000", True)]
+    assert [t.name for t in targets[3:]] == [name for name, _ in MODEL_SETS["demo"]]
