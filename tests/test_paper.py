@@ -143,6 +143,16 @@ def test_paper_comparison_against_polars(paper_db):
     assert missing["headforms"].is_null().all() and (missing["models"] == 0).all()
 
 
+def test_histogram_errors_are_the_papers_three_families(paper_db, tmp_path):
+    """Figure 6 compares gamma, lognormal and Weibull: the generalized gamma's errors stay out of the range."""
+    db = tmp_path / "gengamma.duckdb"
+    db.write_bytes(paper_db.read_bytes())
+    with duckdb.connect(str(db)) as con:
+        con.execute("UPDATE fits SET hist_error = 100 WHERE family = 'gengamma'")
+    view = check_comparison(db, present=4)
+    assert view.filter(pl.col("figure") == "max_median_hist_error")["headforms"][0] < 100
+
+
 def test_paper_comparison_without_paper_models(paper_db, tmp_path):
     """A warehouse of other models: every headforms value NULL, nothing made up."""
     db = tmp_path / "other.duckdb"
