@@ -14,14 +14,17 @@ import numpy as np
 import polars as pl
 import pytest
 from click.testing import CliRunner
+from matplotlib import image
 from polars.testing import assert_frame_equal
 
 from headforms import api, cli
 from headforms.extract import MODEL_SETS
 from headforms.extract.checkpoint import ExtractError
 from headforms.extract.sources import PYTHIA_STEPS, REVISION_SETS, Target, plan_targets, read_set_file, training_step
+from headforms.warehouse.export import export
 from tests import tiny_models
 from tests.dense import dense_reference
+from tests.test_export import assert_real_image
 from tests.test_sources import FakeHub, go_online, hub_cache  # noqa: F401  (hub_cache is a fixture)
 
 REPO = "org/tiny-neox"
@@ -178,15 +181,15 @@ def test_dynamics_by_step_view(dynamics_db, tmp_path):
     assert_frame_equal(actual, expected, check_dtypes=False, abs_tol=1e-12, rel_tol=0)
 
 
-def test_training_dynamics_figure(dynamics_db, tmp_path):
-    from matplotlib import image
-
-    from headforms.warehouse.figures import training_dynamics
-
-    with duckdb.connect(str(dynamics_db), read_only=True) as con:
-        path = training_dynamics(con, tmp_path / "training_dynamics.png")
-    picture = image.imread(path)
-    assert picture.shape[0] > 300 and picture.shape[1] > 1000 and picture[..., :3].std() > 0.05
+def test_export_draws_the_training_dynamics(dynamics_db, tmp_path):
+    """export writes the view (CSV round trip) and draws one row of three panels per base model."""
+    with api.connect(dynamics_db) as con:
+        export(con, tmp_path / "out")
+        view = con.sql("select * from dynamics_by_step").pl()
+    assert_frame_equal(pl.read_csv(tmp_path / "out" / "training_dynamics.csv"), view, check_dtypes=False,
+                       abs_tol=1e-12, rel_tol=0)
+    assert_real_image(tmp_path / "out" / "training_dynamics.png")
+    assert image.imread(tmp_path / "out" / "training_dynamics.png").shape[1] > 2 * 600
 
 
 # set files ------------------------------------------------------------------------------------
