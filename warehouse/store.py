@@ -105,12 +105,12 @@ def create_views(con: duckdb.DuckDBPyConnection, temporary: bool = False) -> Non
     kind = "TEMP VIEW" if temporary else "VIEW"
     pending = sorted(VIEWS.glob("*.sql"))
     with interruptible():
-        while pending:  # views may read other views: retry until every one resolves
+        while pending:  # views may read other views (missing, or stale ones stored by an older version): retry
             failed = []
             for file in pending:
                 try:
                     con.execute(f"CREATE OR REPLACE {kind} {file.stem} AS {file.read_text()}")
-                except duckdb.CatalogException:
+                except (duckdb.CatalogException, duckdb.BinderException):
                     failed.append(file)
             if len(failed) == len(pending):  # raises the real error
                 con.execute(f"CREATE OR REPLACE {kind} {failed[0].stem} AS {failed[0].read_text()}")
