@@ -278,6 +278,12 @@ def test_pythia_dynamics_steps():
     assert [training_step(r) for r in revisions] == expected + [143000]
 
 
+def test_models_lists_the_dynamics_set():
+    output = CliRunner().invoke(cli.main, ["models"]).output
+    assert "pythia-dynamics: pythia-70m-deduped (EleutherAI/pythia-70m-deduped) at 20 training checkpoints" in output
+    assert f"revisions: {','.join(REVISION_SETS['pythia-dynamics'][2])}" in output
+
+
 def test_pythia_dynamics_set_end_to_end(hub_cache, monkeypatch, tmp_path):  # noqa: F811
     """Every revision of the set served (one tiny GPT-NeoX at each) and extracted as its own model."""
     files = neox_files(tmp_path, 0)
