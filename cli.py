@@ -57,10 +57,14 @@ def main():
 
 
 @main.command()
-@click.argument("sources", nargs=-1, required=True)
+@click.argument("sources", nargs=-1)
 @db_option()
 @click.option("--name", help="Model name in the warehouse (one source only; default: from the source).")
 @click.option("--revision", help="Hub revision (branch, tag or commit) for hub ids.")
+@click.option("--revisions", help="Training checkpoints: comma-separated hub revisions (step0,step1000), "
+                                  "one model per revision, named MODEL@REVISION.")
+@click.option("--set", "set_file", type=click.Path(dir_okay=False),
+              help="A file of models to extract, one `source [revision] [name]` a line (`-`: default revision).")
 @click.option("--force", is_flag=True, help="Recompute and replace models already in the warehouse.")
 @click.option("--qk-norm", type=click.Choice(["refuse", "fold"]), default="refuse", show_default=True,
               help="Checkpoints with QK-norm: refuse, or fold the norm gains into W_Q, W_K (recorded).")
@@ -73,22 +77,25 @@ def main():
 @click.option("--resamples", type=click.IntRange(min=1), default=2000, show_default=True,
               help="B, the bootstrap resamples of the per-model intervals (seeded by --seed).")
 @WAIT
-def extract(sources, db, name, revision, force, qk_norm, tower, parity_tolerance, seed, device, resamples, wait):
+def extract(sources, db, name, revision, revisions, set_file, force, qk_norm, tower, parity_tolerance, seed, device,
+            resamples, wait):
     """Extract SOURCES into the warehouse: hub ids, local folders, .gguf files, pkg:NAME, or a model set.
 
-    Model sets (see `headforms models`): demo, paper. A model already in the warehouse is
-    skipped when up to date and resumed when an earlier run was interrupted.
+    Model sets (see `headforms models`): demo, paper, pythia-dynamics. A model already in the
+    warehouse is skipped when up to date and resumed when an earlier run was interrupted.
     """
     from headforms import api
-    from headforms.extract.sources import expand_sources
+    from headforms.extract.sources import plan_targets
 
-    if name and len(expand_sources(list(sources))) > 1:
-        raise click.UsageError("--name needs exactly one source")
+    try:
+        plan_targets(sources, name=name, revision=revision, revisions=revisions, set_file=set_file)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     started, progress = time.perf_counter(), _BarProgress()
     try:
         summary = api.extract(sources, db=db, progress=progress, name=name, revision=revision,
                               qk_norm=qk_norm, tower=tower, wait=wait, parity_tolerance=parity_tolerance, seed=seed,
-                              device=device, force=force, resamples=resamples)
+                              device=device, force=force, resamples=resamples, revisions=revisions, set_file=set_file)
     except KeyboardInterrupt:
         raise click.ClickException("interrupted: committed layers are kept; run the same command to resume") from None
     finally:
@@ -264,11 +271,15 @@ def architectures(fmt):
 def models():
     """The known model sets and their sources (use a set's name as a SOURCE of extract)."""
     from headforms.extract import MODEL_SETS
+    from headforms.extract.sources import REVISION_SETS
 
     for set_name, members in MODEL_SETS.items():
         click.echo(f"{set_name}:")
         for member, source in members:
             click.echo(f"  {member:28s} {source}")
+    for set_name, (base, source, revisions) in REVISION_SETS.items():
+        click.echo(f"{set_name}: {base} ({source}) at {len(revisions)} training checkpoints")
+        click.echo(f"  revisions: {','.join(revisions)}")
 
 
 if __name__ == "__main__":

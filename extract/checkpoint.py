@@ -42,6 +42,8 @@ class Checkpoint:
     spec: ModelSpec
     reader: Callable[[int], tuple[np.ndarray, np.ndarray]] = field(repr=False)
     close: Callable[[], None] = field(default=lambda: None, repr=False)
+    base_model: str | None = None     # a training checkpoint: the model it is a revision of
+    training_step: int | None = None  # a training checkpoint's step, from its revision's name
 
     def read_layer(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """(W_Q, W_K) of a layer: float64 arrays of shape (n_heads, n, N) and (n_kv_heads, n, N).

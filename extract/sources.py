@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from headforms.extract.checkpoint import Checkpoint, ExtractError
@@ -32,6 +34,14 @@ MODEL_SETS: dict[str, list[tuple[str, str]]] = {
     ],
 }
 
+# Training-dynamics sets: name -> (base model name, hub id, revisions); each revision is one model.
+# pythia-dynamics: Pythia's hub branches step0, step1, step2, step4, ..., step512, then doubling from
+# step1000 to step128000, and the final step143000 (20 checkpoints, log-spaced in training steps).
+PYTHIA_STEPS = [0, *(2**i for i in range(10)), *(1000 * 2**i for i in range(8)), 143000]
+REVISION_SETS: dict[str, tuple[str, str, list[str]]] = {
+    "pythia-dynamics": ("pythia-70m-deduped", "EleutherAI/pythia-70m-deduped", [f"step{s}" for s in PYTHIA_STEPS]),
+}
+
 _PATH_SUFFIXES = (".gguf", ".safetensors", ".bin", ".json")
 # Hub weight layouts in order of preference: a shard index (fetched first, with config.json, as it
 # names the shards) or a single file; safetensors before pytorch_model*.bin.
@@ -45,6 +55,98 @@ def expand_sources(sources: str | list[str]) -> list[tuple[str | None, str]]:
     if isinstance(sources, str):
         sources = [sources]
     return [pair for s in sources for pair in (MODEL_SETS[s] if s in MODEL_SETS else [(None, s)])]
+
+
+@dataclass(frozen=True)
+class Target:
+    """One model for extract: its source and name; a training checkpoint (of_revision) is one revision of a base model."""
+
+    source: str
+    name: str | None = None      # name in the warehouse; None: the source's default (or base@revision)
+    revision: str | None = None  # hub revision (branch, tag or commit)
+    base: str | None = None      # a training checkpoint's base model name; None: the source's default name
+    of_revision: bool = False    # named base@revision, recorded with models.base_model and training_step
+
+
+def training_step(revision: str | None) -> int | None:
+    """The training step a revision names (Pythia's branches: `step(\\d+)`), else None."""
+    match = re.fullmatch(r"step(\d+)", revision or "")
+    return int(match.group(1)) if match else None
+
+
+def plan_targets(sources: str | list[str], *, name: str | None = None, revision: str | None = None,
+                 revisions: str | list[str] | None = None, set_file: str | Path | None = None) -> list[Target]:
+    """What extract writes: the sources (model sets expanded), then a set file's lines; `revisions`
+    makes one training checkpoint per source and revision. Raises ValueError for options that
+    contradict each other, ExtractError for an unreadable set file."""
+    sources = [sources] if isinstance(sources, str) else list(sources)
+    if isinstance(revisions, str):
+        revisions = [r.strip() for r in revisions.split(",")]
+    if revisions is not None and (not revisions or not all(revisions)):
+        raise ValueError("--revisions needs a comma-separated list of revisions, e.g. step1000,step2000")
+    if revision and revisions:
+        raise ValueError("--revision and --revisions exclude each other")
+    if revisions and set_file is not None:
+        raise ValueError("--revisions does not apply to --set: give each line of the set file its revision")
+    targets = [target for source in sources for target in _source_targets(source)]
+    if set_file is not None:
+        targets += read_set_file(set_file)
+    if not targets:
+        raise ValueError("give a SOURCE or --set FILE")
+    if name:
+        if len(targets) != 1:
+            raise ValueError("--name needs exactly one source")
+        targets = [replace(targets[0], **({"base": name} if targets[0].of_revision else {"name": name}))]
+    if revisions:
+        if any(target.of_revision for target in targets):
+            raise ValueError("--revisions does not apply to a set that lists its own revisions")
+        return [Target(t.source, revision=r, base=t.name, of_revision=True) for t in targets for r in revisions]
+    return [t if t.revision or not revision else replace(t, revision=revision) for t in targets]
+
+
+def read_set_file(path: str | Path) -> list[Target]:
+    """A survey kept in a file: one `source [revision] [name]` a line (`-` for the default revision);
+    `#` starts a comment; a line may also be a model set's name. A line with a revision is a
+    training checkpoint of its source (named source@revision unless named)."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ExtractError(f"cannot read set file {path}: {_one_line(e)}") from None
+    targets = []
+    for number, line in enumerate(text.splitlines(), 1):
+        fields = line.split("#", 1)[0].split()
+        if not fields:
+            continue
+        if len(fields) > 3 or (len(fields) > 1 and fields[0] in MODEL_SETS.keys() | REVISION_SETS.keys()):
+            raise ExtractError(f"{path}:{number}: expected `source [revision] [name]` or a model set's name, "
+                               f"got: {line.strip()}")
+        source, revision, name = fields + [None] * (3 - len(fields))
+        revision = None if revision == "-" else revision
+        if len(fields) == 1:
+            targets += _source_targets(source)
+        else:
+            targets.append(Target(source, name=name, revision=revision, of_revision=revision is not None))
+    if not targets:
+        raise ExtractError(f"set file {path} lists no models")
+    return targets
+
+
+def _source_targets(source: str) -> list[Target]:
+    """A source, or the members of the model set or training-dynamics set it names."""
+    if source in REVISION_SETS:
+        base, hub_id, revisions = REVISION_SETS[source]
+        return [Target(hub_id, revision=r, base=base, of_revision=True) for r in revisions]
+    return [Target(s, name=name) for name, s in expand_sources(source)]
+
+
+def open_target(target: Target, **options) -> Checkpoint:
+    """A target's checkpoint (options as for open_checkpoint); a training checkpoint is named
+    base@revision and records its base model and step."""
+    if not target.of_revision:
+        return open_checkpoint(target.source, revision=target.revision, name=target.name, **options)
+    ckpt = open_checkpoint(target.source, revision=target.revision, name=target.base, **options)
+    return replace(ckpt, name=target.name or f"{ckpt.name}@{target.revision}", base_model=ckpt.name,
+                   training_step=training_step(target.revision))
 
 
 def open_checkpoint(source: str, *, revision: str | None = None, name: str | None = None,

@@ -43,6 +43,15 @@ TABLES: dict[str, tuple[str, str]] = {
     "figure05_head_types": (
         "head_types_by_model", "Figure 5 per model: k-means types of the projected spectra of S, mean silhouette, "
                                "adjusted Rand index with parity"),
+    "paper_reference": (
+        "paper_reference", "The paper's published figures (Table 2, section 3.1's model shapes, the survey-wide "
+                           "ranges), as printed, with their section"),
+    "paper_comparison": (
+        "paper_comparison", "The paper beside its reproduction: per model and figure, the paper's value, "
+                            "headforms' value and the difference"),
+    "training_dynamics": (
+        "dynamics_by_step", "Training dynamics: per training checkpoint, parity shares and the medians of pairing "
+                            "and symmetric energy with their random baselines"),
 }
 LIST_SEPARATOR = "; "
 

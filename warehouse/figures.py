@@ -23,6 +23,7 @@ PARITY = {
     "II": ("o", "tab:green", r"Type $\mathrm{II}$"),
     "I-": ("_", "tab:blue", r"Type $\mathrm{I}_{-}$"),
 }
+PARITY_COLUMNS = ["pct_type_I_plus", "pct_type_II", "pct_type_I_minus"]  # PARITY's types as view columns
 
 
 def _frame(con: duckdb.DuckDBPyConnection, sql: str) -> pl.DataFrame:
@@ -84,7 +85,7 @@ def parity_by_layer(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
     """Figure 12: percent of each layer's heads of each parity type (view parity_by_layer), white 0% to black 100%."""
     data = _frame(con, "SELECT * FROM parity_by_layer ORDER BY model, layer")
     models = _by_model(data)
-    columns = ["pct_type_I_plus", "pct_type_II", "pct_type_I_minus"]
+    columns = PARITY_COLUMNS
     widest = max(rows.height for _, rows in models)
     fig = Figure(figsize=(min(2.5 + 0.32 * widest, 16), 1.0 + 1.45 * len(models)), layout="constrained", dpi=DPI)
     axes = fig.subplots(len(models), 1, squeeze=False)[:, 0]
@@ -280,6 +281,40 @@ def head_types(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
             ax.legend(loc="upper left", fontsize=7, frameon=False)
     fig.suptitle("Figure 5. Sorted unit-length spectra of $S$ projected on their three leading singular directions",
                  fontsize=10)
+def training_dynamics(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
+    """Per base model, against the training step (view dynamics_by_step): parity shares, median pairing
+    and median symmetric energy, the random baseline's medians dashed."""
+    data = _frame(con, "SELECT * FROM dynamics_by_step ORDER BY base_model, training_step")
+    models = _by_model(data.rename({"model": "checkpoint", "base_model": "model"}))
+    fig, axes = _panel_grid(3 * len(models) or 1, 3, (4.6, 3.2))
+    if not models:
+        axes[0].text(0.5, 0.5, "no training checkpoints in this warehouse:\nextract with --revisions "
+                     "or the pythia-dynamics set", ha="center", va="center", fontsize=9)
+        axes[0].axis("off")
+    panels = [("pct", "% of heads", None), ("median_pairing", r"median pairing $\mathscr{P}$", "median_random_pairing"),
+              ("median_symmetric_energy", r"median symmetric energy $\|S\|^2/\|L\|^2$",
+               "median_random_symmetric_energy")]
+    for row, (model, rows) in enumerate(models):
+        step = rows["training_step"].to_numpy()
+        for ax, (column, label, random_column) in zip(axes[3 * row:3 * row + 3], panels):
+            if column == "pct":
+                for (marker, colour, type_label), share in zip(PARITY.values(), PARITY_COLUMNS):
+                    ax.plot(step, rows[share].to_numpy(), marker=marker, color=colour, label=type_label,
+                            mfc="none", lw=1.2)
+                ax.set_ylim(0, 100)
+            else:
+                ax.plot(step, rows[column].to_numpy(), marker="o", ms=3, color="black", lw=1.2, label="trained")
+                ax.plot(step, rows[random_column].to_numpy(), color="0.5", ls="--", lw=1.0, label="random baseline")
+            ax.set_xscale("symlog", linthresh=1)
+            ax.set_xlim(0, max(step.max(), 1) * 1.3)
+            ax.set_xlabel("training step", fontsize=8)
+            ax.set_ylabel(label, fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.legend(fontsize=7, frameon=False)
+        axes[3 * row].set_title(f"{model} ({rows.height} checkpoints, {rows['heads'][0]} heads each)",
+                                fontsize=9, loc="left")
+    fig.suptitle("Training dynamics against the training step:\n"
+                 "parity shares, median pairing, median symmetric energy", fontsize=10)
     return _save(fig, path)
 
 
@@ -302,6 +337,9 @@ FIGURES: dict[str, tuple[Callable[[duckdb.DuckDBPyConnection, Path], Path], str]
         symmetric_energy, "Figure 13: symmetric energy per layer and head, trained vs random baseline"),
     "figure14_pairing.png": (
         pairing, "Figure 14: pairing score per layer and head, trained vs random baseline"),
+    "training_dynamics.png": (
+        training_dynamics, "Training dynamics: parity shares, median pairing and symmetric energy against the "
+                           "training step, per base model (view dynamics_by_step)"),
 }
 
 

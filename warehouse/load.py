@@ -153,7 +153,7 @@ def _model_record(ckpt: Checkpoint, opts: LoadOptions) -> dict:
         "d_model": spec.d_model, "head_dim": spec.head_dim, "score_scale": spec.score_scale,
         "qk_norm": spec.qk_norm, "config": json.dumps(spec.config, default=str),
         "parity_tolerance": opts.parity_tolerance, "baseline_seed": opts.seed,
-        "tool_version": tool_version(),
+        "tool_version": tool_version(), "base_model": ckpt.base_model, "training_step": ckpt.training_step,
         "extracted_at": datetime.now(timezone.utc).replace(tzinfo=None), "complete": False,
     }
 

@@ -21,6 +21,9 @@ CREATE TABLE IF NOT EXISTS models (
     extracted_at        TIMESTAMP NOT NULL,
     complete            BOOLEAN NOT NULL    -- false while layers are still missing
 );
+-- Training checkpoints (extract --revisions, set files): the model a revision belongs to, and its step.
+ALTER TABLE models ADD COLUMN IF NOT EXISTS base_model VARCHAR;      -- NULL unless a training checkpoint
+ALTER TABLE models ADD COLUMN IF NOT EXISTS training_step BIGINT;    -- from the revision's name step<N>
 
 -- Progress: a layer is listed once all its rows are committed (one transaction).
 CREATE TABLE IF NOT EXISTS layers (

@@ -1,0 +1,69 @@
+-- The paper beside its reproduction: per model (or the survey) and figure of paper_reference, the
+-- paper's value, headforms' value from this warehouse, and the difference (headforms - paper).
+-- Nothing is hidden: a figure whose model is not in the warehouse has a NULL headforms value, and
+-- survey figures are computed over the paper's models present (column `models`, of 14).
+-- `agrees`: headforms rounded to the published decimals equals the paper ('='), or is below it ('<').
+WITH paper_models AS (
+    SELECT DISTINCT model FROM paper_reference WHERE scope = 'model'
+), present AS (  -- the paper's models in this warehouse
+    SELECT count(*) AS models FROM models SEMI JOIN paper_models USING (model)
+), per_model AS (
+    UNPIVOT (
+        SELECT m.model, m.n_layers::DOUBLE AS n_layers, m.n_heads::DOUBLE AS n_heads,
+               m.n_kv_heads::DOUBLE AS n_kv_heads, m.d_model::DOUBLE AS d_model, m.head_dim::DOUBLE AS head_dim,
+               p.heads::DOUBLE AS heads, p.pct_type_I_plus::DOUBLE AS pct_type_I_plus,
+               p.pct_type_II::DOUBLE AS pct_type_II, p.pct_type_I_minus::DOUBLE AS pct_type_I_minus
+        FROM models m JOIN parity_by_model p USING (model)
+    ) ON COLUMNS(* EXCLUDE (model)) INTO NAME figure VALUE headforms
+), survey_heads AS (
+    SELECT h.* FROM heads h SEMI JOIN paper_models USING (model)
+), hist_errors AS (  -- Figure 6: median over the paper's heads per family and sample
+    SELECT median(f.hist_error) AS median_hist_error
+    FROM fits f SEMI JOIN paper_models USING (model)
+    WHERE f.family IN ('gamma', 'lognormal', 'weibull')
+    GROUP BY f.family, f.sample
+), survey AS (  -- NULL when none of the paper's models is present
+    UNPIVOT (
+        SELECT
+            (SELECT models FROM present)::DOUBLE                                          AS models,
+            (SELECT count(*) FROM survey_heads)::DOUBLE                                    AS heads,
+            (SELECT count(*) FILTER (WHERE balanced) FROM survey_heads)::DOUBLE            AS balanced_heads,
+            (SELECT median(participation_ratio) FROM survey_heads)                         AS median_participation_ratio,
+            (SELECT avg((participation_ratio < 2)::INT) FROM survey_heads)                 AS share_participation_below_2,
+            mm.min_share_above_random, mm.max_share_above_random, mm.min_median_pairing, mm.max_median_pairing,
+            fr.excluded_heads, fr.retained_heads, fr.min_median_mode_ratio, fr.max_median_mode_ratio,
+            fr.min_median_shape_ratio, fr.max_median_shape_ratio, fr.min_median_correlation, fr.max_median_correlation,
+            (SELECT min(median_hist_error) FROM hist_errors)                               AS min_median_hist_error,
+            (SELECT max(median_hist_error) FROM hist_errors)                               AS max_median_hist_error
+        FROM (SELECT min(share_above_random) AS min_share_above_random, max(share_above_random) AS max_share_above_random,
+                     min(median_pairing) AS min_median_pairing, max(median_pairing) AS max_median_pairing
+              FROM model_medians SEMI JOIN paper_models USING (model)) mm,
+             (SELECT sum(excluded)::DOUBLE AS excluded_heads, sum(retained)::DOUBLE AS retained_heads,
+                     min(median_mode_ratio) AS min_median_mode_ratio, max(median_mode_ratio) AS max_median_mode_ratio,
+                     min(median_shape_ratio) AS min_median_shape_ratio, max(median_shape_ratio) AS max_median_shape_ratio,
+                     min(median_correlation) AS min_median_correlation, max(median_correlation) AS max_median_correlation
+              FROM fit_ratios_by_model SEMI JOIN paper_models USING (model)) fr
+        WHERE (SELECT models FROM present) > 0
+    ) ON COLUMNS(*) INTO NAME figure VALUE headforms
+)
+SELECT
+    r.scope,
+    r.model,
+    r.figure,
+    r.source,
+    r.value                                                        AS paper,
+    r.relation,
+    coalesce(pm.headforms, s.headforms)                            AS headforms,
+    CASE WHEN r.scope = 'survey' THEN (SELECT models FROM present)
+         ELSE (SELECT count(*) FROM models m WHERE m.model = r.model) END AS models,
+    coalesce(pm.headforms, s.headforms) - r.value                  AS difference,
+    CASE r.relation
+        WHEN '=' THEN abs(round(coalesce(pm.headforms, s.headforms), r.decimals) - r.value) < 1e-9
+        WHEN '<' THEN coalesce(pm.headforms, s.headforms) < r.value
+    END                                                            AS agrees,
+    r.published,
+    r.note
+FROM paper_reference r
+LEFT JOIN per_model pm ON r.scope = 'model' AND pm.model = r.model AND pm.figure = r.figure
+LEFT JOIN survey s ON r.scope = 'survey' AND s.figure = r.figure
+ORDER BY r.scope, r.model, r.source, r.figure
