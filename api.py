@@ -44,11 +44,12 @@ def connect(db: str | Path | None = None, *, read_only: bool = True, wait: float
 
 def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progress: Progress | None = None,
             name: str | None = None, revision: str | None = None, qk_norm: str = "refuse",
-            wait: float = 0.0, **options):
+            wait: float = 0.0, fold_norm: str = "none", **options):
     """Extract sources (hub ids, folders, .gguf files, pkg:NAME, model sets) into the warehouse.
 
     `options` are the fields of `headforms.warehouse.load.LoadOptions` (parity_tolerance, seed,
-    device, force). Returns one row per model: status, layers and heads written, seconds, shape.
+    device, force, distances). fold_norm: "none", "gain" or "center" folds the norm feeding
+    attention into W_Q, W_K (recorded in models.fold_norm). Returns one row per model: status, layers and heads written, seconds, shape.
     A failed first run leaves no warehouse file behind; an interruption keeps committed layers."""
     import polars as pl
 
@@ -70,7 +71,8 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     con, created, rows = None, not db.exists(), []
     try:
         for set_name, source in targets:
-            ckpt = open_checkpoint(source, revision=revision, name=name or set_name, qk_norm=qk_norm)
+            ckpt = open_checkpoint(source, revision=revision, name=name or set_name, qk_norm=qk_norm,
+                                   fold_norm=fold_norm)
             try:
                 if con is None:
                     con = open_warehouse(db, wait=wait)

@@ -12,6 +12,7 @@ from typing import Callable
 import numpy as np
 
 from headforms.extract.checkpoint import ExtractError, ModelSpec
+from headforms.extract.rope import hf_rope
 
 # config.json spellings of the shape fields, first present wins (families name them differently).
 _CONFIG_KEYS = {
@@ -254,9 +255,10 @@ def model_spec(raw: dict, *, qk_norm: str = "refuse") -> tuple[Layout, ModelSpec
         head_dim = d_model // n_heads
     if n_heads % n_kv_heads:
         raise ExtractError(f"config.json: {n_heads} query heads are not divisible by {n_kv_heads} key/value heads")
-    recorded = dict(raw)
+    recorded, rope = dict(raw), None
     if layout.positional == "rope":
         recorded["rotary_fraction"] = _rotary_fraction(config)
+        rope = hf_rope(_rope_settings(config), config, head_dim, recorded["rotary_fraction"])
     spec = ModelSpec(
         architecture=model_type,
         n_layers=n_layers,
@@ -268,5 +270,6 @@ def model_spec(raw: dict, *, qk_norm: str = "refuse") -> tuple[Layout, ModelSpec
         positional=layout.positional,
         qk_norm="folded" if layout.qk_norm else None,
         config=recorded,
+        rope=rope,
     )
     return layout, spec

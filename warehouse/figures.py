@@ -207,6 +207,38 @@ def pairing_distribution(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
     return _save(fig, path)
 
 
+def parity_by_distance(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
+    """RoPE models: percent of heads of each parity type (view parity_by_distance) and median pairing
+    of L_delta against the relative distance delta (0, then a log scale)."""
+    data = _frame(con, "SELECT * FROM parity_by_distance ORDER BY model, delta")
+    models = _by_model(data)
+    fig, axes = _panel_grid(max(len(models), 1), 2, (5.2, 3.4))
+    if not models:
+        axes[0].text(0.5, 0.5, "no RoPE model in the warehouse", ha="center", va="center", fontsize=10)
+        axes[0].set_axis_off()
+    columns = {"I+": "pct_type_I_plus", "II": "pct_type_II", "I-": "pct_type_I_minus"}
+    for ax, (model, rows) in zip(axes, models):
+        delta = rows["delta"].to_numpy()
+        for kind, column in columns.items():
+            marker, colour, label = PARITY[kind]
+            ax.plot(delta, rows[column].to_numpy(), marker=marker, color=colour, label=label, lw=1.2, ms=6)
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_ylim(0, 100)
+        ax.set_xlabel(r"relative distance $\delta = i - j$", fontsize=8)
+        ax.set_ylabel("% of heads", fontsize=8)
+        ax.tick_params(labelsize=7)
+        twin = ax.twinx()
+        twin.plot(delta, rows["median_pairing"].to_numpy(), color="black", ls="--", lw=1, label="median pairing")
+        twin.set_ylim(0, 1)
+        twin.set_ylabel("median pairing", fontsize=8)
+        twin.tick_params(labelsize=7)
+        ax.set_title(f"{model} ({rows['heads'][0]} heads)", fontsize=9, loc="left")
+        handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
+        ax.legend(handles=handles, fontsize=7, loc="center left")
+    fig.suptitle(r"Parity of $L_\delta = W_K^T R(\delta) W_Q$ by relative distance (RoPE models)", fontsize=10)
+    return _save(fig, path)
+
+
 # File name -> (drawing function, what the figure shows); export writes these and lists them in its index.
 FIGURES: dict[str, tuple[Callable[[duckdb.DuckDBPyConnection, Path], Path], str]] = {
     "figure03_mean_spectrum.png": (
@@ -221,6 +253,8 @@ FIGURES: dict[str, tuple[Callable[[duckdb.DuckDBPyConnection, Path], Path], str]
         symmetric_energy, "Figure 13: symmetric energy per layer and head, trained vs random baseline"),
     "figure14_pairing.png": (
         pairing, "Figure 14: pairing score per layer and head, trained vs random baseline"),
+    "parity_by_distance.png": (
+        parity_by_distance, "RoPE models: parity types and median pairing of L_delta by relative distance"),
 }
 
 

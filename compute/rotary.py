@@ -1,0 +1,96 @@
+"""RoPE at relative distance delta: R(delta) in a head's n-dimensional space and the forms
+L_delta = W_K^T R(delta) W_Q, reduced in the same 2n basis as L (statistics.md section 1).
+
+With [W_K^T | W_Q^T] = U [R_K | R_Q] (the reduction's QR), L_delta = U R_K R(delta) R_Q^T U^T,
+so l_delta = R_K R(delta) R_Q^T: one rotation of R_Q's n rows and one r x n by n x r product per
+head and distance, on the factors the reduction already has. Query position i and key position j
+score x_j^T L_(i-j) x_i (times the score scale): delta = i - j, and R(0) = I gives L.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from headforms.compute.statistics import PARITY_TOLERANCE, profile_statistics
+from headforms.compute.threads import WORKERS, chunks, map_threads
+
+PAIRINGS = ("split-half", "interleaved")
+DEFAULT_DISTANCES = (0,) + tuple(2**k for k in range(13))  # 0, 1, 2, 4, ..., 4096
+# Columns of a distance profile: the per-head statistics of L_delta (statistics.md section 3).
+PROFILE_COLUMNS = ("frobenius", "symmetric_energy", "a", "b", "c", "d", "parity", "pairing")
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """The planes RoPE rotates in a head's n coordinates (rows first[p], second[p]) and their
+    angular frequencies (radians per position); coordinates in no plane are not rotated."""
+
+    first: np.ndarray
+    second: np.ndarray
+    frequencies: np.ndarray
+
+    @classmethod
+    def of(cls, pairing: str, frequencies) -> "Rotation":
+        """Planes (i, i + d/2) for split-half (Hugging Face's rotate_half, GGUF neox), (2i, 2i+1) for
+        interleaved (llama.cpp's permuted llama rows); d = 2 len(frequencies) rotated coordinates first."""
+        freq = np.asarray(frequencies, dtype=np.float64)
+        i = np.arange(len(freq))
+        if pairing == "split-half":
+            return cls(i, i + len(freq), freq)
+        if pairing == "interleaved":
+            return cls(2 * i, 2 * i + 1, freq)
+        raise ValueError(f"unknown RoPE pairing '{pairing}'; expected one of {', '.join(PAIRINGS)}")
+
+    def matrix(self, delta: float, n: int) -> np.ndarray:
+        """R(delta) as a dense n x n matrix (for tests and small checks; the batch code never forms it)."""
+        return self.rotate(torch.eye(n, dtype=torch.float64), np.array([delta]))[0].numpy()
+
+    def rotate(self, rows: torch.Tensor, deltas: np.ndarray) -> torch.Tensor:
+        """R(delta) @ rows for every delta: rows (..., n, m) -> (D, ..., n, m)."""
+        angles = torch.as_tensor(np.outer(deltas, self.frequencies), dtype=rows.dtype, device=rows.device)
+        shape = (len(deltas),) + (1,) * (rows.dim() - 2) + (len(self.frequencies), 1)
+        cos, sin = angles.cos().reshape(shape), angles.sin().reshape(shape)
+        first = torch.as_tensor(self.first, device=rows.device)
+        second = torch.as_tensor(self.second, device=rows.device)
+        a, b = rows[..., first, :], rows[..., second, :]
+        out = rows.expand((len(deltas),) + rows.shape).clone()
+        out[..., first, :] = cos * a - sin * b
+        out[..., second, :] = sin * a + cos * b
+        return out
+
+
+def distance_forms(factors: torch.Tensor, n: int, rotation: Rotation, deltas: np.ndarray) -> torch.Tensor:
+    """l_delta = R_K R(delta) R_Q^T, (D, H, r, r), from the reduction's factors [R_K | R_Q] (H, r, 2n)."""
+    return factors[..., :n] @ rotation.rotate(factors[..., n:].transpose(-2, -1), deltas)
+
+
+def _profiles(factors: torch.Tensor, n: int, rotation: Rotation, deltas: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(eig_S, ||L||^2, ||T||^2) of every (delta, head) of a batch, flattened delta-major."""
+    l = distance_forms(factors, n, rotation, deltas).flatten(0, 1)
+    s = (l + l.transpose(-2, -1)) / 2
+    eig_S = torch.linalg.eigvalsh(s).flip(-1)
+    l2 = (l**2).sum(dim=(-2, -1))
+    t2 = ((l - s) ** 2).sum(dim=(-2, -1))
+    return tuple(x.cpu().numpy() for x in (eig_S, l2, t2))
+
+
+def distance_profiles(factors: torch.Tensor, n: int, rotation: Rotation, deltas, *,
+                      parity_tolerance: float = PARITY_TOLERANCE) -> dict[str, np.ndarray]:
+    """PROFILE_COLUMNS of L_delta for every delta and head, each (D, H), plus "delta" (D, H).
+
+    On the CPU slices of heads go to the single-threaded worker pool (compute.threads), so a
+    slice's (D, h, r, r) forms are all that is held at once; elsewhere the batch is one call."""
+    deltas = np.asarray(deltas, dtype=np.int64)
+    H = factors.shape[0]
+    if factors.device.type == "cpu":
+        parts = map_threads(lambda part: _profiles(factors[part], n, rotation, deltas), chunks(H, 4 * WORKERS))
+        eig_S, l2, t2 = (np.concatenate([x.reshape(len(deltas), -1, *x.shape[1:]) for x in p], axis=1)
+                         for p in zip(*parts))
+    else:
+        eig_S, l2, t2 = (x.reshape(len(deltas), H, *x.shape[1:]) for x in _profiles(factors, n, rotation, deltas))
+    flat = profile_statistics(eig_S.reshape(len(deltas) * H, -1), l2.ravel(), t2.ravel(), parity_tolerance)
+    out = {name: flat[name].reshape(len(deltas), H) for name in PROFILE_COLUMNS}
+    out["delta"] = np.broadcast_to(deltas[:, None], (len(deltas), H))
+    return out
