@@ -48,22 +48,28 @@ class Rotation:
         return self.rotate(torch.eye(n, dtype=torch.float64), np.array([delta]))[0].numpy()
 
     def rotate(self, rows: torch.Tensor, deltas: np.ndarray) -> torch.Tensor:
-        """R(delta) @ rows for every delta: rows (..., n, m) -> (D, ..., n, m)."""
-        angles = torch.as_tensor(np.outer(deltas, self.frequencies), dtype=rows.dtype, device=rows.device)
-        shape = (len(deltas),) + (1,) * (rows.dim() - 2) + (len(self.frequencies), 1)
-        cos, sin = angles.cos().reshape(shape), angles.sin().reshape(shape)
-        first = torch.as_tensor(self.first, device=rows.device)
-        second = torch.as_tensor(self.second, device=rows.device)
-        a, b = rows[..., first, :], rows[..., second, :]
-        out = rows.expand((len(deltas),) + rows.shape).clone()
-        out[..., first, :] = cos * a - sin * b
-        out[..., second, :] = sin * a + cos * b
-        return out
+        """R(delta) @ rows for every delta: rows (..., n, m) -> (D, ..., n, m).
+
+        Row-wise R(delta) x = c * x + s * x[partner]: a plane's first row takes cos x_first - sin x_second,
+        its second row sin x_first + cos x_second; rows in no plane keep c = 1, s = 0."""
+        n = rows.shape[-2]
+        angles = np.outer(deltas, self.frequencies)                        # (D, P)
+        c, s = np.ones((len(deltas), n)), np.zeros((len(deltas), n))
+        c[:, self.first], c[:, self.second] = np.cos(angles), np.cos(angles)
+        s[:, self.first], s[:, self.second] = -np.sin(angles), np.sin(angles)
+        partner = np.arange(n)
+        partner[self.first], partner[self.second] = self.second, self.first
+        shape = (len(deltas),) + (1,) * (rows.dim() - 2) + (n, 1)
+        c, s = (torch.as_tensor(x, dtype=rows.dtype, device=rows.device).reshape(shape) for x in (c, s))
+        return c * rows + s * rows[..., torch.as_tensor(partner, device=rows.device), :]
 
 
 def distance_forms(factors: torch.Tensor, n: int, rotation: Rotation, deltas: np.ndarray) -> torch.Tensor:
-    """l_delta = R_K R(delta) R_Q^T, (D, H, r, r), from the reduction's factors [R_K | R_Q] (H, r, 2n)."""
-    return factors[..., :n] @ rotation.rotate(factors[..., n:].transpose(-2, -1), deltas)
+    """l_delta = R_K R(delta) R_Q^T, (D, H, r, r), from the reduction's factors [R_K | R_Q] (H, r, 2n).
+
+    R_K's rows below n are zero (R is upper triangular), so only l_delta's first n rows are computed."""
+    top = factors[..., :n, :n] @ rotation.rotate(factors[..., n:].transpose(-2, -1), deltas)   # (D, H, n, r)
+    return torch.cat([top, top.new_zeros(top.shape[:-2] + (factors.shape[-2] - n, top.shape[-1]))], dim=-2)
 
 
 def _profiles(factors: torch.Tensor, n: int, rotation: Rotation, deltas: np.ndarray) -> tuple[np.ndarray, ...]:
