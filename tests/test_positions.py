@@ -318,3 +318,43 @@ def test_parity_by_distance_view(tiny_warehouse):
 
 def test_default_distances():
     assert DEFAULT_DISTANCES == (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+def test_check_guards_distance_profiles(tiny_warehouse, tmp_path):
+    from headforms.warehouse.check import check_warehouse
+
+    db = tmp_path / "w.duckdb"
+    db.write_bytes((tiny_warehouse / "w.duckdb").read_bytes())
+    with duckdb.connect(str(db)) as con:
+        assert check_warehouse(con) == []
+        con.execute("DELETE FROM distance_profiles WHERE layer = 1 AND head = 2 AND delta = 5")
+        con.execute("UPDATE distance_profiles SET a = a + 0.1 WHERE layer = 0 AND head = 3 AND delta = 64")
+        con.execute("INSERT INTO distance_profiles SELECT * REPLACE (7 AS delta) FROM distance_profiles "
+                    "WHERE layer = 0 AND head = 0 AND delta = 0")
+        found = {(f.check, f.layer, f.head, f.detail.split(":")[0]) for f in check_warehouse(con)}
+    assert found == {("distance_profiles", 1, 2, "distance_profiles row for delta 5 missing"),
+                     ("distance_profiles", 0, 3, "delta 64"),
+                     ("distance_profiles", 0, 0,
+                      "distance_profiles row for delta 7 without a heads row or a delta in models.distances")}
+
+
+def test_warehouse_of_an_earlier_version_opens(tiny_warehouse, tmp_path):
+    """Without distance_profiles and the new models columns: readers work, check warns, a writer upgrades it."""
+    db = tmp_path / "old.duckdb"
+    db.write_bytes((tiny_warehouse / "w.duckdb").read_bytes())
+    with duckdb.connect(str(db)) as con:
+        for view in ("parity_by_distance", "fold_norm_comparison"):
+            con.execute(f"DROP VIEW {view}")
+        con.execute("DROP TABLE distance_profiles")
+        con.execute("ALTER TABLE models DROP COLUMN fold_norm")
+        con.execute("ALTER TABLE models DROP COLUMN distances")
+    runner = CliRunner()
+    result = runner.invoke(cli.main, ["sql", "select model, heads from parity_by_model", "--db", str(db)])
+    assert result.exit_code == 0 and "llama_gqa" in result.output
+    result = runner.invoke(cli.main, ["check", "--db", str(db)])
+    assert result.exit_code == 0 and "warning: distance_profiles" in result.output
+    api.extract(str(tiny_warehouse / "gpt2"), db=db, name="gpt2-again")
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("select count(*) from distance_profiles").fetchone() == (0,)
+        assert con.execute("select model, fold_norm, distances from models order by model").fetchall() == [
+            ("gpt2", None, None), ("gpt2-again", None, None), ("llama_gqa", None, None)]
