@@ -34,9 +34,6 @@ TABLES: dict[str, tuple[str, str]] = {
     "parity_by_distance": (
         "parity_by_distance", "RoPE models: percent of heads by parity type, median pairing and symmetric "
                               "energy of L_delta at each relative distance delta"),
-    "fold_norm_comparison": (
-        "fold_norm_comparison", "Each model beside its --fold-norm extraction: medians, parity shares, "
-                                "heads whose parity changes"),
     "figure6_fit_errors": (
         "fit_errors_by_model", "Figure 6: median histogram error and KS per model, sample and family; "
                                "share of heads where each family fits best"),
