@@ -64,21 +64,32 @@ class Rotation:
         return c * rows + s * rows[..., torch.as_tensor(partner, device=rows.device), :]
 
 
-def distance_forms(factors: torch.Tensor, n: int, rotation: Rotation, deltas: np.ndarray) -> torch.Tensor:
-    """l_delta = R_K R(delta) R_Q^T, (D, H, r, r), from the reduction's factors [R_K | R_Q] (H, r, 2n).
+def _top_rows(factors: torch.Tensor, n: int, rotation: Rotation, deltas: np.ndarray) -> torch.Tensor:
+    """The first n rows [A | B] of every l_delta, (D, H, n, r): R_K's rows below n are zero (R is upper
+    triangular), and so are l_delta's."""
+    return factors[..., :n, :n] @ rotation.rotate(factors[..., n:].transpose(-2, -1), deltas)
 
-    R_K's rows below n are zero (R is upper triangular), so only l_delta's first n rows are computed."""
-    top = factors[..., :n, :n] @ rotation.rotate(factors[..., n:].transpose(-2, -1), deltas)   # (D, H, n, r)
+
+def distance_forms(factors: torch.Tensor, n: int, rotation: Rotation, deltas: np.ndarray) -> torch.Tensor:
+    """l_delta = R_K R(delta) R_Q^T, (D, H, r, r), from the reduction's factors [R_K | R_Q] (H, r, 2n)."""
+    top = _top_rows(factors, n, rotation, deltas)
     return torch.cat([top, top.new_zeros(top.shape[:-2] + (factors.shape[-2] - n, top.shape[-1]))], dim=-2)
 
 
 def _profiles(factors: torch.Tensor, n: int, rotation: Rotation, deltas: np.ndarray) -> tuple[np.ndarray, ...]:
-    """(eig_S, ||L||^2, ||T||^2) of every (delta, head) of a batch, flattened delta-major."""
-    l = distance_forms(factors, n, rotation, deltas).flatten(0, 1)
-    s = (l + l.transpose(-2, -1)) / 2
+    """(eig_S, ||L||^2, ||T||^2) of every (delta, head) of a batch, flattened delta-major.
+
+    With l = [[A, B], [0, 0]]: S = [[(A + A^T)/2, B/2], [B^T/2, 0]], ||T||^2 = ||A - A^T||^2/4 + ||B||^2/2."""
+    top = _top_rows(factors, n, rotation, deltas).flatten(0, 1)          # (D*H, n, r)
+    a, b = top[..., :n], top[..., n:]
+    r = top.shape[-1]
+    s = top.new_zeros(top.shape[:-2] + (r, r))
+    s[..., :n, :n] = (a + a.transpose(-2, -1)) / 2
+    s[..., :n, n:] = b / 2
+    s[..., n:, :n] = b.transpose(-2, -1) / 2
     eig_S = torch.linalg.eigvalsh(s).flip(-1)
-    l2 = (l**2).sum(dim=(-2, -1))
-    t2 = ((l - s) ** 2).sum(dim=(-2, -1))
+    l2 = (top**2).sum(dim=(-2, -1))
+    t2 = ((a - a.transpose(-2, -1)) ** 2).sum(dim=(-2, -1)) / 4 + (b**2).sum(dim=(-2, -1)) / 2
     return tuple(x.cpu().numpy() for x in (eig_S, l2, t2))
 
 
