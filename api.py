@@ -45,16 +45,17 @@ def connect(db: str | Path | None = None, *, read_only: bool = True, wait: float
 def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progress: Progress | None = None,
             name: str | None = None, revision: str | None = None, qk_norm: str = "refuse",
             wait: float = 0.0, tower: str | None = None, revisions: str | list[str] | None = None,
-            set_file: str | Path | None = None, **options):
+            set_file: str | Path | None = None, fold_norm: str = "none", **options):
     """Extract sources (hub ids, folders, .gguf files, pkg:NAME, model sets) into the warehouse.
 
     `revisions` ('step0,step1000' or a list) extracts each source's training checkpoints, one model
     per revision (named model@revision); `set_file` adds the models of a set file (one
     `source [revision] [name]` a line); `tower` picks the tower of clip/siglip/whisper checkpoints
-    (default text/encoder). `options` are the fields of `headforms.warehouse.load.LoadOptions`
-    (parity_tolerance, seed, device, force, resamples). Returns one row per model: status, layers
-    and heads written, seconds, shape. A failed first run leaves no warehouse file behind; an
-    interruption keeps committed layers."""
+    (default text/encoder); `fold_norm` ("none", "gain", "center") folds the norm feeding attention
+    into W_Q, W_K (recorded in models.fold_norm). `options` are the fields of
+    `headforms.warehouse.load.LoadOptions` (parity_tolerance, seed, device, force, resamples,
+    distances). Returns one row per model: status, layers and heads written, seconds, shape. A
+    failed first run leaves no warehouse file behind; an interruption keeps committed layers."""
     import polars as pl
 
     from headforms.extract.sources import open_target, plan_targets
@@ -72,7 +73,7 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     con, created, rows = None, not db.exists(), []
     try:
         for target in targets:
-            ckpt = open_target(target, qk_norm=qk_norm, tower=tower)
+            ckpt = open_target(target, qk_norm=qk_norm, tower=tower, fold_norm=fold_norm)
             try:
                 if con is None:
                     con = open_warehouse(db, wait=wait)

@@ -70,6 +70,12 @@ def main():
               help="Checkpoints with QK-norm: refuse, or fold the norm gains into W_Q, W_K (recorded).")
 @click.option("--tower", help="Tower of a multi-tower checkpoint: clip/siglip text|vision, whisper encoder|decoder "
                               "(default: the first; see `headforms architectures`).")
+@click.option("--fold-norm", type=click.Choice(["none", "gain", "center"]), default="none", show_default=True,
+              help="Fold the norm feeding attention into W_Q, W_K: its gain (diag(g) L diag(g)), or for "
+                   "LayerNorm also its centering (P diag(g) L diag(g) P); recorded in models.fold_norm.")
+@click.option("--distances", callback=lambda ctx, param, value: _distances(value),
+              help="RoPE models: relative distances of distance_profiles, comma-separated "
+                   "[default: 0,1,2,4,...,4096].")
 @click.option("--parity-tolerance", type=float, default=1 / 50, show_default=True,
               help="Type II when c_sym + d_sym is at most this.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random baseline heads.")
@@ -77,8 +83,8 @@ def main():
 @click.option("--resamples", type=click.IntRange(min=1), default=2000, show_default=True,
               help="B, the bootstrap resamples of the per-model intervals (seeded by --seed).")
 @WAIT
-def extract(sources, db, name, revision, revisions, set_file, force, qk_norm, tower, parity_tolerance, seed, device,
-            resamples, wait):
+def extract(sources, db, name, revision, revisions, set_file, force, qk_norm, tower, fold_norm, distances,
+            parity_tolerance, seed, device, resamples, wait):
     """Extract SOURCES into the warehouse: hub ids, local folders, .gguf files, pkg:NAME, or a model set.
 
     Model sets (see `headforms models`): demo, paper, pythia-dynamics. A model already in the
@@ -95,13 +101,27 @@ def extract(sources, db, name, revision, revisions, set_file, force, qk_norm, to
     try:
         summary = api.extract(sources, db=db, progress=progress, name=name, revision=revision,
                               qk_norm=qk_norm, tower=tower, wait=wait, parity_tolerance=parity_tolerance, seed=seed,
-                              device=device, force=force, resamples=resamples, revisions=revisions, set_file=set_file)
+                              device=device, force=force, resamples=resamples, revisions=revisions, set_file=set_file,
+                              fold_norm=fold_norm, distances=distances)
     except KeyboardInterrupt:
         raise click.ClickException("interrupted: committed layers are kept; run the same command to resume") from None
     finally:
         progress.close()
     total_heads = summary["heads"].sum() if summary.height else 0
     click.echo(f"{total_heads} heads written to {db} in {time.perf_counter() - started:.1f} s")
+
+
+def _distances(value: str | None) -> tuple[int, ...] | None:
+    """--distances "0,1,8" as a tuple of non-negative integers (None: the default set)."""
+    if value is None:
+        return None
+    try:
+        distances = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+    if any(d < 0 for d in distances):
+        raise click.BadParameter(f"distances are non-negative (delta = query position - key position), got {value!r}")
+    return distances
 
 
 class _BarProgress:

@@ -8,7 +8,8 @@ import torch
 
 from headforms.compute.baseline import random_forms
 from headforms.compute.fits import fit_families
-from headforms.compute.reduction import reduce_forms
+from headforms.compute.reduction import forms, reduce_factors
+from headforms.compute.rotary import Rotation, distance_profiles
 from headforms.compute.spectra import Spectra, spectra
 from headforms.compute.statistics import PARITY_TOLERANCE, fit_samples, head_statistics, pairing, profile, \
     symmetric_energy, theta
@@ -24,6 +25,7 @@ class LayerAnalysis:
     statistics: dict[str, np.ndarray]             # column -> (H,)
     spectra: Spectra
     fits: dict[str, dict[str, dict[str, np.ndarray]]]  # sample -> family -> column -> (H,)
+    distances: dict[str, np.ndarray] | None = None     # RoPE: column -> (D, H) profiles of L_delta
 
 
 def analyse_layer(
@@ -35,20 +37,25 @@ def analyse_layer(
     seed: int,
     parity_tolerance: float = PARITY_TOLERANCE,
     device: str = "cpu",
+    rotation: Rotation | None = None,
+    deltas=(0,),
 ) -> LayerAnalysis:
     """Reduce, take spectra, statistics, the random baseline and all fits of one layer.
 
     On the CPU every library runs single-threaded here; the heads are spread over threads
-    instead (compute.threads)."""
+    instead (compute.threads). With a RoPE `rotation`, also the profiles of L_delta at `deltas`,
+    from the same reduction's factors."""
+    args = (wq, wk, kv_index, layer, seed, parity_tolerance, device, rotation, deltas)
     if torch.device(device).type == "cpu":
         with single_threaded():
-            return _analyse(wq, wk, kv_index, layer, seed, parity_tolerance, device)
-    return _analyse(wq, wk, kv_index, layer, seed, parity_tolerance, device)
+            return _analyse(*args)
+    return _analyse(*args)
 
 
-def _analyse(wq, wk, kv_index, layer, seed, parity_tolerance, device) -> LayerAnalysis:
+def _analyse(wq, wk, kv_index, layer, seed, parity_tolerance, device, rotation, deltas) -> LayerAnalysis:
     n_heads, head_dim, d_model = wq.shape
-    sp = spectra(reduce_forms(wq, wk, kv_index, device=device))
+    factors = reduce_factors(wq, wk, kv_index, device=device)
+    sp = spectra(forms(factors, head_dim))
     stats = head_statistics(sp, d_model, parity_tolerance)
 
     rand = random_forms(seed, layer, n_heads, head_dim, d_model)
@@ -65,4 +72,7 @@ def _analyse(wq, wk, kv_index, layer, seed, parity_tolerance, device) -> LayerAn
                for family, cols in stacked.items()}
         for i, name in enumerate(SAMPLES)
     }
-    return LayerAnalysis(statistics=stats, spectra=sp, fits=fits)
+    distances = None
+    if rotation is not None:
+        distances = distance_profiles(factors, head_dim, rotation, deltas, parity_tolerance=parity_tolerance)
+    return LayerAnalysis(statistics=stats, spectra=sp, fits=fits, distances=distances)

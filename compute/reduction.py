@@ -7,14 +7,41 @@ import torch
 from headforms.compute.threads import map_threads
 
 
-def _reduce(stacked: torch.Tensor, n: int) -> torch.Tensor:
-    """l = R_K R_Q^T from stacked = [W_K; W_Q] of shape (..., 2n, N), float64.
+def _factor(stacked: torch.Tensor) -> torch.Tensor:
+    """[R_K | R_Q] (..., r, 2n) from stacked = [W_K; W_Q] of shape (..., 2n, N), float64.
 
     stacked's transpose is [W_K^T | W_Q^T] (N x 2n) in column-major order, the layout LAPACK's
     QR works in. R_K's rows below n are exactly zero, so only l's first n rows can be nonzero.
     """
-    r = torch.linalg.qr(stacked.transpose(-2, -1), mode="r").R  # (..., r, 2n), r = min(N, 2n)
-    return r[..., :, :n] @ r[..., :, n:].transpose(-2, -1)
+    return torch.linalg.qr(stacked.transpose(-2, -1), mode="r").R  # (..., r, 2n), r = min(N, 2n)
+
+
+def forms(factors: torch.Tensor, n: int) -> torch.Tensor:
+    """l = R_K R_Q^T from the factors [R_K | R_Q] (..., r, 2n)."""
+    return factors[..., :, :n] @ factors[..., :, n:].transpose(-2, -1)
+
+
+def reduce_factors(wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray, device: str = "cpu") -> torch.Tensor:
+    """The R factors [R_K | R_Q] of [W_K^T | W_Q^T] = U [R_K | R_Q], one (r, 2n) per query head, float64.
+
+    L = U R_K R_Q^T U^T, and with RoPE L_delta = U R_K R(delta) R_Q^T U^T (compute.rotary).
+    On the CPU the heads are factored one at a time over a pool of single-threaded workers
+    (compute.threads), holding one head's N x 2n copy per worker; on another device
+    (cuda) the whole layer is one batched call there.
+    """
+    if torch.device(device).type == "cpu":
+        q = np.asarray(wq, dtype=np.float64)
+        k = np.asarray(wk, dtype=np.float64)
+        kv = np.asarray(kv_index, dtype=np.intp)
+
+        def one(h: int) -> torch.Tensor:
+            return _factor(torch.from_numpy(np.concatenate([k[kv[h]], q[h]])))
+
+        return torch.stack(map_threads(one, range(len(q))))
+    q = torch.as_tensor(wq, dtype=torch.float64, device=device)
+    k = torch.as_tensor(wk, dtype=torch.float64, device=device)
+    k = k[torch.as_tensor(np.asarray(kv_index), dtype=torch.long, device=device)]
+    return _factor(torch.cat([k, q], dim=1))
 
 
 def reduce_forms(wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray, device: str = "cpu") -> torch.Tensor:
@@ -23,22 +50,5 @@ def reduce_forms(wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray, device: s
     wq: (H, n, N) query maps; wk: (H_kv, n, N) key maps; kv_index: key head of each query
     head. With [W_K^T | W_Q^T] = U R (QR, U orthonormal N x r, r = min(N, 2n)),
     L = U R_K R_Q^T U^T, so l = R_K R_Q^T is r x r and has L's nonzero spectra exactly.
-
-    On the CPU the heads are reduced one at a time over a pool of single-threaded workers
-    (compute.threads), holding one head's N x 2n copy per worker; on another device
-    (cuda) the whole layer is one batched call there.
     """
-    n = wq.shape[1]
-    if torch.device(device).type == "cpu":
-        q = np.asarray(wq, dtype=np.float64)
-        k = np.asarray(wk, dtype=np.float64)
-        kv = np.asarray(kv_index, dtype=np.intp)
-
-        def one(h: int) -> torch.Tensor:
-            return _reduce(torch.from_numpy(np.concatenate([k[kv[h]], q[h]])), n)
-
-        return torch.stack(map_threads(one, range(len(q))))
-    q = torch.as_tensor(wq, dtype=torch.float64, device=device)
-    k = torch.as_tensor(wk, dtype=torch.float64, device=device)
-    k = k[torch.as_tensor(np.asarray(kv_index), dtype=torch.long, device=device)]
-    return _reduce(torch.cat([k, q], dim=1), n)
+    return forms(reduce_factors(wq, wk, kv_index, device), wq.shape[1])

@@ -47,6 +47,44 @@ def parity(c_sym: np.ndarray, d_sym: np.ndarray, tolerance: float = PARITY_TOLER
     return np.where(np.isnan(c_sym) | np.isnan(d_sym), None, kind).astype(object)
 
 
+def profile_statistics(eig_S: np.ndarray, l2: np.ndarray, t2: np.ndarray,
+                       parity_tolerance: float = PARITY_TOLERANCE) -> dict[str, np.ndarray]:
+    """||L||, symmetric energy, profile, symmetric profile, parity and pairing from eig(S), ||L||^2, ||T||^2.
+
+    Shared by the heads (L) and their distance profiles (L_delta), so both follow one definition."""
+    s2 = (eig_S**2).sum(axis=1)         # ||S||^2
+    plus, minus = lobes(eig_S)
+    u = plus - minus
+    cross, c_num, d_num = _profile_numerators(plus, minus)
+    c_sym, d_sym = _ratio(c_num, s2), _ratio(d_num, s2)
+    return {
+        "frobenius": np.sqrt(l2),
+        "symmetric_energy": _ratio(s2, l2),
+        "a": _ratio(t2, l2),
+        "b": _ratio(cross, l2),
+        "c": _ratio(c_num, l2),
+        "d": _ratio(d_num, l2),
+        "b_sym": _ratio(cross, s2),
+        "c_sym": c_sym,
+        "d_sym": d_sym,
+        "parity": parity(c_sym, d_sym, parity_tolerance),
+        "pairing": 1 - _ratio(np.linalg.norm(u, axis=1), np.sqrt(s2)),
+    }
+
+
+def _profile_numerators(plus: np.ndarray, minus: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """||L||^2 (b, c, d): 2<lambda_+, lambda_->, and sum u^2 over u = lambda_+ - lambda_- > 0 and < 0."""
+    u = plus - minus
+    return 2 * (plus * minus).sum(axis=1), np.where(u > 0, u**2, 0.0).sum(axis=1), np.where(u < 0, u**2, 0.0).sum(axis=1)
+
+
+def profile(eig_S: np.ndarray, frobenius: np.ndarray) -> np.ndarray:
+    """The profile (a, b, c, d) as (H, 4) from S's eigenvalues and ||L||, with ||T||^2 = ||L||^2 - ||S||^2."""
+    l2 = frobenius**2
+    stats = profile_statistics(eig_S, l2, l2 - (eig_S**2).sum(axis=1))
+    return np.stack([stats[k] for k in "abcd"], axis=1)
+
+
 def head_statistics(sp: Spectra, d_model: int, parity_tolerance: float = PARITY_TOLERANCE) -> dict[str, np.ndarray]:
     """Every per-head column of the `heads` table that the spectra determine."""
     eig_S, sv_L = sp.eig_S, sp.sv_L
@@ -58,15 +96,10 @@ def head_statistics(sp: Spectra, d_model: int, parity_tolerance: float = PARITY_
     n_pos, n_neg = np.where(zero_form, 0, n_pos), np.where(zero_form, 0, n_neg)
 
     l2 = (sv_L**2).sum(axis=1)          # ||L||^2
-    s2 = (eig_S**2).sum(axis=1)         # ||S||^2
-    t2 = (sp.sv_T**2).sum(axis=1)       # ||T||^2
+    shared = profile_statistics(eig_S, l2, (sp.sv_T**2).sum(axis=1), parity_tolerance)
     plus, minus = lobes(eig_S)
-    u = plus - minus
-    cross, c_num, d_num = _profile_numerators(plus, minus)
     norm_plus, norm_minus = np.linalg.norm(plus, axis=1), np.linalg.norm(minus, axis=1)
     rho = _ratio(norm_minus, norm_plus)
-    c_sym, d_sym = _ratio(c_num, s2), _ratio(d_num, s2)
-    pair = 1 - _ratio(np.linalg.norm(u, axis=1), np.sqrt(s2))
     bound = 1 - np.abs(1 - rho) / np.sqrt(1 + rho**2)
 
     n = sp.sigma_T.shape[1]
@@ -74,24 +107,16 @@ def head_statistics(sp: Spectra, d_model: int, parity_tolerance: float = PARITY_
     geometric = np.sqrt(plus[:, :n] * minus[:, :n])
     abs_S = np.sort(np.abs(eig_S), axis=1)[:, ::-1]
     stats = {
-        "frobenius": np.sqrt(l2),
+        "frobenius": shared["frobenius"],
         "n_pos": n_pos,
         "n_neg": n_neg,
         "n_zero": r - n_pos - n_neg,
         "n_zero_ambient": d_model - n_pos - n_neg,
-        "symmetric_energy": _ratio(s2, l2),
-        "a": _ratio(t2, l2),
-        "b": _ratio(cross, l2),
-        "c": _ratio(c_num, l2),
-        "d": _ratio(d_num, l2),
-        "b_sym": _ratio(cross, s2),
-        "c_sym": c_sym,
-        "d_sym": d_sym,
-        "parity": parity(c_sym, d_sym, parity_tolerance),
-        "pairing": pair,
+        **{k: shared[k] for k in ("symmetric_energy", "a", "b", "c", "d", "b_sym", "c_sym", "d_sym", "parity",
+                                   "pairing")},
         "rho": rho,
         "pairing_bound": bound,
-        "pairing_gap": bound - pair,
+        "pairing_gap": bound - shared["pairing"],
         "lobe_departure": _ratio(np.linalg.norm(minus - rho[:, None] * plus, axis=1), norm_minus),
         "trace_ratio": _ratio(np.abs(eig_S.sum(axis=1)), np.sqrt(l2)),
         "participation_ratio": _ratio(l2**2, (sv_L**4).sum(axis=1)),
@@ -102,19 +127,6 @@ def head_statistics(sp: Spectra, d_model: int, parity_tolerance: float = PARITY_
     }
     stats["theta_distance"], stats["theta_position"] = theta(np.stack([stats[k] for k in "abcd"], axis=1))
     return stats
-
-
-def _profile_numerators(plus: np.ndarray, minus: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """||L||^2 (b, c, d): 2<lambda_+, lambda_->, and sum u^2 over u = lambda_+ - lambda_- > 0 and < 0."""
-    u = plus - minus
-    return 2 * (plus * minus).sum(axis=1), np.where(u > 0, u**2, 0.0).sum(axis=1), np.where(u < 0, u**2, 0.0).sum(axis=1)
-
-
-def profile(eig_S: np.ndarray, frobenius: np.ndarray) -> np.ndarray:
-    """The profile (a, b, c, d) as (H, 4) from S's eigenvalues and ||L||, with a = 1 - ||S||^2/||L||^2 = ||T||^2/||L||^2."""
-    l2 = frobenius**2
-    parts = _profile_numerators(*lobes(eig_S))
-    return np.stack([_ratio(l2 - (eig_S**2).sum(axis=1), l2), *(_ratio(p, l2) for p in parts)], axis=1)
 
 
 # Observation 2's set Theta = {a = b, cd = 0}: two segments m + t v, t in [-1/2, 0], through the random midpoint m.

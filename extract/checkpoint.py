@@ -6,6 +6,8 @@ from typing import Callable
 
 import numpy as np
 
+from headforms.extract.rope import Rope
+
 
 class ExtractError(Exception):
     """A checkpoint that cannot be read as asked; the message is one line for the user."""
@@ -25,6 +27,8 @@ class ModelSpec:
     positional: str            # "learned", "absolute", "rope", "alibi"
     qk_norm: str | None = None  # None, or "folded" when norm gains were folded into W_Q, W_K
     config: dict = field(default_factory=dict, compare=False)  # the raw config / metadata
+    rope: "Rope | None" = None  # RoPE's conventions (extract.rope) when positional == "rope"
+    fold_norm: str | None = None  # None, or "gain" / "center" when the preceding norm was folded in
 
     @property
     def kv_index(self) -> np.ndarray:

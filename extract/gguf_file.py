@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import gguf
@@ -9,6 +10,8 @@ import numpy as np
 from gguf import GGUFValueType
 
 from headforms.extract.checkpoint import Checkpoint, ExtractError, ModelSpec, sha256_files
+from headforms.extract.norms import GGUF_NORMS, norm_for
+from headforms.extract.rope import gguf_rope
 
 # RoPE pairing of the rows of each head as the file stores them. llama.cpp's converter permutes
 # the Q and K rows of llama-family models (Mistral is stored as `llama` too) within each head,
@@ -68,8 +71,18 @@ def _weight(tensor, layer: int) -> np.ndarray:
     return w
 
 
-def open_gguf(path: Path, *, name: str, source: str, revision: str | None) -> Checkpoint:
-    """Open a llama.cpp GGUF file; revision None records the file's sha256."""
+def _norm_tensor(tensors: dict, name: str, d_model: int, path: Path):
+    """A norm gain tensor of shape (d_model,), for --fold-norm."""
+    tensor = tensors.get(name)
+    if tensor is None:
+        raise ExtractError(f"GGUF file {path} has no tensor {name} (needed by --fold-norm)")
+    if tuple(int(d) for d in tensor.shape) != (d_model,):
+        raise ExtractError(f"GGUF tensor {name} has shape {tuple(tensor.shape)}, expected ({d_model},)")
+    return tensor
+
+
+def open_gguf(path: Path, *, name: str, source: str, revision: str | None, fold_norm: str = "none") -> Checkpoint:
+    """Open a llama.cpp GGUF file; revision None records the file's sha256; fold_norm as in extract.norms."""
     path = Path(path)
     reader = _open_reader(path)
     meta = {key: field.contents() for key, field in reader.fields.items()
@@ -111,12 +124,18 @@ def open_gguf(path: Path, *, name: str, source: str, revision: str | None) -> Ch
         d_model=d_model, head_dim=head_dim, score_scale=1.0 / math.sqrt(head_dim), positional="rope",
         config={**meta, "rope_pairing": ROPE_PAIRING[arch],
                 "rope_theta": key("rope.freq_base", 10000.0),
-                "rope_dims": key("rope.dimension_count", head_dim)})
+                "rope_dims": key("rope.dimension_count", head_dim)},
+        rope=gguf_rope(meta, arch, head_dim, ROPE_PAIRING[arch], tensors))
+    norm = norm_for(spec, fold_norm, GGUF_NORMS)
+    gains = [_norm_tensor(tensors, norm.tensor(i), d_model, path) for i in range(n_layers)] if norm else []
+    if norm is not None:
+        spec = replace(spec, fold_norm=fold_norm)
 
     def read(layer: int) -> tuple[np.ndarray, np.ndarray]:
         q, k = layers[layer]
-        return (_weight(q, layer).reshape(n_heads, head_dim, d_model),
-                _weight(k, layer).reshape(n_kv_heads, head_dim, d_model))
+        w_q, w_k = (_weight(q, layer).reshape(n_heads, head_dim, d_model),
+                    _weight(k, layer).reshape(n_kv_heads, head_dim, d_model))
+        return norm.fold(w_q, w_k, _weight(gains[layer], layer), fold_norm) if norm is not None else (w_q, w_k)
 
     return Checkpoint(name=name, source=source, revision=revision or sha256_files([path]),
                       spec=spec, reader=read, close=layers.clear)

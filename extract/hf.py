@@ -13,7 +13,7 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -23,6 +23,7 @@ from safetensors import safe_open
 
 from headforms.extract.checkpoint import Checkpoint, ExtractError, ModelSpec, sha256_files
 from headforms.extract.layouts import Layout, model_spec
+from headforms.extract.norms import HF_NORMS, norm_for
 
 _DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}  # safetensors -> torch names
 _FLOAT_DTYPES = frozenset(_DTYPES.values())
@@ -223,39 +224,52 @@ def _check_tensors(layout: Layout, spec: ModelSpec, weights: _Weights, prefix: s
     """Every layer's Q/K (and gain) tensors exist with the shape the config implies and a float dtype."""
     for layer in range(spec.n_layers):
         for name, shape in layout.tensors_for(spec, prefix, layer).values():
-            if name not in weights.meta:
-                raise ExtractError(f"missing tensor '{name}' (layer {layer}) in {weights.files[0].parent}")
-            actual, dtype = weights.meta[name]
-            if actual != shape:
-                raise ExtractError(f"tensor '{name}' has shape {actual}, expected {shape} from config.json")
-            if dtype not in _FLOAT_DTYPES:
-                raise ExtractError(f"tensor '{name}' has dtype {dtype}; supported: {', '.join(sorted(_FLOAT_DTYPES))}")
+            _check_tensor(weights, name, shape, layer)
+
+
+def _check_tensor(weights: _Weights, name: str, shape: tuple[int, ...], layer: int) -> None:
+    """A tensor exists with the shape the config implies and a float dtype."""
+    if name not in weights.meta:
+        raise ExtractError(f"missing tensor '{name}' (layer {layer}) in {weights.files[0].parent}")
+    actual, dtype = weights.meta[name]
+    if actual != shape:
+        raise ExtractError(f"tensor '{name}' has shape {actual}, expected {shape} from config.json")
+    if dtype not in _FLOAT_DTYPES:
+        raise ExtractError(f"tensor '{name}' has dtype {dtype}; supported: {', '.join(sorted(_FLOAT_DTYPES))}")
 
 
 def open_hf_folder(folder: Path, *, name: str, source: str, revision: str | None,
-                   qk_norm: str = "refuse", tower: str | None = None) -> Checkpoint:
+                   qk_norm: str = "refuse", tower: str | None = None, fold_norm: str = "none") -> Checkpoint:
     """A Checkpoint over a local Hugging Face folder; validates config and every layer's Q/K tensors up front.
 
     revision=None records "sha256:<hex>" of the weight files. qk_norm: "refuse" or "fold"; tower: which
-    tower of a multi-tower model (see model_spec).
+    tower of a multi-tower model (see model_spec). fold_norm: "none", "gain" or "center" (extract.norms):
+    fold the pre-norm feeding attention into W_Q, W_K.
     """
     folder = Path(folder)
     layout, spec = model_spec(_read_config(folder), qk_norm=qk_norm, tower=tower)
+    norm = norm_for(spec, fold_norm, HF_NORMS)
+    if norm is not None:
+        spec = replace(spec, fold_norm=fold_norm)
     weights = _find_weights(folder)
     first = next(iter(layout.tensors.values())).format(i=0)  # layer 0's Q (or fused QKV) locates the prefix
     prefix = next((p for p in layout.prefixes if p + first in weights.meta), layout.prefixes[0])
     _check_tensors(layout, spec, weights, prefix)
+    for layer in range(spec.n_layers if norm is not None else 0):
+        _check_tensor(weights, prefix + norm.tensor(layer), (spec.d_model,), layer)
 
     def reader(layer: int) -> tuple[np.ndarray, np.ndarray]:
         if not 0 <= layer < spec.n_layers:
             raise ExtractError(f"layer {layer} out of range: {name} has {spec.n_layers} layers")
         roles = {role: tensor for role, (tensor, _) in layout.tensors_for(spec, prefix, layer).items()}
-        arrays = weights.read(list(roles.values()))
+        gain = prefix + norm.tensor(layer) if norm is not None else None
+        arrays = weights.read(list(roles.values()) + ([gain] if gain else []))
         for tensor, array in arrays.items():
             # a finite sum means every value is finite; only an overflowing sum needs the elementwise check
             if not np.isfinite(array.sum()) and not np.isfinite(array).all():
                 raise ExtractError(f"layer {layer}: tensor '{tensor}' has non-finite values")
-        return layout.qk_maps({role: arrays[tensor] for role, tensor in roles.items()}, spec)
+        w_q, w_k = layout.qk_maps({role: arrays[tensor] for role, tensor in roles.items()}, spec)
+        return norm.fold(w_q, w_k, arrays[gain], fold_norm) if norm is not None else (w_q, w_k)
 
     return Checkpoint(name=name, source=source, revision=revision or sha256_files(weights.files),
                       spec=spec, reader=reader)

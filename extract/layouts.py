@@ -12,6 +12,7 @@ from typing import Callable
 import numpy as np
 
 from headforms.extract.checkpoint import ExtractError, ModelSpec
+from headforms.extract.rope import hf_rope
 
 # config.json spellings of the shape fields, first present wins (families name them differently).
 _CONFIG_KEYS = {
@@ -184,6 +185,7 @@ class Layout:
     refusal: Callable[[dict], str | None] = _no_refusal
     qk_norm: str | None = None    # None, "head" (gain of size n), "projection" (H*n) or "centred" (LayerNorm, (H, n))
     norm_offset: float = 0.0      # the norm multiplies by (offset + weight); gemma3 stores weight - 1
+    rope_pairing: str = "split-half"  # RoPE's pairs of each head's rows: rotate_half, or GPT-J's rotate_every_two
 
     def tensors_for(self, spec: ModelSpec, prefix: str, layer: int) -> dict[str, tuple[str, tuple[int, ...]]]:
         """role -> (tensor name, expected shape) of one layer; norm gains only when folding."""
@@ -321,13 +323,15 @@ LAYOUTS: dict[str, Layout] = {
     "qwen3_moe": _llama_like(qk_norm="head"),
     "granite": _llama_like(scale=ATTENTION_MULTIPLIER),
     "olmo": _llama_like(refusal=_flag_refusal("clip_qkv", _CLIPPED)),
-    "cohere": _llama_like(variants=(Variant("use_qk_norm", lambda c: c.get("use_qk_norm"), {"qk_norm": "centred"}),)),
+    "cohere": _llama_like(rope_pairing="interleaved",
+                          variants=(Variant("use_qk_norm", lambda c: c.get("use_qk_norm"), {"qk_norm": "centred"}),)),
     "phi": _llama_like(refusal=_flag_refusal("qk_layernorm", _QK_LAYERNORM + " with a bias")),
     "stablelm": _llama_like(defaults={"partial_rotary_factor": 0.25}, variants=(
         Variant("qk_layernorm", lambda c: c.get("qk_layernorm"), {"qk_norm": "centred", "tensors": _STABLELM_TENSORS}),)),
     "phi3": _llama_like(tensors={"qkv": "layers.{i}.self_attn.qkv_proj.weight"}, packing=STACKED_QKV),
     "gptj": Layout(positional="rope", prefixes=("transformer.", ""),
-                   tensors=_named_qk("h.{i}.attn.{proj}.weight", "q_proj", "k_proj"), packing=SEPARATE),
+                   tensors=_named_qk("h.{i}.attn.{proj}.weight", "q_proj", "k_proj"), packing=SEPARATE,
+                   rope_pairing="interleaved"),
     "gpt_neo": Layout(positional="learned", prefixes=("transformer.", ""),
                       tensors=_named_qk("h.{i}.attn.attention.{proj}.weight", "q_proj", "k_proj"),
                       packing=SEPARATE, scale=UNSCALED),
@@ -482,9 +486,10 @@ def model_spec(raw: dict, *, qk_norm: str = "refuse", tower: str | None = None) 
         head_dim = d_model // n_heads
     if n_heads % n_kv_heads:
         raise ExtractError(f"config.json: {n_heads} query heads are not divisible by {n_kv_heads} key/value heads")
-    recorded = dict(raw)
+    recorded, rope = dict(raw), None
     if layout.positional == "rope":
         recorded["rotary_fraction"] = _rotary_fraction(config, head_dim)
+        rope = hf_rope(_rope_settings(config), config, head_dim, recorded["rotary_fraction"], layout.rope_pairing)
     if architecture != raw.get("model_type"):
         recorded["tower"] = architecture.partition(".")[2]
     spec = ModelSpec(
@@ -498,5 +503,6 @@ def model_spec(raw: dict, *, qk_norm: str = "refuse", tower: str | None = None) 
         positional=layout.positional,
         qk_norm="folded" if layout.qk_norm else None,
         config=recorded,
+        rope=rope,
     )
     return layout, spec

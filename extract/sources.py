@@ -150,21 +150,23 @@ def open_target(target: Target, **options) -> Checkpoint:
 
 
 def open_checkpoint(source: str, *, revision: str | None = None, name: str | None = None,
-                    qk_norm: str = "refuse", tower: str | None = None) -> Checkpoint:
+                    qk_norm: str = "refuse", tower: str | None = None, fold_norm: str = "none") -> Checkpoint:
     """Resolve a folder, .gguf file, `pkg:NAME` or hub id (`name`, `org/name`) to a Checkpoint.
 
-    tower picks a tower of a multi-tower model (clip, siglip, whisper); the default name then ends in -TOWER."""
+    tower picks a tower of a multi-tower model (clip, siglip, whisper); the default name then ends in -TOWER.
+    fold_norm: "none", "gain" or "center": fold the norm feeding attention into W_Q, W_K (extract.norms)."""
     if source.startswith("pkg:"):
         package = source[len("pkg:"):]
         return _open_local(_package_model(package), name=name or _towered(package, tower), source=source,
-                           revision=revision, qk_norm=qk_norm, tower=tower)
+                           revision=revision, qk_norm=qk_norm, tower=tower, fold_norm=fold_norm)
     path = Path(source).expanduser()
     if path.exists():
-        return _open_local(path, name=name, source=source, revision=revision, qk_norm=qk_norm, tower=tower)
+        return _open_local(path, name=name, source=source, revision=revision, qk_norm=qk_norm, tower=tower,
+                           fold_norm=fold_norm)
     if source.startswith(("/", ".", "~")) or source.endswith(_PATH_SUFFIXES) or source.count("/") >= 2:
         raise ExtractError(f"no such file or folder: {source}")
     return _open_hub(source, name=name or _towered(source.rsplit("/", 1)[-1], tower), revision=revision,
-                     qk_norm=qk_norm, tower=tower)
+                     qk_norm=qk_norm, tower=tower, fold_norm=fold_norm)
 
 
 def _towered(name: str, tower: str | None) -> str:
@@ -173,17 +175,17 @@ def _towered(name: str, tower: str | None) -> str:
 
 
 def _open_local(path: Path, *, name: str | None, source: str, revision: str | None,
-                qk_norm: str, tower: str | None = None) -> Checkpoint:
+                qk_norm: str, tower: str | None = None, fold_norm: str = "none") -> Checkpoint:
     """A local model folder (config.json + weights) or GGUF file; names default to folder name / file stem."""
     if path.is_dir():
         from headforms.extract.hf import open_hf_folder  # torch and safetensors load only when a folder is opened
 
         return open_hf_folder(path, name=name or _towered(path.resolve().name, tower), source=source,
-                              revision=revision, qk_norm=qk_norm, tower=tower)
+                              revision=revision, qk_norm=qk_norm, tower=tower, fold_norm=fold_norm)
     if path.suffix == ".gguf":
         if tower is not None:
             raise ExtractError(f"{path}: --tower applies to Hugging Face folders with several towers, not GGUF files")
-        return open_gguf(path, name=name or path.stem, source=source, revision=revision)
+        return open_gguf(path, name=name or path.stem, source=source, revision=revision, fold_norm=fold_norm)
     raise ExtractError(f"cannot read {path}: give a model folder (config.json + weights) or a .gguf file")
 
 
@@ -208,7 +210,8 @@ def _package_model(package: str) -> Path:
     return found[0]
 
 
-def _open_hub(repo_id: str, *, name: str, revision: str | None, qk_norm: str, tower: str | None = None) -> Checkpoint:
+def _open_hub(repo_id: str, *, name: str, revision: str | None, qk_norm: str, tower: str | None = None,
+              fold_norm: str = "none") -> Checkpoint:
     """Fetch config.json and one weight format of a hub model (cache first, honouring HF_HUB_OFFLINE)
     and open the snapshot; the snapshot folder's name is the resolved commit."""
     import huggingface_hub as hub
@@ -255,7 +258,8 @@ def _open_hub(repo_id: str, *, name: str, revision: str | None, qk_norm: str, to
         raise ExtractError(f"cannot download '{repo_id}' from the Hugging Face hub: {_one_line(e)}") from None
     from headforms.extract.hf import open_hf_folder
 
-    return open_hf_folder(folder, name=name, source=repo_id, revision=folder.name, qk_norm=qk_norm, tower=tower)
+    return open_hf_folder(folder, name=name, source=repo_id, revision=folder.name, qk_norm=qk_norm, tower=tower,
+                          fold_norm=fold_norm)
 
 
 def _weight_files(repo_id: str, folder: Path, files: list[str]) -> list[str]:

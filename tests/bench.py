@@ -252,7 +252,8 @@ def _demo_run(db: Path) -> dict:
     timers.wrap(wl, "analyse_layer", "analyse")
     timers.wrap(ca, "fit_samples", "fits")
     timers.wrap(ca, "fit_families", "fits")
-    timers.wrap(ca, "reduce_forms", "reduce")
+    timers.wrap(ca, "reduce_factors", "reduce")
+    timers.wrap(ca, "distance_profiles", "distances")
     timers.wrap(ca, "spectra", "spectra")
     timers.wrap(ca, "head_statistics", "stats")
     timers.wrap(ca, "random_forms", "baseline")
@@ -303,7 +304,8 @@ def print_demo_in_process(res: dict) -> dict:
           f"  and bookkeeping; the rest of the wall ({other:.2f} s) is schema/views and the CLI around it.")
     t = res["totals"]
     print(f"  linalg in detail: reduction {t.get('reduce', 0):.2f} s, spectra {t.get('spectra', 0):.2f} s, statistics "
-          f"{t.get('stats', 0):.2f} s, random baseline {t.get('baseline', 0):.2f} s")
+          f"{t.get('stats', 0):.2f} s, random baseline {t.get('baseline', 0):.2f} s, RoPE distance profiles "
+          f"{t.get('distances', 0):.2f} s")
     return dict(split)
 
 

@@ -105,7 +105,7 @@ DAMAGE = {
         [("violation", "layer_record", G, 0, None)]),
     "an interrupted model": (  # consistent as far as it goes: a warning only
         ["UPDATE models SET complete = false WHERE model = {G}",
-         *(f"DELETE FROM {table} WHERE model = {{G}} AND layer = 1" for table in ("heads", "eigenvalues", "fits", "layers"))],
+         *(f"DELETE FROM {table} WHERE model = {{G}} AND layer = 1" for table in ("heads", "eigenvalues", "fits", "distance_profiles", "layers"))],
         [("warning", "incomplete", G, None, None)]),
     # one case per remaining clause of each check, so that no clause can be dropped unnoticed
     "break b_sym + c_sym + d_sym": (

@@ -26,9 +26,9 @@ def fake_hf(monkeypatch):
     """Stand-in for extract.hf: records how open_hf_folder was called and returns the arguments."""
     calls = []
 
-    def open_hf_folder(folder, *, name, source, revision, qk_norm="refuse", tower=None):
+    def open_hf_folder(folder, *, name, source, revision, qk_norm="refuse", tower=None, fold_norm="none"):
         calls.append(dict(folder=Path(folder), name=name, source=source, revision=revision, qk_norm=qk_norm,
-                          tower=tower))
+                          tower=tower, fold_norm=fold_norm))
         return calls[-1]
 
     module = types.ModuleType("headforms.extract.hf")
@@ -200,9 +200,9 @@ def test_gguf_path_names(tmp_path):
 
 def test_folder_dispatch(tmp_path, fake_hf):
     (tmp_path / "my-model").mkdir()
-    call = open_checkpoint(str(tmp_path / "my-model"), qk_norm="fold")
-    assert (call["folder"], call["name"], call["source"], call["qk_norm"]) == (
-        tmp_path / "my-model", "my-model", str(tmp_path / "my-model"), "fold")
+    call = open_checkpoint(str(tmp_path / "my-model"), qk_norm="fold", fold_norm="gain")
+    assert (call["folder"], call["name"], call["source"], call["qk_norm"], call["fold_norm"]) == (
+        tmp_path / "my-model", "my-model", str(tmp_path / "my-model"), "fold", "gain")
     assert open_checkpoint(str(tmp_path / "my-model"), name="x")["name"] == "x"
     call = open_checkpoint(str(tmp_path / "my-model"), tower="vision")
     assert (call["name"], call["tower"]) == ("my-model-vision", "vision")  # two towers of a folder: two models

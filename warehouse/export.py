@@ -31,6 +31,9 @@ TABLES: dict[str, tuple[str, str]] = {
                                "sigma-lambda correlation; retained and excluded heads"),
     "observations7to9_survey_ranges": (
         "survey_ranges", "Observations 7-9: min and max across models of the per-model medians"),
+    "parity_by_distance": (
+        "parity_by_distance", "RoPE models: percent of heads by parity type, median pairing and symmetric "
+                              "energy of L_delta at each relative distance delta"),
     "figure6_fit_errors": (
         "fit_errors_by_model", "Figure 6: median histogram error and KS per model, sample and family; "
                                "share of heads where each family fits best"),

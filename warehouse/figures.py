@@ -281,6 +281,38 @@ def head_types(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
             ax.legend(loc="upper left", fontsize=7, frameon=False)
     fig.suptitle("Figure 5. Sorted unit-length spectra of $S$ projected on their three leading singular directions",
                  fontsize=10)
+def parity_by_distance(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
+    """RoPE models: percent of heads of each parity type (view parity_by_distance) and median pairing
+    of L_delta against the relative distance delta (0, then a log scale)."""
+    data = _frame(con, "SELECT * FROM parity_by_distance ORDER BY model, delta")
+    models = _by_model(data)
+    fig, axes = _panel_grid(max(len(models), 1), 2, (5.2, 3.4))
+    if not models:
+        axes[0].text(0.5, 0.5, "no RoPE model in the warehouse", ha="center", va="center", fontsize=10)
+        axes[0].set_axis_off()
+    columns = {"I+": "pct_type_I_plus", "II": "pct_type_II", "I-": "pct_type_I_minus"}
+    for ax, (model, rows) in zip(axes, models):
+        delta = rows["delta"].to_numpy()
+        for kind, column in columns.items():
+            marker, colour, label = PARITY[kind]
+            ax.plot(delta, rows[column].to_numpy(), marker=marker, color=colour, label=label, lw=1.2, ms=6)
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_ylim(0, 100)
+        ax.set_xlabel(r"relative distance $\delta = i - j$", fontsize=8)
+        ax.set_ylabel("% of heads", fontsize=8)
+        ax.tick_params(labelsize=7)
+        twin = ax.twinx()
+        twin.plot(delta, rows["median_pairing"].to_numpy(), color="black", ls="--", lw=1, label="median pairing")
+        twin.set_ylim(0, 1)
+        twin.set_ylabel("median pairing", fontsize=8)
+        twin.tick_params(labelsize=7)
+        ax.set_title(f"{model} ({rows['heads'][0]} heads)", fontsize=9, loc="left")
+        handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
+        ax.legend(handles=handles, fontsize=7, loc="center left")
+    fig.suptitle(r"Parity of $L_\delta = W_K^T R(\delta) W_Q$ by relative distance (RoPE models)", fontsize=10)
+    return _save(fig, path)
+
+
 def training_dynamics(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
     """Per base model, against the training step (view dynamics_by_step): parity shares, median pairing
     and median symmetric energy, the random baseline's medians dashed."""
@@ -324,6 +356,8 @@ FIGURES: dict[str, tuple[Callable[[duckdb.DuckDBPyConnection, Path], Path], str]
         mean_spectrum, "Figure 3: mean sorted unit-length spectrum of S per model"),
     "figure05_head_types.png": (
         head_types, "Figure 5: 3-D projection of the sorted unit-length spectra of S, by parity and by k-means type"),
+    "parity_by_distance.png": (
+        parity_by_distance, "RoPE models: parity types and median pairing of L_delta by relative distance"),
     "observation2_theta.png": (
         theta_accumulation, "Observation 2: distance of each profile to Theta against its position along Theta, "
                             "trained and random heads"),

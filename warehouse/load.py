@@ -19,8 +19,9 @@ import polars as pl
 
 from headforms.compute.analysis import LayerAnalysis, analyse_layer
 from headforms.compute.bootstrap import RESAMPLES
+from headforms.compute.rotary import DEFAULT_DISTANCES, PROFILE_COLUMNS, Rotation
 from headforms.compute.statistics import PARITY_TOLERANCE, lobes
-from headforms.extract import Checkpoint
+from headforms.extract import Checkpoint, ExtractError
 from headforms.warehouse.store import WarehouseError, insert, query, transaction
 from headforms.warehouse.summaries import write_summaries
 
@@ -41,10 +42,16 @@ class LoadOptions:
     device: str = "cpu"
     force: bool = False
     resamples: int = RESAMPLES   # B of the bootstrap intervals, seeded by `seed`
+    distances: tuple[int, ...] | None = None  # RoPE: deltas of distance_profiles; None: DEFAULT_DISTANCES
 
     def __post_init__(self):
         if self.resamples < 1:
             raise ValueError(f"resamples must be at least 1, not {self.resamples}")
+        if self.distances is not None:
+            distances = tuple(sorted(set(int(d) for d in self.distances)))
+            if not distances or distances[0] < 0:
+                raise ValueError(f"distances must be non-negative integers, at least one; got {self.distances!r}")
+            object.__setattr__(self, "distances", distances)
 
 
 @dataclass
@@ -58,7 +65,8 @@ class LoadResult:
 
 # The columns a stored model's numbers depend on: a source that differs in any of them is another model.
 IDENTITY = ("revision", "architecture", "n_layers", "n_heads", "n_kv_heads", "d_model", "head_dim", "qk_norm",
-            "parity_tolerance", "baseline_seed")
+            "parity_tolerance", "baseline_seed", "fold_norm", "distances")
+TABLES = ("heads", "eigenvalues", "fits", "distance_profiles", "layers")  # per-layer rows of a model
 
 
 def load_model(con, ckpt: Checkpoint, opts: LoadOptions,
@@ -66,6 +74,7 @@ def load_model(con, ckpt: Checkpoint, opts: LoadOptions,
     """Extract every missing layer of `ckpt` into the warehouse; on_layer(layer, heads) reports each layer written."""
     start = time.perf_counter()
     name, spec = ckpt.name, ckpt.spec
+    deltas(spec, opts)  # refuses distances a RoPE model's conventions do not allow, before any write
     record = _model_record(ckpt, opts)
     old = query(con, f"SELECT {', '.join(IDENTITY)}, complete FROM models WHERE model = ?", [name])
     if old.height:
@@ -106,11 +115,24 @@ def load_model(con, ckpt: Checkpoint, opts: LoadOptions,
             if created:
                 _delete_model(con, name)
             elif written:
-                for table in ("heads", "eigenvalues", "fits", "layers"):
+                for table in TABLES:
                     con.execute(f"DELETE FROM {table} WHERE model = ? AND list_contains(?, layer)", [name, written])
         raise
     status = "resumed" if done or not created else "extracted"
     return LoadResult(name, status, len(written), len(written) * spec.n_heads, time.perf_counter() - start)
+
+
+def deltas(spec, opts: LoadOptions) -> tuple[int, ...] | None:
+    """The distances of a model's distance_profiles: None without RoPE; by default DEFAULT_DISTANCES, or
+    only 0 where its RoPE is refused beyond 0 (the reason is in models.config); asked-for ones are checked."""
+    if spec.rope is None:
+        return None
+    if spec.rope.refusal is None:
+        return opts.distances or DEFAULT_DISTANCES
+    if opts.distances not in (None, (0,)):
+        raise ExtractError(f"RoPE beyond distance 0 is not computed for this {spec.architecture} checkpoint: "
+                           f"{spec.rope.refusal}; pass --distances 0")
+    return (0,)
 
 
 def _write_model(con, ckpt, opts, record, on_layer) -> None:
@@ -124,7 +146,7 @@ def _write_model(con, ckpt, opts, record, on_layer) -> None:
 
 
 def _delete_model(con, name: str) -> None:
-    for table in ("heads", "eigenvalues", "fits", "layers", "models", "intervals", "head_types"):
+    for table in (*TABLES, "intervals", "head_types", "models"):
         con.execute(f"DELETE FROM {table} WHERE model = ?", [name])
 
 
@@ -133,8 +155,10 @@ def _write_layer(con, ckpt: Checkpoint, opts: LoadOptions, layer: int) -> None:
     t0 = time.perf_counter()
     wq, wk = ckpt.read_layer(layer)
     spec = ckpt.spec
+    rotation = Rotation.of(spec.rope.pairing, spec.rope.frequencies) if spec.rope is not None else None
     analysis = analyse_layer(wq, wk, spec.kv_index, layer=layer, seed=opts.seed,
-                             parity_tolerance=opts.parity_tolerance, device=opts.device)
+                             parity_tolerance=opts.parity_tolerance, device=opts.device,
+                             rotation=rotation, deltas=deltas(spec, opts))
     del wq, wk
     for table, frame in layer_frames(ckpt.name, layer, spec.kv_index, spec.head_dim, analysis).items():
         insert(con, table, frame)
@@ -151,7 +175,9 @@ def _model_record(ckpt: Checkpoint, opts: LoadOptions) -> dict:
         "architecture": spec.architecture, "positional_encoding": spec.positional,
         "n_layers": spec.n_layers, "n_heads": spec.n_heads, "n_kv_heads": spec.n_kv_heads,
         "d_model": spec.d_model, "head_dim": spec.head_dim, "score_scale": spec.score_scale,
-        "qk_norm": spec.qk_norm, "config": json.dumps(spec.config, default=str),
+        "qk_norm": spec.qk_norm, "fold_norm": spec.fold_norm,
+        "distances": list(deltas(spec, opts)) if spec.rope is not None else None,
+        "config": json.dumps(spec.config | ({"rope": spec.rope.describe()} if spec.rope else {}), default=str),
         "parity_tolerance": opts.parity_tolerance, "baseline_seed": opts.seed,
         "tool_version": tool_version(), "base_model": ckpt.base_model, "training_step": ckpt.training_step,
         "extracted_at": datetime.now(timezone.utc).replace(tzinfo=None), "complete": False,
@@ -197,7 +223,15 @@ def layer_frames(model: str, layer: int, kv_index: np.ndarray, head_dim: int,
     ]
     fits = pl.concat(fit_parts).with_columns(pl.lit(model).alias("model"), pl.lit(layer).alias("layer"),
                                              pl.col("n").cast(pl.Int32))
-    return {"heads": _frame(head_cols), "eigenvalues": eigen, "fits": fits}
+    frames = {"heads": _frame(head_cols), "eigenvalues": eigen, "fits": fits}
+    if analysis.distances is not None:
+        dist = analysis.distances
+        frames["distance_profiles"] = _frame({
+            "model": model, "layer": layer, "head": np.tile(heads, len(dist["delta"])),
+            "delta": dist["delta"].ravel(),
+            **{k: pl.Series(k, dist[k].ravel(), dtype=pl.Utf8) if k == "parity" else dist[k].ravel()
+               for k in PROFILE_COLUMNS}})
+    return frames
 
 
 def _lobe(values: np.ndarray, count: np.ndarray) -> np.ndarray:

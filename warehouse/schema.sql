@@ -142,3 +142,21 @@ CREATE TABLE IF NOT EXISTS head_types (
     silhouette DOUBLE NOT NULL,
     PRIMARY KEY (model, layer, head)
 );
+-- RoPE models: the statistics of L_delta = W_K^T R(delta) W_Q at each relative distance delta = i - j
+-- (query position minus key position) of models.distances; delta = 0 is the heads row's L.
+CREATE TABLE IF NOT EXISTS distance_profiles (
+    model            VARCHAR NOT NULL,
+    layer            INTEGER NOT NULL,
+    head             INTEGER NOT NULL,
+    delta            INTEGER NOT NULL,
+    frobenius        DOUBLE,    -- ||L_delta||
+    symmetric_energy DOUBLE,
+    a DOUBLE, b DOUBLE, c DOUBLE, d DOUBLE,
+    parity           VARCHAR,   -- 'I+', 'II', 'I-' at the model's parity_tolerance
+    pairing          DOUBLE,
+    PRIMARY KEY (model, layer, head, delta)
+);
+
+-- Columns added after the first release (old warehouses gain them when opened for writing).
+ALTER TABLE models ADD COLUMN IF NOT EXISTS fold_norm VARCHAR;     -- NULL, 'gain' or 'center' (--fold-norm)
+ALTER TABLE models ADD COLUMN IF NOT EXISTS distances INTEGER[];   -- RoPE: the deltas of distance_profiles

@@ -110,10 +110,12 @@ def create_views(con: duckdb.DuckDBPyConnection, temporary: bool = False) -> Non
             for file in pending:
                 try:
                     con.execute(f"CREATE OR REPLACE {kind} {file.stem} AS {file.read_text()}")
-                except (duckdb.CatalogException, duckdb.BinderException):
+                except (duckdb.CatalogException, duckdb.BinderException):  # a table, column or view not there yet
                     failed.append(file)
-            if len(failed) == len(pending):  # raises the real error
-                con.execute(f"CREATE OR REPLACE {kind} {failed[0].stem} AS {failed[0].read_text()}")
+            if len(failed) == len(pending):
+                if temporary:  # a read-only warehouse of an earlier version lacks these views' tables or columns
+                    return
+                con.execute(f"CREATE OR REPLACE {kind} {failed[0].stem} AS {failed[0].read_text()}")  # the error
             pending = failed
 
 

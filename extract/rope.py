@@ -1,0 +1,97 @@
+"""A checkpoint's rotary position embedding, as the rows of its Q/K maps are stored: base (theta),
+rotated dimensions, pairing of the rows, scaling, and the resulting angular frequencies.
+
+compute.rotary builds R(delta) from a `Rope`; this module only reads the conventions. Scalings
+that are not implemented, or that do not make the score bilinear at a fixed distance, leave the
+frequencies empty and say why in `refusal` (extract then accepts only --distances 0).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+DEFAULT_THETA = 10000.0
+SCALINGS = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class Rope:
+    """RoPE of a checkpoint: rotated coordinates `rotary_dims` (the leading ones of each head) paired
+    `pairing` ('split-half' or 'interleaved'), `frequencies` in radians per position (one per pair)."""
+
+    theta: float
+    rotary_dims: int
+    pairing: str
+    scaling: str
+    frequencies: tuple[float, ...] = ()
+    refusal: str | None = None  # why L_delta at delta != 0 is not computed for this checkpoint
+
+    def describe(self) -> dict:
+        """The description recorded in models.config (rope)."""
+        return {"theta": self.theta, "rotary_dims": self.rotary_dims, "pairing": self.pairing,
+                "scaling": self.scaling, "refusal": self.refusal}
+
+
+def _base_frequencies(theta: float, dims: int) -> np.ndarray:
+    """theta^(-2i/d), i < d/2: the unscaled RoPE frequencies."""
+    return theta ** -(np.arange(0, dims, 2, dtype=np.float64) / dims)
+
+
+def _llama3(freq: np.ndarray, params: dict) -> np.ndarray:
+    """Llama 3.1's scaling: long wavelengths divided by `factor`, short ones kept, a smooth ramp between."""
+    factor, low, high = float(params["factor"]), float(params["low_freq_factor"]), float(params["high_freq_factor"])
+    context = float(params["original_max_position_embeddings"])
+    wavelength = 2 * math.pi / freq
+    smooth = (context / wavelength - low) / (high - low)
+    ramped = (1 - smooth) * freq / factor + smooth * freq
+    return np.where(wavelength > context / low, freq / factor, np.where(wavelength < context / high, freq, ramped))
+
+
+def rope(theta: float, rotary_dims: int, pairing: str, scaling: str = "default", params: dict | None = None,
+         refusal: str | None = None) -> Rope:
+    """A Rope with its frequencies, or with a refusal for a scaling not implemented."""
+    if refusal is None and rotary_dims % 2:
+        refusal = f"an odd number of rotary dimensions ({rotary_dims})"
+    if refusal is None and scaling not in SCALINGS:
+        refusal = (f"RoPE scaling '{scaling}' is not implemented (implemented: {', '.join(SCALINGS)})"
+                   + ("; dynamic NTK changes the frequencies with the sequence length" if "dynamic" in scaling else ""))
+    if refusal is not None:
+        return Rope(theta, rotary_dims, pairing, scaling, (), refusal)
+    freq = _base_frequencies(theta, rotary_dims)
+    if scaling == "linear":
+        freq = freq / float((params or {})["factor"])
+    elif scaling == "llama3":
+        freq = _llama3(freq, params or {})
+    return Rope(theta, rotary_dims, pairing, scaling, tuple(float(f) for f in freq))
+
+
+def hf_rope(settings: list[dict], config: dict, head_dim: int, fraction: float, pairing: str = "split-half") -> Rope:
+    """RoPE of a Hugging Face config over the first fraction of each head: rotate_half pairs (split-half),
+    or adjacent pairs (interleaved: GPT-J's rotate_every_two, Cohere)."""
+    dims = int(head_dim * fraction)
+    distinct = {tuple(sorted((k, str(v)) for k, v in s.items())) for s in settings}
+    params = settings[0] if settings else {}
+    theta = float(params.get("rope_theta") or config.get("rope_theta") or config.get("rotary_emb_base")
+                  or DEFAULT_THETA)
+    scaling = params.get("rope_type", params.get("type")) or "default"
+    refusal = None
+    if len(distinct) > 1:
+        refusal = "the layers use different RoPE settings (layer_types), which are not implemented"
+    elif config.get("rope_local_base_freq") is not None:
+        refusal = "sliding-window layers use another RoPE base (rope_local_base_freq), which is not implemented"
+    return rope(theta, dims, pairing, scaling, params, refusal)
+
+
+def gguf_rope(meta: dict, arch: str, head_dim: int, pairing: str, tensor_names) -> Rope:
+    """RoPE of a GGUF file from its metadata ({arch}.rope.*) and the pairing its rows are stored in."""
+    theta = float(meta.get(f"{arch}.rope.freq_base", DEFAULT_THETA))
+    dims = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
+    scaling = str(meta.get(f"{arch}.rope.scaling.type", "none"))
+    refusal = None
+    if "rope_freqs.weight" in tensor_names:
+        refusal = "per-frequency factors (tensor rope_freqs.weight) are not implemented"
+    if scaling == "none":
+        return rope(theta, dims, pairing, "default", refusal=refusal)
+    return rope(theta, dims, pairing, scaling, {"factor": meta.get(f"{arch}.rope.scaling.factor", 1.0)}, refusal)

@@ -1,0 +1,27 @@
+-- A model beside the same weights extracted with --fold-norm (same revision, architecture and qk_norm;
+-- store both with --name): medians, parity shares, and the heads whose parity type changes.
+SELECT
+    plain.model                                                              AS model,
+    folded.model                                                             AS folded_model,
+    folded.fold_norm                                                         AS fold_norm,
+    count(*)                                                                 AS heads,
+    median(p.symmetric_energy)                                               AS median_symmetric_energy,
+    median(f.symmetric_energy)                                               AS folded_median_symmetric_energy,
+    median(p.pairing)                                                        AS median_pairing,
+    median(f.pairing)                                                        AS folded_median_pairing,
+    round(100 * count(*) FILTER (WHERE p.parity = 'I+') / count(*), 1)       AS pct_type_I_plus,
+    round(100 * count(*) FILTER (WHERE f.parity = 'I+') / count(*), 1)       AS folded_pct_type_I_plus,
+    round(100 * count(*) FILTER (WHERE p.parity = 'II') / count(*), 1)       AS pct_type_II,
+    round(100 * count(*) FILTER (WHERE f.parity = 'II') / count(*), 1)       AS folded_pct_type_II,
+    round(100 * count(*) FILTER (WHERE p.parity = 'I-') / count(*), 1)       AS pct_type_I_minus,
+    round(100 * count(*) FILTER (WHERE f.parity = 'I-') / count(*), 1)       AS folded_pct_type_I_minus,
+    round(100 * count(*) FILTER (WHERE p.parity IS DISTINCT FROM f.parity) / count(*), 1) AS pct_parity_changed
+FROM models plain
+JOIN models folded
+  ON folded.revision = plain.revision AND folded.architecture = plain.architecture
+ AND folded.qk_norm IS NOT DISTINCT FROM plain.qk_norm
+ AND plain.fold_norm IS NULL AND folded.fold_norm IS NOT NULL
+JOIN heads p ON p.model = plain.model
+JOIN heads f ON f.model = folded.model AND f.layer = p.layer AND f.head = p.head
+GROUP BY plain.model, folded.model, folded.fold_norm
+ORDER BY plain.model, folded.model
