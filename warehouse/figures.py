@@ -281,6 +281,9 @@ def head_types(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
             ax.legend(loc="upper left", fontsize=7, frameon=False)
     fig.suptitle("Figure 5. Sorted unit-length spectra of $S$ projected on their three leading singular directions",
                  fontsize=10)
+    return _save(fig, path)
+
+
 def parity_by_distance(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
     """RoPE models: percent of heads of each parity type (view parity_by_distance) and median pairing
     of L_delta against the relative distance delta (0, then a log scale)."""
