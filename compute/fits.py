@@ -215,13 +215,13 @@ def _quality(family, x, valid, n, p, q, scale):
     return loglik, ks, hist_error
 
 
-def _limit_laws(logs, valid, n):
+def _limit_laws(x, logs, valid, n):
     """Maximum-likelihood (beta, b) of the gengamma's power-function limit (b = max x) and of its
-    Pareto limit (b = min x), beta = n / sum |log(x / b)|."""
+    Pareto limit (b = min x), beta = n / sum |log(x / b)|; b is a sample value, so x / b is exactly 1 there."""
     laws = {}
     for name, pick, pad in (("powerlaw", np.max, -np.inf), ("pareto", np.min, np.inf)):
-        lb = pick(np.where(valid, logs, pad), axis=1)
-        laws[name] = (n / np.where(valid, np.abs(logs - lb[:, None]), 0.0).sum(1), np.exp(lb))
+        b = pick(np.where(valid, x, pad), axis=1)
+        laws[name] = (n / np.where(valid, np.abs(logs - np.log(b)[:, None]), 0.0).sum(1), b)
     return laws
 
 
@@ -271,7 +271,7 @@ def fit_families(x: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
         }
         quality = {f: _quality(f, x, valid, n, p, q, scale) for f, (p, q, scale) in params.items()}
         limits = [quality["lognormal"]] + [_quality(law, x, valid, n, beta, nan, b)
-                                           for law, (beta, b) in _limit_laws(logs, valid, n).items()]
+                                           for law, (beta, b) in _limit_laws(x, logs, valid, n).items()]
         best = np.argmax(np.stack([lim[0] for lim in limits]), axis=0)
         sup = [np.choose(best, [lim[j] for lim in limits]) for j in range(3)]
         limit_wins = ~(quality["gengamma"][0] > sup[0])  # a limit law is at least as likely
