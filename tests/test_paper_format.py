@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from polars.testing import assert_frame_equal
 
 from headforms import cli
+from headforms.warehouse import figures
 from headforms.warehouse.export import PAPER_FOLDER, PAPER_FORMAT
 from headforms.warehouse.store import connect, create_schema
 
@@ -34,21 +35,28 @@ RENAMED = {"SmolLM2-135M": "Mistral-Small-24B-Base", "all-MiniLM-L6-v2": "bloom-
 
 @pytest.fixture(scope="module")
 def warehouse(demo_db, tmp_path_factory):
-    """A copy of the demo warehouse with its models renamed (RENAMED), and its tables as polars frames."""
+    """A copy of the demo warehouse with its models renamed (RENAMED) and one head made unbalanced
+    (63 positive, 64 negative eigenvalues), and its tables as polars frames."""
     path = tmp_path_factory.mktemp("paper") / "w.duckdb"
     shutil.copy(demo_db, path)
     with duckdb.connect(str(path)) as con:
         for old, new in RENAMED.items():
-            for table in ("models", "layers", "heads", "eigenvalues", "fits"):
+            for table in ("models", "layers", "heads", "fits"):  # the paper-format views read no eigenvalues
                 con.execute(f"UPDATE {table} SET model = ? WHERE model = ?", [new, old])
+        con.execute("UPDATE heads SET n_pos = n_pos - 1, n_zero = n_zero + 1, balanced = false "
+                    "WHERE model = 'Mistral-Small-24B-Base' AND layer = 7 AND head = 3")
         tables = {t: con.sql(f"select * from {t}").pl() for t in ("models", "heads", "fits")}
     return path, tables
 
 
 @pytest.fixture(scope="module")
 def exported(warehouse, tmp_path_factory):
+    """`headforms export --paper-format` of that warehouse; the figures (tested in test_export) are not drawn."""
     out = tmp_path_factory.mktemp("paper_out")
-    result = CliRunner().invoke(cli.main, ["export", "--db", str(warehouse[0]), "--out", str(out), "--paper-format"])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(figures, "draw_all", lambda con, out_dir: [])
+        result = CliRunner().invoke(cli.main, ["export", "--db", str(warehouse[0]), "--out", str(out),
+                                               "--paper-format"])
     assert result.exit_code == 0, result.output
     return out / PAPER_FOLDER
 
@@ -95,7 +103,7 @@ def test_head_statistics(exported, warehouse):
     ).sort(pl.col("model").replace_strict({"bloom-3b": 0, "Mistral-Small-24B-Base": 1}), "layer", "head")
     actual = read(exported, "head_statistics.csv")
     assert_frame_equal(actual, expected.select(actual.columns), check_dtypes=False, rel_tol=0, abs_tol=0)
-    assert (actual["balance"] == 1.0).all()  # every demo head is balanced
+    assert sorted(set(actual["balance"])) == [1 - 1 / 127, 1.0]  # the one unbalanced head
 
 
 def test_spectral_geometry(exported, warehouse):
