@@ -141,7 +141,7 @@ def test_spectral_geometry_uses_ok_fits_only(demo_db, tmp_path):
                     "AND model = 'SmolLM2-135M'")
     with connect(path, read_only=True) as con:
         row = con.sql("select * from spectral_geometry where model = 'SmolLM2-135M' and layer = 3 and head = 2").pl()
-        other = con.execute("select count(*) from spectral_geometry where tau is null").fetchone()[0]
+        other = con.execute("select count(*) from spectral_geometry where tau is null").fetchall()[0][0]
     assert row["tau"].is_null().all() and row["k_T"].is_null().all() and not row["retained"].item()
     assert row["nu"].is_not_null().all() and other >= 1
 

@@ -67,7 +67,7 @@ def _refuse_outdated(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     """A warehouse from before fit status (fits without a status column) is closed and refused: its fits
     cannot say which are estimates, and this version's views need the column."""
     current = con.execute("SELECT bool_or(column_name = 'status') FROM information_schema.columns "
-                          "WHERE table_schema = 'main' AND table_name = 'fits'").fetchone()[0]
+                          "WHERE table_schema = 'main' AND table_name = 'fits'").fetchall()[0][0]
     if current is False:
         con.close()
         raise WarehouseError(f"{path} was built by an older headforms (its fits have no status): "
