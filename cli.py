@@ -219,14 +219,17 @@ def status(db, fmt, wait):
 @db_option(read_only=True)
 @click.option("--out", "out_dir", default="export", show_default=True, type=click.Path(file_okay=False),
               help="Folder for the tables (CSV and Parquet), figures (PNG) and index.csv.")
-def export(db, out_dir):
+@click.option("--paper-format", is_flag=True,
+              help="Also write head_statistics.csv, spectral_geometry.csv, gamma_goodness_of_fit.csv and "
+                   "gamma_goodness_of_fit_summary.csv in the format of the paper's published survey files.")
+def export(db, out_dir, paper_format):
     """Write the paper's tables (CSV, Parquet) and figures (PNG), named after the table or figure they are."""
     from headforms.warehouse.export import export as export_all
     from headforms.warehouse.store import connect
 
     con = connect(db, read_only=True)
     try:
-        written = export_all(con, out_dir)
+        written = export_all(con, out_dir, paper_format=paper_format)
     finally:
         con.close()
     click.echo(f"{len(written)} files written to {out_dir} (index.csv lists what each one is)")

@@ -3,11 +3,27 @@ generalized gamma to many small positive samples at once, with fit-quality stati
 
 Every routine works on all rows together (NaN-padded to a common length); the only Python
 loops are over a bounded number of Newton/bisection iterations and the 70 gengamma grid powers.
+
+Fit status. A fit is `ok` when its likelihood has an interior maximum, `failed` when the sample
+cannot be fitted (fewer than 3 values, a non-positive or non-finite value, all values equal), and
+`boundary` when the likelihood is maximised only in a limit at the edge of the parameter space.
+Gamma, lognormal and Weibull maxima are always interior. The generalized gamma has three limit
+laws at the edge of its space (a, c, scale): the lognormal (a -> inf, c -> 0), and with a -> 0,
+|c| -> inf, a c -> beta, the power-function law beta x^(beta-1) / b^beta on (0, b] (c > 0) and the
+Pareto law beta b^beta / x^(beta+1) on [b, inf) (c < 0) (scipy's powerlaw(beta, scale=b) and
+pareto(beta, scale=b); maximum likelihood: b = max x, resp. min x, beta = n / sum |log(x / b)|).
+Rule: the gengamma fit is `boundary` when the most likely of these limit laws is at least as likely
+as the best interior point found (the profile search over c, |c| std(log x) in [1e-2, 1e4]): the
+supremum of the likelihood is then that limit's, approached but not attained. A boundary fit stores
+the limit law's log-likelihood (the supremum), KS distance and histogram error; its shape, shape2,
+scale and mode are NaN, since they are not estimates.
 """
 import numpy as np
 from scipy import special as sc
 
 FAMILIES = ("gamma", "lognormal", "weibull", "gengamma")
+N_PARAMS = {"gamma": 2, "lognormal": 2, "weibull": 2, "gengamma": 3}  # free parameters, location fixed at 0
+STATUSES = ("ok", "boundary", "failed")
 HIST_BINS = 20
 # Profile-likelihood search for the gengamma power c, in units of 1 / std(log x) (Weibull's
 # c is about 1.28 of them): log-spaced, both signs, from near-lognormal (a ~ 1e4) to a ~ 1e-4.
@@ -125,6 +141,10 @@ def _std_logpdf(family, z, p, q):
         return -np.log(z) ** 2 / (2.0 * p**2) - np.log(p * z) - _LOG_SQRT_2PI
     if family == "weibull":
         return np.log(p) + sc.xlogy(p - 1.0, z) - z**p
+    if family == "powerlaw":
+        return np.where(z <= 1.0, np.log(p) + sc.xlogy(p - 1.0, z), -np.inf)
+    if family == "pareto":
+        return np.where(z >= 1.0, np.log(p) - sc.xlogy(p + 1.0, z), -np.inf)
     return np.log(np.abs(q)) + sc.xlogy(q * p - 1.0, z) - z**q - sc.gammaln(p)
 
 
@@ -136,6 +156,10 @@ def _std_cdf(family, z, p, q):
         return sc.ndtr(np.log(z) / p)
     if family == "weibull":
         return -sc.expm1(-(z**p))
+    if family == "powerlaw":
+        return np.minimum(z, 1.0) ** p
+    if family == "pareto":
+        return 1.0 - np.maximum(z, 1.0) ** -p
     return np.where(q > 0, sc.gammainc(p, z**q), sc.gammaincc(p, z**q))
 
 
@@ -191,11 +215,23 @@ def _quality(family, x, valid, n, p, q, scale):
     return loglik, ks, hist_error
 
 
+def _limit_laws(x, logs, valid, n):
+    """Maximum-likelihood (beta, b) of the gengamma's power-function limit (b = max x) and of its
+    Pareto limit (b = min x), beta = n / sum |log(x / b)|; b is a sample value, so x / b is exactly 1 there."""
+    laws = {}
+    for name, pick, pad in (("powerlaw", np.max, -np.inf), ("pareto", np.min, np.inf)):
+        b = pick(np.where(valid, x, pad), axis=1)
+        laws[name] = (n / np.where(valid, np.abs(logs - np.log(b)[:, None]), 0.0).sum(1), b)
+    return laws
+
+
 def fit_families(x: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
     """x: (M, m) float64; each row one sample; NaN entries are missing (samples of unequal length are NaN-padded).
-    Returns {family: {"shape", "shape2", "scale", "mode", "loglik", "ks", "hist_error", "n"}} with arrays of shape (M,).
-    shape: gamma k / lognormal s / weibull_min c / gengamma a; shape2: gengamma c, NaN for the others; scale: scipy's scale.
-    Rows with fewer than 3 valid values, or any non-positive/non-finite valid value, give NaN everywhere (n still reported)."""
+    Returns {family: {"shape", "shape2", "scale", "mode", "loglik", "ks", "hist_error", "aic", "bic", "n", "status"}}
+    with arrays of shape (M,). shape: gamma k / lognormal s / weibull_min c / gengamma a; shape2: gengamma c, NaN for
+    the others; scale: scipy's scale; aic = 2k - 2 loglik, bic = k ln(n) - 2 loglik with k = N_PARAMS[family];
+    status: 'ok', 'boundary' or 'failed' (module docstring). Rows with fewer than 3 valid values, any
+    non-positive/non-finite valid value, or all values equal are 'failed', NaN everywhere (n still reported)."""
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 2:
         raise ValueError(f"expected an (M, m) array, got shape {x.shape}")
@@ -206,10 +242,11 @@ def fit_families(x: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
         good = np.all(~present | ((x > 0) & (x < np.inf)), axis=1) & (n_all >= 3)
         good &= np.max(np.where(present, x, -np.inf), 1) > np.min(np.where(present, x, np.inf), 1)
         out = {f: {k: np.full(M, np.nan) for k in ("shape", "shape2", "scale", "mode",
-                                                    "loglik", "ks", "hist_error")}
+                                                    "loglik", "ks", "hist_error", "aic", "bic")}
                for f in FAMILIES}
         for f in FAMILIES:
             out[f]["n"] = n_all.copy()
+            out[f]["status"] = np.where(good, "ok", "failed").astype("<U8")
         if not good.any():
             return out
 
@@ -232,10 +269,22 @@ def fit_families(x: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
             "weibull": (c_w, nan, np.exp(log_scale_w)),
             "gengamma": (a_g[:, 0], c_g, np.exp(log_scale_g[:, 0])),
         }
+        quality = {f: _quality(f, x, valid, n, p, q, scale) for f, (p, q, scale) in params.items()}
+        limits = [quality["lognormal"]] + [_quality(law, x, valid, n, beta, nan, b)
+                                           for law, (beta, b) in _limit_laws(x, logs, valid, n).items()]
+        best = np.argmax(np.stack([lim[0] for lim in limits]), axis=0)
+        sup = [np.choose(best, [lim[j] for lim in limits]) for j in range(3)]
+        limit_wins = ~(quality["gengamma"][0] > sup[0])  # a limit law is at least as likely
+        quality["gengamma"] = [np.where(limit_wins, s, q) for s, q in zip(sup, quality["gengamma"])]
+        boundary = {f: limit_wins if f == "gengamma" else np.zeros(len(x), bool) for f in FAMILIES}
         for f, (p, q, scale) in params.items():
-            loglik, ks, hist_error = _quality(f, x, valid, n, p, q, scale)
-            fields = {"shape": p, "shape2": q, "scale": scale, "mode": _mode(f, p, q, scale),
-                      "loglik": loglik, "ks": ks, "hist_error": hist_error}
+            loglik, ks, hist_error = quality[f]
+            edge = boundary[f]
+            fields = {"shape": p, "shape2": q, "scale": scale, "mode": _mode(f, p, q, scale)}
+            fields = {key: np.where(edge, np.nan, value) for key, value in fields.items()}
+            fields |= {"loglik": loglik, "ks": ks, "hist_error": hist_error,
+                       "aic": 2.0 * N_PARAMS[f] - 2.0 * loglik, "bic": N_PARAMS[f] * np.log(n) - 2.0 * loglik}
             for key, value in fields.items():
                 out[f][key][good] = value
+            out[f]["status"][np.flatnonzero(good)[edge]] = "boundary"
     return out

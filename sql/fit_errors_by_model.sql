@@ -1,12 +1,30 @@
--- Figure 6: per model, sample and family, the median histogram error and KS distance, and the
--- share of heads where the family fits best by histogram error (the paper's text) and by
--- log-likelihood (the published code).
-WITH ranked AS (
+-- Figure 6: per model, sample and family, the median histogram error and KS distance, and the share
+-- of heads where the family fits best by histogram error (the paper's text), by log-likelihood (the
+-- published code), and by AIC and BIC (which charge the generalized gamma its third parameter, so
+-- that nested families of different size can be compared; statistics.md section 7).
+-- Best: the smallest histogram error, AIC or BIC, the largest log-likelihood, among the head's fits
+-- where it is defined (a failed fit has none; a boundary fit counts with its limit law's values).
+-- Tie rule: where t families tie exactly for best, each is credited 1/t of the head, so the shares
+-- of a model and sample add up to one and no family wins a tie by its name.
+WITH best AS (
     SELECT
         *,
-        row_number() OVER (PARTITION BY model, layer, head, sample ORDER BY hist_error ASC NULLS LAST, family) AS rank_hist,
-        row_number() OVER (PARTITION BY model, layer, head, sample ORDER BY loglik DESC NULLS LAST, family)   AS rank_loglik
+        hist_error = min(hist_error) OVER head AS best_hist,
+        loglik = max(loglik) OVER head         AS best_loglik,
+        aic = min(aic) OVER head               AS best_aic,
+        bic = min(bic) OVER head               AS best_bic
     FROM fits
+    WINDOW head AS (PARTITION BY model, layer, head, sample)
+),
+credit AS (
+    SELECT
+        *,
+        coalesce(best_hist::DOUBLE / sum(best_hist::INT) OVER head, 0)     AS credit_hist,
+        coalesce(best_loglik::DOUBLE / sum(best_loglik::INT) OVER head, 0) AS credit_loglik,
+        coalesce(best_aic::DOUBLE / sum(best_aic::INT) OVER head, 0)       AS credit_aic,
+        coalesce(best_bic::DOUBLE / sum(best_bic::INT) OVER head, 0)       AS credit_bic
+    FROM best
+    WINDOW head AS (PARTITION BY model, layer, head, sample)
 )
 SELECT
     model,
@@ -15,8 +33,12 @@ SELECT
     count(*)                                   AS heads,
     median(hist_error)                         AS median_hist_error,
     median(ks)                                 AS median_ks,
-    avg((rank_hist = 1 AND hist_error IS NOT NULL)::INT) AS share_best_hist_error,
-    avg((rank_loglik = 1 AND loglik IS NOT NULL)::INT)   AS share_best_loglik
-FROM ranked
+    avg(credit_hist)                           AS share_best_hist_error,
+    avg(credit_loglik)                         AS share_best_loglik,
+    avg(credit_aic)                            AS share_best_aic,
+    avg(credit_bic)                            AS share_best_bic,
+    count(*) FILTER (WHERE status = 'boundary') AS boundary_fits,
+    count(*) FILTER (WHERE status = 'failed')   AS failed_fits
+FROM credit
 GROUP BY model, sample, family
 ORDER BY model, sample, family

@@ -1,6 +1,7 @@
 -- Per head, from the gamma fits (statistics.md section 4): nu = mode of lambda_+,
 -- mu = minus the mode of lambda_-, tau = mode of sigma(T), and the shapes k_plus,
--- k_minus, k_T. A head is retained for the ratios when all three modes exist.
+-- k_minus, k_T. A head is retained for the ratios when all three modes exist. Only 'ok' fits give
+-- modes and shapes (a boundary or failed fit has no estimates; statistics.md section 7).
 WITH gamma AS (
     SELECT
         model, layer, head,
@@ -11,7 +12,7 @@ WITH gamma AS (
         any_value(shape) FILTER (WHERE sample = 'S_neg') AS k_minus,
         any_value(shape) FILTER (WHERE sample = 'T')     AS k_T
     FROM fits
-    WHERE family = 'gamma'
+    WHERE family = 'gamma' AND status = 'ok'
     GROUP BY model, layer, head
 )
 SELECT

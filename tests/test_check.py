@@ -85,6 +85,26 @@ DAMAGE = {
     "delete a fit row": (
         ["DELETE FROM fits WHERE model = {G} AND layer = 0 AND head = 3 AND sample = 'S_neg' AND family = 'weibull'"],
         [("violation", "fits", G, 0, 3)]),
+    "a boundary fit with parameters": (
+        ["UPDATE fits SET status = 'boundary' WHERE model = {M} AND layer = 1 AND head = 2 AND sample = 'T' "
+         "AND family = 'gengamma'"],
+        [("violation", "fit_status", M, 1, 2)]),
+    "a boundary gamma fit": (
+        ["UPDATE fits SET status = 'boundary', shape = NULL, scale = NULL, mode = NULL WHERE model = {G} "
+         "AND layer = 0 AND head = 1 AND sample = 'S_pos' AND family = 'gamma'"],
+        [("violation", "fit_status", G, 0, 1)]),
+    "an ok fit without parameters": (
+        ["UPDATE fits SET shape = NULL WHERE model = {M} AND layer = 4 AND head = 0 AND sample = 'L_abs' "
+         "AND family = 'weibull'"],
+        [("violation", "fit_status", M, 4, 0)]),
+    "aic off its formula": (
+        ["UPDATE fits SET aic = aic + 2 WHERE model = {M} AND layer = 0 AND head = 9 AND sample = 'S_neg' "
+         "AND family = 'lognormal'"],
+        [("violation", "fit_status", M, 0, 9)]),
+    "unknown status": (
+        ["UPDATE fits SET status = 'fine' WHERE model = {G} AND layer = 1 AND head = 0 AND sample = 'T' "
+         "AND family = 'gamma'"],
+        [("violation", "fit_status", G, 1, 0)]),
     "insert orphans": (
         ["INSERT INTO heads SELECT * REPLACE ('ghost' AS model) FROM heads WHERE model = {G} AND layer = 0 AND head = 0",
          "INSERT INTO eigenvalues SELECT * REPLACE ('ghost' AS model) FROM eigenvalues WHERE model = {G} AND head = 0",

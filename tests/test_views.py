@@ -33,7 +33,8 @@ def nulls_db(demo_db, tmp_path_factory):
                             n_zero_ambient = (SELECT d_model FROM models m WHERE m.model = heads.model)
                         WHERE {where}""")
         con.execute(f"""UPDATE fits SET shape = NULL, shape2 = NULL, scale = NULL, mode = NULL, loglik = NULL,
-                            ks = NULL, hist_error = NULL, n = 0 WHERE {where}""")
+                            ks = NULL, hist_error = NULL, aic = NULL, bic = NULL, n = 0, status = 'failed'
+                        WHERE {where}""")
     return path
 
 
@@ -74,7 +75,7 @@ def parity_percents(column: str = "parity") -> dict[str, pl.Expr]:
 
 def spectral_geometry(tables) -> pl.DataFrame:
     """spectral_geometry recomputed: gamma-fit modes and shapes per head, then the ratios."""
-    gamma = tables["fits"].filter(pl.col("family") == "gamma")
+    gamma = tables["fits"].filter((pl.col("family") == "gamma") & (pl.col("status") == "ok"))
 
     def pick(column: str, sample: str) -> pl.Expr:
         return pl.col(column).filter(pl.col("sample") == sample).first()
@@ -181,25 +182,41 @@ def test_survey_ranges(con, tables):
 
 def test_fit_errors_by_model(con, tables):
     head = ["model", "layer", "head", "sample"]
+
+    def credit(best: pl.Expr) -> pl.Expr:
+        """1/t for each of the t families tied for best at a head, 0 for the others."""
+        best = best.fill_null(False)
+        return pl.when(best).then(1.0 / best.sum().over(head)).otherwise(0.0)
+
     fits = tables["fits"].with_columns(
-        best_hist=(pl.col("hist_error") == pl.col("hist_error").min().over(head)).fill_null(False),
-        best_loglik=(pl.col("loglik") == pl.col("loglik").max().over(head)).fill_null(False))
+        best_hist=credit(pl.col("hist_error") == pl.col("hist_error").min().over(head)),
+        best_loglik=credit(pl.col("loglik") == pl.col("loglik").max().over(head)),
+        best_aic=credit(pl.col("aic") == pl.col("aic").min().over(head)),
+        best_bic=credit(pl.col("bic") == pl.col("bic").min().over(head)))
     expected = fits.group_by("model", "sample", "family").agg(
         heads=pl.len(),
         median_hist_error=pl.col("hist_error").median(),
         median_ks=pl.col("ks").median(),
-        share_best_hist_error=pl.col("best_hist").cast(pl.Float64).mean(),
-        share_best_loglik=pl.col("best_loglik").cast(pl.Float64).mean(),
+        share_best_hist_error=pl.col("best_hist").mean(),
+        share_best_loglik=pl.col("best_loglik").mean(),
+        share_best_aic=pl.col("best_aic").mean(),
+        share_best_bic=pl.col("best_bic").mean(),
+        boundary_fits=(pl.col("status") == "boundary").sum(),
+        failed_fits=(pl.col("status") == "failed").sum(),
     ).sort("model", "sample", "family")
     actual = view(con, "fit_errors_by_model", "model, sample, family")
     assert_same(actual, expected)
-    # one best family per head and sample that has fits: a (model, sample)'s shares add up to the share of such heads
-    fitted = (tables["fits"].group_by("model", "layer", "head", "sample").agg(fitted=pl.col("loglik").is_not_null().any())
+    # one best family per head and sample that has a fit (failed fits are never best): a (model, sample)'s
+    # shares add up to the share of such heads, one on the demo itself
+    shares = ["share_best_hist_error", "share_best_loglik", "share_best_aic", "share_best_bic"]
+    fitted = (tables["fits"].group_by("model", "layer", "head", "sample").agg(fitted=(pl.col("status") != "failed").any())
               .group_by("model", "sample").agg(pl.col("fitted").mean()))
-    sums = (actual.group_by("model", "sample").agg(pl.col("share_best_hist_error", "share_best_loglik").sum())
-            .join(fitted, on=["model", "sample"]))
-    assert ((sums["share_best_hist_error"] - sums["fitted"]).abs() < 1e-9).all()
-    assert ((sums["share_best_loglik"] - sums["fitted"]).abs() < 1e-9).all()
+    sums = actual.group_by("model", "sample").agg(pl.col(shares).sum()).join(fitted, on=["model", "sample"])
+    for share in shares:
+        assert ((sums[share] - sums["fitted"]).abs() < 1e-9).all()
+    # charged its third parameter, the generalized gamma no longer wins nearly every head
+    gengamma = actual.filter(pl.col("family") == "gengamma")
+    assert (gengamma["share_best_aic"] < gengamma["share_best_loglik"]).all()
 
 
 def signature(heads: pl.DataFrame) -> pl.DataFrame:

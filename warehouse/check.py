@@ -13,7 +13,7 @@ from string import Template
 import duckdb
 
 from headforms.compute.analysis import SAMPLES
-from headforms.compute.fits import FAMILIES
+from headforms.compute.fits import FAMILIES, N_PARAMS, STATUSES
 
 # Rows per head of each spectrum (as warehouse/load.py writes them), in terms of the head's
 # n_pos, n_neg and the model's r = min(N, 2n) and n = head_dim.
@@ -36,6 +36,8 @@ PLACEHOLDERS = {
     "spectra": _values("spectrum", SPECTRUM_ROWS),
     "samples": _values("sample", SAMPLES),
     "families": _values("family", FAMILIES),
+    "statuses": ", ".join(f"'{status}'" for status in STATUSES),
+    "n_params": " ".join(f"WHEN '{family}' THEN {k}" for family, k in N_PARAMS.items()),
     "profile_tolerance": PROFILE_TOLERANCE,
     "order_tolerance": ORDER_TOLERANCE,
 }
@@ -171,6 +173,22 @@ CHECKS: tuple[tuple[str, str, str], ...] = (
                                           delta, a + b + c + d, symmetric_energy + a)
         FROM distance_profiles
         WHERE abs(a + b + c + d - 1) > $profile_tolerance OR abs(symmetric_energy + a - 1) > $profile_tolerance"""),
+    ("fit_status", "violation", """
+        SELECT model, layer, head, format('fit {} / {}: {}', sample, family, problem)
+        FROM (SELECT *, CASE
+                  WHEN status NOT IN ($statuses) THEN format('unknown status {}', status)
+                  WHEN status = 'boundary' AND family <> 'gengamma' THEN 'boundary, but its maxima are interior'
+                  WHEN status = 'boundary' AND (shape IS NOT NULL OR shape2 IS NOT NULL OR scale IS NOT NULL
+                                                OR mode IS NOT NULL) THEN 'boundary, with parameters'
+                  WHEN status = 'failed' AND loglik IS NOT NULL THEN 'failed, with a likelihood'
+                  WHEN status = 'ok' AND (loglik IS NULL OR shape IS NULL OR scale IS NULL)
+                      THEN 'ok, without its likelihood or parameters'
+                  WHEN status = 'boundary' AND loglik IS NULL THEN 'boundary, without its likelihood'
+                  WHEN abs(aic - (2 * k - 2 * loglik)) > $profile_tolerance * (1 + abs(aic))
+                    OR abs(bic - (k * ln(n) - 2 * loglik)) > $profile_tolerance * (1 + abs(bic))
+                      THEN 'aic or bic do not follow from loglik, n and its free parameters' END AS problem
+              FROM (SELECT *, CASE family $n_params END AS k FROM fits SEMI JOIN models USING (model)))
+        WHERE problem IS NOT NULL"""),
 )
 
 

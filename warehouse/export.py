@@ -1,7 +1,9 @@
 """Export the warehouse for the paper: every view of sql/ as CSV and Parquet, the figures as PNG,
-and an index.csv saying which paper table or figure each file is."""
+and an index.csv saying which paper table or figure each file is; with paper_format, also the
+survey files of the paper's published code in their own format."""
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import duckdb
@@ -36,7 +38,8 @@ TABLES: dict[str, tuple[str, str]] = {
                               "energy of L_delta at each relative distance delta"),
     "figure6_fit_errors": (
         "fit_errors_by_model", "Figure 6: median histogram error and KS per model, sample and family; "
-                               "share of heads where each family fits best"),
+                               "share of heads where each family fits best by histogram error, "
+                               "log-likelihood, AIC, BIC"),
     "bootstrap_intervals": (
         "model_intervals", "Every per-model figure of the tables above beside its 95% bootstrap intervals, "
                            "resampling layers and resampling heads"),
@@ -55,12 +58,28 @@ TABLES: dict[str, tuple[str, str]] = {
     "training_dynamics": (
         "dynamics_by_step", "Training dynamics: per training checkpoint, parity shares and the medians of pairing "
                             "and symmetric energy with their random baselines"),
+    "nested_fit_tests": (
+        "nested_fit_tests", "Likelihood-ratio tests at 1%: share of heads where the generalized gamma "
+                            "improves on gamma and on Weibull, per model and sample ('ok' fits)"),
+}
+# Paper-format file -> (view of sql/, row order after the model): the survey files of the paper's
+# published code (aodesky/attention-bilinear-forms, scripts/survey_results/), same names, columns and
+# conventions, models in the paper's order, written as pandas' to_csv writes them, into PAPER_FOLDER
+# (spectral_geometry.csv would otherwise meet the view's own export).
+PAPER_FOLDER = "survey_results"
+_COMPONENT_ORDER = "list_position(['full', 'S_positive', 'S_negative', 'T'], component)"
+PAPER_FORMAT: dict[str, tuple[str, str]] = {
+    "head_statistics.csv": ("paper_head_statistics", "layer, head"),
+    "spectral_geometry.csv": ("paper_spectral_geometry", "layer, head"),
+    "gamma_goodness_of_fit.csv": ("paper_gamma_goodness_of_fit", f"{_COMPONENT_ORDER}, head_index, family"),
+    "gamma_goodness_of_fit_summary.csv": ("paper_gamma_goodness_of_fit_summary", _COMPONENT_ORDER),
 }
 LIST_SEPARATOR = "; "
 
 
-def export(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
-    """Write TABLES (CSV and Parquet), the figures (PNG) and index.csv into out_dir; returns the written paths."""
+def export(con: duckdb.DuckDBPyConnection, out_dir: Path, paper_format: bool = False) -> list[Path]:
+    """Write TABLES (CSV and Parquet), the figures (PNG), with paper_format the PAPER_FORMAT files, and
+    index.csv into out_dir; returns the written paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written, index = [], []
@@ -74,9 +93,32 @@ def export(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
         written.append(path)
         index.append((path.name, "figure (PNG)", f"warehouse.figures.{figures.FIGURES[path.name][0].__name__}",
                       figures.FIGURES[path.name][1]))
+    if paper_format:
+        (out_dir / PAPER_FOLDER).mkdir(exist_ok=True)
+        for name, (view, _) in PAPER_FORMAT.items():
+            written.append(write_paper_format(con, name, out_dir / PAPER_FOLDER / name))
+            index.append((f"{PAPER_FOLDER}/{name}", "paper-format table (CSV)", view,
+                          f"The published survey file {name} of the paper's code, same columns and conventions"))
     index_path = out_dir / "index.csv"
     pl.DataFrame(index, schema=["file", "kind", "source", "description"], orient="row").write_csv(index_path)
     return written + [index_path]
+
+
+def write_paper_format(con: duckdb.DuckDBPyConnection, name: str, path: Path) -> Path:
+    """One PAPER_FORMAT file as pandas' to_csv(index=False) writes it: floats by repr, NULL as an empty
+    field, booleans True/False; models in the paper set's order, then any others by name."""
+    from headforms.extract import MODEL_SETS
+
+    view, order = PAPER_FORMAT[name]
+    paper_models = [model for model, _ in MODEL_SETS["paper"]]
+    relation = con.execute(f"SELECT * FROM {view} ORDER BY coalesce(list_position($models, model), "
+                           f"len($models) + 1), model, {order}", {"models": paper_models})
+    columns = [d[0] for d in relation.description]
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows(relation.fetchall())
+    return path
 
 
 def _csv_select(con: duckdb.DuckDBPyConnection, view: str) -> str:

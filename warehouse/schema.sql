@@ -97,6 +97,10 @@ CREATE TABLE IF NOT EXISTS eigenvalues (
 
 -- Distribution fits (statistics.md section 4), location fixed at 0, scipy's parametrisation:
 --   gamma (shape = k), lognormal (shape = s), weibull (shape = c), gengamma (shape = a, shape2 = c).
+-- status (statistics.md section 7; the rule: compute/fits.py): 'ok' an interior maximum; 'boundary' the
+-- likelihood is maximised only in a limit law at the edge of the parameter space (shape, shape2, scale,
+-- mode NULL; loglik, ks, hist_error those of the limit law, the supremum); 'failed' no fit (all NULL).
+-- A warehouse whose fits table lacks status was built by an older version and is refused (rebuild it).
 CREATE TABLE IF NOT EXISTS fits (
     model      VARCHAR NOT NULL,
     layer      INTEGER NOT NULL,
@@ -110,7 +114,10 @@ CREATE TABLE IF NOT EXISTS fits (
     loglik     DOUBLE,
     ks         DOUBLE,
     hist_error DOUBLE,
+    aic        DOUBLE,             -- 2 k - 2 loglik, k free parameters: 2, or 3 for gengamma
+    bic        DOUBLE,             -- k ln(n) - 2 loglik
     n          INTEGER NOT NULL,
+    status     VARCHAR NOT NULL,   -- 'ok', 'boundary', 'failed'
     PRIMARY KEY (model, layer, head, sample, family)
 );
 

