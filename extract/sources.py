@@ -71,7 +71,7 @@ def _open_local(path: Path, *, name: str | None, source: str, revision: str | No
         return open_hf_folder(path, name=name or path.resolve().name, source=source,
                               revision=revision, qk_norm=qk_norm)
     if path.suffix == ".gguf":
-        return open_gguf(path, name=name or path.stem, source=source, revision=revision)
+        return open_gguf(path, name=name or path.stem, source=source, revision=revision, qk_norm=qk_norm)
     raise ExtractError(f"cannot read {path}: give a model folder (config.json + weights) or a .gguf file")
 
 
