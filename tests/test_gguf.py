@@ -392,3 +392,20 @@ def test_every_dequantizable_type_is_read(qtype, tmp_path):
         if floats is not None:  # within the type's precision (TQ: ternary, FP4: 4-bit floats)
             error = np.abs(got.reshape(-1, width) - floats[name]).max() / np.abs(floats[name]).max()
             assert error < (0.6 if qtype.name.startswith(("TQ", "MXFP")) else 0.1 if qtype.name[1] in "45" else 0.01)
+
+
+def test_cli_folds_gguf_qk_norm_and_records_it(tiny, tmp_path):
+    """`headforms extract file.gguf --qk-norm fold` reaches the GGUF reader; the warehouse records the fold."""
+    from click.testing import CliRunner
+
+    from headforms import cli
+
+    path = gguf_convert.write(tiny("qwen3"), "qwen3", tmp_path / "qwen3.gguf")
+    db = str(tmp_path / "w.duckdb")
+    refused = CliRunner().invoke(cli.main, ["extract", str(path), "--db", db])
+    assert refused.exit_code != 0 and "QK-norm" in refused.output
+    folded = CliRunner().invoke(cli.main, ["extract", str(path), "--db", db, "--qk-norm", "fold"])
+    assert folded.exit_code == 0, folded.output
+    row = CliRunner().invoke(cli.main, ["sql", "select architecture, qk_norm, score_scale from models",
+                                        "--db", db, "--format", "csv"])
+    assert row.output == f"architecture,qk_norm,score_scale\nqwen3,folded,{16**-0.5}\n"
