@@ -160,18 +160,24 @@ def dequantizable(qtype: GGMLQuantizationType) -> bool:
     return True
 
 
-def _weight(tensor, layer: int) -> np.ndarray:
-    """One tensor dequantized to float64 (out, in); refuses non-finite values."""
+def _weight(tensor, layer: int, rows: int | None = None) -> np.ndarray:
+    """A tensor's first `rows` rows (all by default) dequantized to float64 (rows, in); refuses non-finite values.
+
+    GGML blocks never span rows, so a fused attn_qkv's V rows are left undecoded.
+    """
+    shape = tuple(int(d) for d in tensor.shape[::-1])
+    data = tensor.data if rows is None else tensor.data[:rows]
     if tensor.tensor_type == GGMLQuantizationType.F64:
-        w = np.asarray(tensor.data, dtype=np.float64)
+        w = np.asarray(data, dtype=np.float64)
     else:
-        w = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float64)
+        w = np.asarray(gguf.quants.dequantize(data, tensor.tensor_type), dtype=np.float64)
     if not np.isfinite(w).all():
         raise ExtractError(f"layer {layer}: tensor {tensor.name} has non-finite values")
-    return w.reshape(tuple(int(d) for d in tensor.shape[::-1]))
+    return w.reshape((rows or shape[0],) + shape[1:])
 
 
 def _qk_norm_refusal(arch: str, layout: GGUFArchitecture) -> str:
+    """The one line refusing a file's QK-norm: LayerNorm never folds, RMS gains fold on request."""
     if layout.qk_norm == "layer":
         return (f"GGUF {arch} file has QK LayerNorm (attn_q_norm, attn_k_norm): it subtracts the mean of q and k, "
                 "so the score is not bilinear in x and its gains do not fold into W_Q, W_K")
@@ -255,10 +261,11 @@ def open_gguf(path: Path, *, name: str, source: str, revision: str | None, qk_no
     def read(layer: int) -> tuple[np.ndarray, np.ndarray]:
         if not 0 <= layer < n_layers:
             raise ExtractError(f"layer {layer} out of range: {name} has {n_layers} layers")
-        arrays = {role: _weight(tensor, layer) for role, tensor in layers[layer].items()}
+        arrays = {role: _weight(tensor, layer, q_rows + k_rows if role == "qkv" else None)
+                  for role, tensor in layers[layer].items()}
         if "qkv" in arrays:
             qkv = arrays.pop("qkv")
-            arrays |= {"q": qkv[:q_rows], "k": qkv[q_rows:q_rows + k_rows]}
+            arrays |= {"q": qkv[:q_rows], "k": qkv[q_rows:]}
         return fold.qk_maps(arrays, spec)
 
     return Checkpoint(name=name, source=source, revision=revision or sha256_files([path]),

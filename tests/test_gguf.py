@@ -409,3 +409,17 @@ def test_cli_folds_gguf_qk_norm_and_records_it(tiny, tmp_path):
     row = CliRunner().invoke(cli.main, ["sql", "select architecture, qk_norm, score_scale from models",
                                         "--db", db, "--format", "csv"])
     assert row.output == f"architecture,qk_norm,score_scale\nqwen3,folded,{16**-0.5}\n"
+
+
+@pytest.mark.parametrize("qtype", [gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0])
+def test_quantised_fused_qkv_reads_q_and_k_rows(qtype, tiny, tmp_path):
+    """Only the Q and K rows of a quantised attn_qkv are decoded; they are the whole tensor's decoded rows."""
+    model = tiny("gguf_phi3")
+    path = gguf_convert.write(model, "phi3", tmp_path / "p.gguf", qtype=qtype)
+    w_q, w_k = open_gguf(path, name="p", source="p", revision="r").read_layer(1)
+    tensor = next(t for t in gguf.GGUFReader(path).tensors if t.name == "blk.1.attn_qkv.weight")
+    fused = gguf.quants.dequantize(tensor.data, qtype)
+    assert fused.shape == (64, 32)  # Q 32 rows, K 16, V 16
+    np.testing.assert_array_equal(np.concatenate([w_q.reshape(32, 32), w_k.reshape(16, 32)]), fused[:48])
+    exact = model.model.layers[1].self_attn.qkv_proj.weight.detach().double().numpy()[:48]
+    assert np.abs(fused[:48] - exact).max() < (0.02 if qtype == gguf.GGMLQuantizationType.Q8_0 else 0.2) * np.abs(exact).max()
