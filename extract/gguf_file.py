@@ -64,14 +64,18 @@ class GGUFArchitecture:
     """Why every file of the architecture is refused (its score is not bilinear in x), or None."""
 
 
-_INTERLEAVED = GGUFArchitecture("rope", rope_pairing="interleaved")  # llama.cpp permutes HF's split halves
+_INTERLEAVED = GGUFArchitecture("rope", rope_pairing="interleaved")  # llama.cpp permutes HF's split halves (Cohere's are native)
 _SPLIT_HALF = GGUFArchitecture("rope", rope_pairing="split-half")     # stored as Hugging Face has them
+_GRANITE = GGUFArchitecture("rope", rope_pairing="interleaved", scale="attention.scale, else 1/sqrt(head_dim)")
 _FUSED_SPLIT_HALF = GGUFArchitecture("rope", packings=("fused",), rope_pairing="split-half")
 
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "llama": _INTERLEAVED,  # Mistral and SmolLM are stored as llama too
     "mistral3": _INTERLEAVED,
-    "granite": GGUFArchitecture("rope", rope_pairing="interleaved", scale="attention.scale, else 1/sqrt(head_dim)"),
+    "olmo": _INTERLEAVED,
+    "arcee": _INTERLEAVED,
+    "granite": _GRANITE,
+    "granitemoe": _GRANITE,
     "qwen2": _SPLIT_HALF,
     "qwen2moe": _SPLIT_HALF,
     "qwen3": GGUFArchitecture("rope", rope_pairing="split-half", qk_norm="head"),
@@ -89,7 +93,10 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "starcoder2": _SPLIT_HALF,
     "stablelm": GGUFArchitecture("rope", rope_pairing="split-half", qk_norm="layer"),
     "command-r": GGUFArchitecture("rope", rope_pairing="interleaved", qk_norm="layer"),  # Cohere rotates pairs
+    "cohere2": _INTERLEAVED,
+    "phi2": GGUFArchitecture("rope", packings=("separate", "fused"), rope_pairing="split-half"),  # early files fused
     "gpt2": GGUFArchitecture("learned", packings=("fused",)),
+    "starcoder": GGUFArchitecture("learned", packings=("fused",)),  # multi-query gpt_bigcode
     "bloom": GGUFArchitecture("alibi", packings=("fused",)),
 }
 SUPPORTED_GGUF = [name for name, a in GGUF_ARCHITECTURES.items() if a.refusal is None]

@@ -14,7 +14,7 @@ import numpy as np
 
 from tests import tiny_models as tm
 
-PERMUTED = ("llama", "mistral3", "granite")  # LlamaModel.modify_tensors permutes q_proj/k_proj rows
+PERMUTED = ("llama", "mistral3", "granite", "granitemoe", "arcee", "olmo")  # q_proj/k_proj rows permuted
 NORM_PLUS_ONE = ("gemma3",)                  # Gemma3Model adds 1 to every norm weight
 
 
@@ -27,12 +27,15 @@ def _array(module) -> np.ndarray:
     return module.weight.detach().double().numpy()
 
 
-def _attention_tensors(arch: str, attention, heads: int, kv_heads: int, head_dim: int) -> dict[str, np.ndarray]:
-    """GGUF stem -> array of one layer's attention module, as the converter writes it."""
+def _attention_tensors(arch: str, attention, heads: int, kv_heads: int, head_dim: int,
+                       fuse: bool) -> dict[str, np.ndarray]:
+    """GGUF stem -> array of one layer's attention module, as the converter writes it (fuse: q|k|v rows in
+    one attn_qkv, as early phi-2 files converted from its Wqkv)."""
     if hasattr(attention, "qkv_proj"):  # phi3: q | k | v rows already
         return {"attn_qkv": _array(attention.qkv_proj)}
-    if hasattr(attention, "c_attn"):    # gpt2 Conv1D: (N, 3N) transposed to rows
-        return {"attn_qkv": _array(attention.c_attn).T}
+    if hasattr(attention, "c_attn"):    # gpt2's Conv1D (N, 3N) is transposed; gpt_bigcode's Linear is rows already
+        w = _array(attention.c_attn)
+        return {"attn_qkv": w.T if type(attention.c_attn).__name__ == "Conv1D" else w}
     if hasattr(attention, "query_key_value"):
         w = _array(attention.query_key_value)
         n_embd = w.shape[1]
@@ -44,6 +47,8 @@ def _attention_tensors(arch: str, attention, heads: int, kv_heads: int, head_dim
             parts = (per_head[:, 0], per_head[:, 1], per_head[:, 2])
         return {"attn_qkv": np.concatenate([p.reshape(-1, n_embd) for p in parts])}
     q, k = _array(attention.q_proj), _array(attention.k_proj)
+    if fuse:
+        return {"attn_qkv": np.concatenate([q, k, _array(attention.v_proj)])}
     if arch in PERMUTED:
         q, k = permute(q, heads), permute(k, kv_heads)
     out = {"attn_q": q, "attn_k": k}
@@ -54,7 +59,7 @@ def _attention_tensors(arch: str, attention, heads: int, kv_heads: int, head_dim
 
 
 def write(model, arch: str, path: Path, *, qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
-          metadata: dict | None = None) -> Path:
+          metadata: dict | None = None, fuse: bool = False) -> Path:
     """`model` as a GGUF file of architecture `arch`; 2-D tensors quantized to qtype; `metadata` keys ({arch}
     filled in) added as strings or float32."""
     config = model.config.get_text_config()
@@ -79,7 +84,7 @@ def write(model, arch: str, path: Path, *, qtype: gguf.GGMLQuantizationType = gg
     for key, value in (metadata or {}).items():
         (writer.add_string if isinstance(value, str) else writer.add_float32)(key.format(arch=arch), value)
     for i, attention in enumerate(attentions):
-        for stem, array in _attention_tensors(arch, attention, heads, kv_heads, head_dim).items():
+        for stem, array in _attention_tensors(arch, attention, heads, kv_heads, head_dim, fuse).items():
             if array.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
                 writer.add_tensor(f"blk.{i}.{stem}.weight", gguf.quants.quantize(array.astype(np.float32), qtype),
                                   raw_dtype=qtype)

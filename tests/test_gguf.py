@@ -190,6 +190,21 @@ GGUF_TINY = {
     "gguf_granite": tm.Tiny("GraniteForCausalLM", "GraniteConfig",  # attention_multiplier is the score scale
                             tm._decoder(num_attention_heads=4, num_key_value_heads=2, attention_multiplier=0.3),
                             rope=True),
+    "gguf_olmo": tm.Tiny("OlmoForCausalLM", "OlmoConfig", tm._decoder(num_attention_heads=4, num_key_value_heads=2),
+                         rope=True),
+    "gguf_arcee": tm.Tiny("ArceeForCausalLM", "ArceeConfig", tm._decoder(num_attention_heads=4, num_key_value_heads=2),
+                          rope=True),
+    "gguf_granitemoe": tm.Tiny("GraniteMoeForCausalLM", "GraniteMoeConfig",
+                               tm._decoder(num_attention_heads=4, num_key_value_heads=2, attention_multiplier=0.3,
+                                           num_local_experts=2, num_experts_per_tok=1, experts_implementation="eager"),
+                               rope=True),
+    "gguf_phi2": tm.Tiny("PhiForCausalLM", "PhiConfig",  # partial rotary, as phi-2
+                         tm._decoder(num_attention_heads=4, partial_rotary_factor=0.5), rope=True),
+    "gguf_starcoder": tm.Tiny("GPTBigCodeForCausalLM", "GPTBigCodeConfig",  # multi-query, learned positions
+                              dict(n_layer=2, n_head=4, n_embd=32, vocab_size=tm.VOCAB, n_positions=32,
+                                   multi_query=True)),
+    "gguf_cohere2": tm.Tiny("Cohere2ForCausalLM", "Cohere2Config",
+                            tm._decoder(num_attention_heads=4, num_key_value_heads=2, sliding_window=16), rope=True),
     "gguf_qwen2moe": tm.Tiny("Qwen2MoeForCausalLM", "Qwen2MoeConfig",
                              _moe(shared_expert_intermediate_size=16), rope=True),
     "gguf_phi3": tm.Tiny("Phi3ForCausalLM", "Phi3Config",
@@ -214,6 +229,9 @@ GGUF_CASES = [
     ("llama", "llama_gqa", {}),
     ("mistral3", "mistral", {}),          # head_dim 16 from attention.key_length, not N/H = 8
     ("granite", "gguf_granite", {}),
+    ("granitemoe", "gguf_granitemoe", {}),
+    ("olmo", "gguf_olmo", {}),
+    ("arcee", "gguf_arcee", {}),
     ("qwen2", "qwen2", {}),
     ("qwen2moe", "gguf_qwen2moe", {}),
     ("qwen3", "qwen3", {}),
@@ -227,6 +245,9 @@ GGUF_CASES = [
     ("starcoder2", "gguf_starcoder2", {}),
     ("stablelm", "gguf_stablelm", {}),
     ("command-r", "gguf_cohere", {}),
+    ("cohere2", "gguf_cohere2", {}),
+    ("phi2", "gguf_phi2", {}),
+    ("starcoder", "gguf_starcoder", {}),
     ("gpt2", "gpt2", {}),
     ("bloom", "bloom", {}),
 ]
@@ -303,6 +324,17 @@ def test_recorded_rope_pairing_and_packing(tiny, tmp_path):
         config = open_gguf(path, name=name, source=name, revision="r").spec.config
         assert (config["rope_pairing"], config["gguf_packing"]) == (pairing, packing)
     assert config["rope_dims"] == 2  # stablelm rotates a quarter of its 8 dimensions
+
+
+def test_phi2_files_fused_or_separate(tiny, tmp_path):
+    """Early phi-2 files hold one attn_qkv (converted from its Wqkv), later ones attn_q / attn_k: both give L."""
+    model = tiny("gguf_phi2")
+    trace = tm.trace("gguf_phi2", model)
+    for fuse, packing in ((False, "separate"), (True, "fused")):
+        path = gguf_convert.write(model, "phi2", tmp_path / f"{packing}.gguf", fuse=fuse)
+        ckpt = open_gguf(path, name="phi2", source="phi2", revision="r")
+        assert ckpt.spec.config["gguf_packing"] == packing and ckpt.spec.config["rope_dims"] == 4
+        assert logit_error(ckpt, trace, 1, ckpt.spec.kv_index, model) < 1e-5
 
 
 @pytest.mark.parametrize(("arch", "name"), [("qwen3", "qwen3"), ("olmo2", "olmo2"), ("gemma3", "gemma3_text")])
