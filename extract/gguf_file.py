@@ -6,7 +6,6 @@ come with it, and the score-scale rule llama.cpp applies.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -29,9 +28,12 @@ def _attention_scale_key(meta: dict, arch: str, spec: dict) -> float:
     return float(meta.get(f"{arch}.attention.scale") or _inverse_sqrt_head_dim(meta, arch, spec))
 
 
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}  # how llama.cpp recognises the 27B models
+
+
 def _gemma_by_size(meta: dict, arch: str, spec: dict) -> float:
-    """llama.cpp's Gemma 2/3 rule: 1/sqrt(N/H) for the 27B (62 layers), 1/sqrt(n) otherwise (query_pre_attn_scalar)."""
-    if spec["n_layers"] == 62:
+    """llama.cpp's Gemma 2/3 rule (their query_pre_attn_scalar): 1/sqrt(N/H) for the 27B, 1/sqrt(n) otherwise."""
+    if spec["n_layers"] == _GEMMA_27B_LAYERS[arch]:
         return (spec["d_model"] // spec["n_heads"]) ** -0.5
     return _inverse_sqrt_head_dim(meta, arch, spec)
 
@@ -40,7 +42,7 @@ def _gemma_by_size(meta: dict, arch: str, spec: dict) -> float:
 SCALE_RULES = {
     "1/sqrt(head_dim)": _inverse_sqrt_head_dim,
     "attention.scale, else 1/sqrt(head_dim)": _attention_scale_key,
-    "1/sqrt(N/H) at 62 layers (27B), else 1/sqrt(head_dim)": _gemma_by_size,
+    "1/sqrt(N/H) for the 27B, else 1/sqrt(head_dim)": _gemma_by_size,
 }
 
 
@@ -82,11 +84,11 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "olmo2": GGUFArchitecture("rope", rope_pairing="split-half", qk_norm="projection"),
     "gemma": _SPLIT_HALF,
     "gemma2": GGUFArchitecture("rope", rope_pairing="split-half",
-                               scale="1/sqrt(N/H) at 62 layers (27B), else 1/sqrt(head_dim)",
+                               scale="1/sqrt(N/H) for the 27B, else 1/sqrt(head_dim)",
                                refusal="llama.cpp soft-caps its attention logits (a tanh of q.k), "
                                        "so the score is not bilinear in x"),
     "gemma3": GGUFArchitecture("rope", rope_pairing="split-half", qk_norm="head",
-                               scale="1/sqrt(N/H) at 62 layers (27B), else 1/sqrt(head_dim)"),
+                               scale="1/sqrt(N/H) for the 27B, else 1/sqrt(head_dim)"),
     "phi3": _FUSED_SPLIT_HALF,
     "falcon": _FUSED_SPLIT_HALF,  # the converter regroups query_key_value as Q|K|V
     "gptneox": _FUSED_SPLIT_HALF,

@@ -296,6 +296,15 @@ def test_every_architecture_reproduces_model_logits(arch, name, overrides, tiny,
         assert logit_error(ckpt, trace, layer, spec.kv_index, model) < 1e-5
 
 
+def test_every_architecture_in_the_table_is_proven():
+    """The table is the whole truth: each architecture read is in GGUF_CASES, and its fields are well-formed."""
+    assert {case[0] for case in GGUF_CASES} == {name for name, a in GGUF_ARCHITECTURES.items() if a.refusal is None}
+    for arch in GGUF_ARCHITECTURES.values():
+        assert arch.scale in SCALE_RULES and set(arch.packings) <= {"separate", "fused"}
+        assert (arch.rope_pairing in ("interleaved", "split-half")) == (arch.positional == "rope")
+        assert arch.positional in ("rope", "learned", "alibi") and arch.qk_norm in (None, "head", "projection", "layer")
+
+
 def test_granite_score_scale_is_its_attention_multiplier(tiny, tmp_path):
     """Granite's file carries attention.scale; the same tensors read as llama (1/sqrt(n)) miss the logits."""
     model = tiny("gguf_granite")
@@ -307,10 +316,16 @@ def test_granite_score_scale_is_its_attention_multiplier(tiny, tmp_path):
     assert logit_error(bad, trace, 0, bad.spec.kv_index, model) > 1e-2
 
 
-def test_gemma3_27b_score_scale(tmp_path):
-    """llama.cpp scales gemma3's 27B (62 layers) by 1/sqrt(N/H), as its config's query_pre_attn_scalar
-    168 = 5376 / 32 says; other sizes by 1/sqrt(head_dim) (query_pre_attn_scalar 256 = head_dim)."""
-    for n_layers, expected in ((62, 12**-0.5), (26, 16**-0.5)):
+def test_gemma_27b_score_scale(tmp_path):
+    """llama.cpp scales the 27B (gemma2: 46 layers, gemma3: 62) by 1/sqrt(N/H), as their configs'
+    query_pre_attn_scalar say (gemma-3-27b: 168 = 5376 / 32), other sizes by 1/sqrt(head_dim)."""
+    rule = SCALE_RULES[GGUF_ARCHITECTURES["gemma3"].scale]
+    assert rule is SCALE_RULES[GGUF_ARCHITECTURES["gemma2"].scale]
+    shape = {"d_model": 5376, "n_heads": 32, "head_dim": 128}
+    assert rule({}, "gemma3", shape | {"n_layers": 62}) == 168**-0.5
+    assert rule({}, "gemma2", shape | {"n_layers": 46}) == 168**-0.5
+    assert rule({}, "gemma3", shape | {"n_layers": 46}) == 128**-0.5
+    for n_layers, expected in ((62, 12**-0.5), (26, 16**-0.5)):  # through a file's metadata
         write_gguf(tmp_path / "g.gguf", "gemma3", n_layers=n_layers, n_heads=4, n_kv_heads=2, d_model=48, head_dim=16)
         assert open_gguf(tmp_path / "g.gguf", name="g", source="g", revision="r").spec.score_scale == expected
 
