@@ -102,6 +102,14 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "gpt2": GGUFArchitecture("learned", packings=("fused",)),
     "starcoder": GGUFArchitecture("learned", packings=("fused",)),  # multi-query gpt_bigcode
     "bloom": GGUFArchitecture("alibi", packings=("fused",)),
+    # Known to llama.cpp, refused with the reason:
+    "grok": GGUFArchitecture("rope", refusal="llama.cpp soft-caps its attention logits (a tanh of q.k), "
+                                             "so the score is not bilinear in x"),
+    "deepseek2": GGUFArchitecture("rope", refusal="multi-head latent attention normalises the latent kv (attn_kv_a_norm; "
+                                                  "q's attn_q_a_norm too where present) inside the projection, "
+                                                  "so the score is not bilinear in x"),
+    "llama4": GGUFArchitecture("rope", refusal="its RoPE layers L2-normalise q and k, and its other layers scale q "
+                                               "by a temperature that grows with position"),
 }
 SUPPORTED_GGUF = [name for name, a in GGUF_ARCHITECTURES.items() if a.refusal is None]
 

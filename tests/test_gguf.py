@@ -312,7 +312,8 @@ def test_every_architecture_in_the_table_is_proven():
     assert {case[0] for case in GGUF_CASES} == {name for name, a in GGUF_ARCHITECTURES.items() if a.refusal is None}
     for arch in GGUF_ARCHITECTURES.values():
         assert arch.scale in SCALE_RULES and set(arch.packings) <= {"separate", "fused"}
-        assert (arch.rope_pairing in ("interleaved", "split-half")) == (arch.positional == "rope")
+        if arch.refusal is None:
+            assert (arch.rope_pairing in ("interleaved", "split-half")) == (arch.positional == "rope")
         assert arch.positional in ("rope", "learned", "alibi") and arch.qk_norm in (None, "head", "projection", "layer")
 
 
@@ -384,6 +385,9 @@ def test_gemma3_norm_gains_stored_plus_one(tiny, tmp_path):
 
 @pytest.mark.parametrize(("arch", "metadata", "reason"), [
     ("gemma2", {}, "llama.cpp soft-caps its attention logits"),
+    ("grok", {}, "llama.cpp soft-caps its attention logits"),
+    ("deepseek2", {}, "multi-head latent attention normalises the latent kv"),
+    ("llama4", {}, "L2-normalise q and k"),
     ("qwen2", {"{arch}.attn_logit_softcapping": 30.0}, "attn_logit_softcapping=30 makes the score a tanh"),
     ("llama", {"{arch}.rope.scaling.type": "yarn"}, "rope scaling 'yarn'"),
     ("qwen2", {"{arch}.rope.scaling.attn_factor": 1.19}, r"attention factor 1\.19"),
