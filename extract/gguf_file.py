@@ -53,22 +53,40 @@ class GGUFArchitecture:
     positional: str
     """Positional scheme: "rope", "learned" (absolute embeddings added to x) or "alibi"."""
     packings: tuple[str, ...] = ("separate",)
-    """Q/K tensors the converter writes, first present wins: "separate" attn_q/attn_k, "fused" attn_qkv (rows Q|K|V)."""
+    """Q/K tensors the converter writes, first present wins: "separate" attn_q/attn_k, "fused" attn_qkv (rows
+    Q|K|V); none for a refused latent-attention architecture."""
     rope_pairing: str | None = None
-    """RoPE pairs of a head's rows as stored: "interleaved" (2i, 2i+1) or "split-half" (i, i + n/2); None without RoPE."""
+    """RoPE pairs of a head's rows as stored: "interleaved" (2i, 2i+1) or "split-half" (i, i + n/2); None: no RoPE."""
     qk_norm: str | None = None
     """QK-norm gains the file may hold: "head" (RMS, size n), "projection" (RMS, size H*n), "layer" (LayerNorm)."""
     norm_offset: float = 0.0
     """The norm multiplies by (offset + stored gain); llama.cpp stores Gemma's 1 + w, so 0 for every file."""
-    scale: str = "1/sqrt(head_dim)"
+    score_scale: str = "1/sqrt(head_dim)"
     """Score-scale rule, a key of SCALE_RULES: the factor on q.k before the softmax."""
     refusal: str | None = None
     """Why every file of the architecture is refused (its score is not bilinear in x), or None."""
 
+    @property
+    def packing(self) -> str:
+        """The Q/K tensors in words, for `headforms architectures`."""
+        return " or ".join({"separate": "attn_q, attn_k", "fused": "attn_qkv (Q|K|V)"}[p] for p in self.packings)
 
-_INTERLEAVED = GGUFArchitecture("rope", rope_pairing="interleaved")  # llama.cpp permutes HF's split halves (Cohere's are native)
+    @property
+    def notes(self) -> str:
+        """RoPE pairing, QK-norm handling and refusal in words, for `headforms architectures`."""
+        notes = [f"RoPE pairs {self.rope_pairing} as stored"] if self.rope_pairing else []
+        if self.qk_norm in ("head", "projection"):
+            notes.append(f"QK-norm ({self.qk_norm} gains): refused unless --qk-norm fold")
+        elif self.qk_norm == "layer":
+            notes.append("refused when the file has QK LayerNorm")
+        if self.refusal:
+            notes.append(f"refused: {self.refusal}")
+        return "; ".join(notes)
+
+
+_INTERLEAVED = GGUFArchitecture("rope", rope_pairing="interleaved")  # permuted from HF's split halves (Cohere: native)
 _SPLIT_HALF = GGUFArchitecture("rope", rope_pairing="split-half")     # stored as Hugging Face has them
-_GRANITE = GGUFArchitecture("rope", rope_pairing="interleaved", scale="attention.scale, else 1/sqrt(head_dim)")
+_GRANITE = GGUFArchitecture("rope", rope_pairing="interleaved", score_scale="attention.scale, else 1/sqrt(head_dim)")
 _FUSED_SPLIT_HALF = GGUFArchitecture("rope", packings=("fused",), rope_pairing="split-half")
 
 GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
@@ -86,11 +104,11 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "olmoe": GGUFArchitecture("rope", rope_pairing="split-half", qk_norm="projection"),
     "gemma": _SPLIT_HALF,
     "gemma2": GGUFArchitecture("rope", rope_pairing="split-half",
-                               scale="1/sqrt(N/H) for the 27B, else 1/sqrt(head_dim)",
+                               score_scale="1/sqrt(N/H) for the 27B, else 1/sqrt(head_dim)",
                                refusal="llama.cpp soft-caps its attention logits (a tanh of q.k), "
                                        "so the score is not bilinear in x"),
     "gemma3": GGUFArchitecture("rope", rope_pairing="split-half", qk_norm="head",
-                               scale="1/sqrt(N/H) for the 27B, else 1/sqrt(head_dim)"),
+                               score_scale="1/sqrt(N/H) for the 27B, else 1/sqrt(head_dim)"),
     "phi3": _FUSED_SPLIT_HALF,
     "falcon": _FUSED_SPLIT_HALF,  # the converter regroups query_key_value as Q|K|V
     "gptneox": _FUSED_SPLIT_HALF,
@@ -105,9 +123,9 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     # Known to llama.cpp, refused with the reason:
     "grok": GGUFArchitecture("rope", refusal="llama.cpp soft-caps its attention logits (a tanh of q.k), "
                                              "so the score is not bilinear in x"),
-    "deepseek2": GGUFArchitecture("rope", refusal="multi-head latent attention normalises the latent kv (attn_kv_a_norm; "
-                                                  "q's attn_q_a_norm too where present) inside the projection, "
-                                                  "so the score is not bilinear in x"),
+    "deepseek2": GGUFArchitecture("rope", packings=(), refusal="multi-head latent attention normalises the latent kv "
+                                                  "(attn_kv_a_norm; q's attn_q_a_norm too where present) inside "
+                                                  "the projection, so the score is not bilinear in x"),
     "llama4": GGUFArchitecture("rope", refusal="its RoPE layers L2-normalise q and k, and its other layers scale q "
                                                "by a temperature that grows with position"),
 }
@@ -239,8 +257,8 @@ def open_gguf(path: Path, *, name: str, source: str, revision: str | None, qk_no
         raise ExtractError(f"GGUF file {path}: {n_heads} query heads do not group over {n_kv_heads} kv heads")
 
     tensors = {t.name: t for t in reader.tensors}
-    packing = next((p for p in layout.packings if ("blk.0.attn_q.weight" if p == "separate" else "blk.0.attn_qkv.weight")
-                    in tensors), layout.packings[0])
+    first = {"separate": "blk.0.attn_q.weight", "fused": "blk.0.attn_qkv.weight"}
+    packing = next((p for p in layout.packings if first[p] in tensors), layout.packings[0])
     q_rows, k_rows = n_heads * head_dim, n_kv_heads * head_dim
     roles = ({"q": ("attn_q", (q_rows, d_model)), "k": ("attn_k", (k_rows, d_model))} if packing == "separate"
              else {"qkv": ("attn_qkv", (q_rows + k_rows + n_kv_heads * value_dim, d_model))})
@@ -272,7 +290,8 @@ def open_gguf(path: Path, *, name: str, source: str, revision: str | None, qk_no
             "rope_dims": key("rope.dimension_count", head_dim)} if layout.positional == "rope" else {}
     spec = ModelSpec(
         architecture=arch, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, d_model=d_model,
-        head_dim=head_dim, score_scale=SCALE_RULES[layout.scale](meta, arch, shape), positional=layout.positional,
+        head_dim=head_dim, score_scale=SCALE_RULES[layout.score_scale](meta, arch, shape),
+        positional=layout.positional,
         qk_norm="folded" if "q_norm" in roles else None, config={**meta, **rope, "gguf_packing": packing})
     fold = Layout(positional=layout.positional, prefixes=("",), tensors={}, packing=SEPARATE,
                   qk_norm=layout.qk_norm, norm_offset=layout.norm_offset)

@@ -119,7 +119,8 @@ def test_unsupported_architecture(tmp_path):
     write_gguf(tmp_path / "m.gguf", "mamba")
     supported = [name for name, arch in GGUF_ARCHITECTURES.items() if arch.refusal is None]
     assert "gemma2" not in supported and {"llama", "qwen3", "phi3", "falcon", "gpt2", "bloom"} <= set(supported)
-    with pytest.raises(ExtractError, match=rf"^unsupported GGUF architecture 'mamba'; supported: {', '.join(supported)}$"):
+    message = rf"^unsupported GGUF architecture 'mamba'; supported: {', '.join(supported)}$"
+    with pytest.raises(ExtractError, match=message):
         open_gguf(tmp_path / "m.gguf", name="m", source="m", revision="r")
 
 
@@ -311,10 +312,19 @@ def test_every_architecture_in_the_table_is_proven():
     """The table is the whole truth: each architecture read is in GGUF_CASES, and its fields are well-formed."""
     assert {case[0] for case in GGUF_CASES} == {name for name, a in GGUF_ARCHITECTURES.items() if a.refusal is None}
     for arch in GGUF_ARCHITECTURES.values():
-        assert arch.scale in SCALE_RULES and set(arch.packings) <= {"separate", "fused"}
+        assert arch.score_scale in SCALE_RULES and set(arch.packings) <= {"separate", "fused"}
         if arch.refusal is None:
             assert (arch.rope_pairing in ("interleaved", "split-half")) == (arch.positional == "rope")
         assert arch.positional in ("rope", "learned", "alibi") and arch.qk_norm in (None, "head", "projection", "layer")
+
+
+def test_table_in_words():
+    """What `headforms architectures` shows of an entry: packing and notes."""
+    assert GGUF_ARCHITECTURES["phi2"].packing == "attn_q, attn_k or attn_qkv (Q|K|V)"
+    assert GGUF_ARCHITECTURES["llama"].notes == "RoPE pairs interleaved as stored"
+    assert "refused unless --qk-norm fold" in GGUF_ARCHITECTURES["qwen3"].notes
+    assert GGUF_ARCHITECTURES["gpt2"].notes == "" and GGUF_ARCHITECTURES["deepseek2"].packing == ""
+    assert GGUF_ARCHITECTURES["gemma2"].notes.endswith("refused: " + GGUF_ARCHITECTURES["gemma2"].refusal)
 
 
 def test_granite_score_scale_is_its_attention_multiplier(tiny, tmp_path):
@@ -331,8 +341,8 @@ def test_granite_score_scale_is_its_attention_multiplier(tiny, tmp_path):
 def test_gemma_27b_score_scale(tmp_path):
     """llama.cpp scales the 27B (gemma2: 46 layers, gemma3: 62) by 1/sqrt(N/H), as their configs'
     query_pre_attn_scalar say (gemma-3-27b: 168 = 5376 / 32), other sizes by 1/sqrt(head_dim)."""
-    rule = SCALE_RULES[GGUF_ARCHITECTURES["gemma3"].scale]
-    assert rule is SCALE_RULES[GGUF_ARCHITECTURES["gemma2"].scale]
+    rule = SCALE_RULES[GGUF_ARCHITECTURES["gemma3"].score_scale]
+    assert rule is SCALE_RULES[GGUF_ARCHITECTURES["gemma2"].score_scale]
     shape = {"d_model": 5376, "n_heads": 32, "head_dim": 128}
     assert rule({}, "gemma3", shape | {"n_layers": 62}) == 168**-0.5
     assert rule({}, "gemma2", shape | {"n_layers": 46}) == 168**-0.5
@@ -484,4 +494,5 @@ def test_quantised_fused_qkv_reads_q_and_k_rows(qtype, tiny, tmp_path):
     assert fused.shape == (64, 32)  # Q 32 rows, K 16, V 16
     np.testing.assert_array_equal(np.concatenate([w_q.reshape(32, 32), w_k.reshape(16, 32)]), fused[:48])
     exact = model.model.layers[1].self_attn.qkv_proj.weight.detach().double().numpy()[:48]
-    assert np.abs(fused[:48] - exact).max() < (0.02 if qtype == gguf.GGMLQuantizationType.Q8_0 else 0.2) * np.abs(exact).max()
+    precision = 0.02 if qtype == gguf.GGMLQuantizationType.Q8_0 else 0.2
+    assert np.abs(fused[:48] - exact).max() < precision * np.abs(exact).max()
