@@ -496,3 +496,24 @@ def test_quantised_fused_qkv_reads_q_and_k_rows(qtype, tiny, tmp_path):
     exact = model.model.layers[1].self_attn.qkv_proj.weight.detach().double().numpy()[:48]
     precision = 0.02 if qtype == gguf.GGMLQuantizationType.Q8_0 else 0.2
     assert np.abs(fused[:48] - exact).max() < precision * np.abs(exact).max()
+
+
+@pytest.mark.parametrize(("arch", "name", "overrides"), [
+    ("llama", "llama_gqa", {}), ("qwen2", "qwen2", {}), ("qwen2moe", "gguf_qwen2moe", {}), ("qwen3", "qwen3", {}),
+    ("qwen3moe", "gguf_qwen3moe", {}), ("gemma3", "gemma3_text", {"query_pre_attn_scalar": 16}),
+    ("falcon", "gguf_falcon_mq", {}), ("stablelm", "gguf_stablelm", {}), ("starcoder2", "gguf_starcoder2", {}),
+    ("gpt2", "gpt2", {}), ("bloom", "bloom", {})], ids=lambda v: v if isinstance(v, str) else "")
+def test_writer_follows_llama_cpp_as_transformers_reads_it(arch, name, overrides, tiny, tmp_path):
+    """transformers' own GGUF loader, a second reading of llama.cpp's conventions (its un-permutation, Q|K|V
+    regrouping, Gemma's 1 + w), turns the test writer's files back into the model's attention weights.
+    (It reads grouped Falcon's attn_qkv unregrouped, so only multi-query Falcon is compared.)"""
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    model = tiny(name, **overrides)
+    path = gguf_convert.write(model, arch, tmp_path / f"{name}.gguf")
+    loaded = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    state = model.state_dict()
+    compared = [key for key in loaded if key in state]
+    assert len(compared) >= model.config.get_text_config().num_hidden_layers
+    for key in compared:
+        np.testing.assert_allclose(loaded[key].double().numpy(), state[key].double().numpy(), rtol=0, atol=1e-6)
