@@ -35,21 +35,11 @@ def _hf_row(family: str, layout: Layout) -> dict:
             "notes": "; ".join(notes)}
 
 
-def _info(info, key: str, default: str) -> str:
-    """A field of a GGUF architecture entry, whether it is a mapping, an object or a plain value."""
-    value = info.get(key) if isinstance(info, dict) else getattr(info, key, None)
-    return default if value is None else str(value)
-
-
 def _gguf_rows() -> list[dict]:
-    """GGUF architectures from gguf_file's table (GGUF_ARCHITECTURES where it has one, else its RoPE pairings)."""
-    table = getattr(gguf_file, "GGUF_ARCHITECTURES", None)
-    if table is None:
-        table = {arch: {"positional": f"rope ({pairing} pairs)"} for arch, pairing in gguf_file.ROPE_PAIRING.items()}
-    return [{"format": "gguf", "family": arch, "positional": _info(info, "positional", "rope"),
-             "packing": _info(info, "packing", "separate attn_q, attn_k"),
-             "score_scale": _info(info, "score_scale", "1/sqrt(n)"), "notes": _info(info, "notes", "")}
-            for arch, info in sorted(table.items())]
+    """GGUF architectures, from gguf_file's own table."""
+    return [{"format": "gguf", "family": arch, "positional": info.positional, "packing": info.packing,
+             "score_scale": info.score_scale, "notes": info.notes}
+            for arch, info in sorted(gguf_file.GGUF_ARCHITECTURES.items())]
 
 
 def architectures() -> list[dict]:

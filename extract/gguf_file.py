@@ -1,24 +1,137 @@
-"""GGUF files (llama.cpp): a layer's Q/K maps dequantized with the `gguf` package on demand."""
+"""GGUF files (llama.cpp): a layer's Q/K maps dequantized with the `gguf` package on demand.
+
+What each architecture's file holds is data, `GGUF_ARCHITECTURES`: where Q and K live (separate
+attn_q / attn_k, or one fused attn_qkv), how RoPE pairs the rows as stored, which QK-norm gains
+come with it, and the score-scale rule llama.cpp applies.
+"""
 from __future__ import annotations
 
-import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 
 import gguf
 import numpy as np
-from gguf import GGUFValueType
+from gguf import GGMLQuantizationType, GGUFValueType
 
 from headforms.extract.checkpoint import Checkpoint, ExtractError, ModelSpec, sha256_files
+from headforms.extract.layouts import SEPARATE, Layout
 from headforms.extract.norms import GGUF_NORMS, norm_for
 from headforms.extract.rope import gguf_rope
 
-# RoPE pairing of the rows of each head as the file stores them. llama.cpp's converter permutes
-# the Q and K rows of llama-family models (Mistral is stored as `llama` too) within each head,
-# from Hugging Face's split-half order to adjacent pairs (its "normal" rope); qwen2 and gemma are
-# stored unpermuted and rotate split halves ("neox"). The permutation P is the same for Q and K,
-# so L = (P W_K)^T (P W_Q) = W_K^T W_Q at d = 0; only L_d at d != 0 depends on the pairing.
-ROPE_PAIRING = {"llama": "interleaved", "qwen2": "split-half", "gemma": "split-half"}
+
+def _inverse_sqrt_head_dim(meta: dict, arch: str, spec: dict) -> float:
+    """1/sqrt(n), n = attention.key_length (llama.cpp's default kq_scale)."""
+    return spec["head_dim"] ** -0.5
+
+
+def _attention_scale_key(meta: dict, arch: str, spec: dict) -> float:
+    """`{arch}.attention.scale` when the file sets it (Granite's attention_multiplier), else 1/sqrt(n)."""
+    return float(meta.get(f"{arch}.attention.scale") or _inverse_sqrt_head_dim(meta, arch, spec))
+
+
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}  # how llama.cpp recognises the 27B models
+
+
+def _gemma_by_size(meta: dict, arch: str, spec: dict) -> float:
+    """llama.cpp's Gemma 2/3 rule (their query_pre_attn_scalar): 1/sqrt(N/H) for the 27B, 1/sqrt(n) otherwise."""
+    if spec["n_layers"] == _GEMMA_27B_LAYERS[arch]:
+        return (spec["d_model"] // spec["n_heads"]) ** -0.5
+    return _inverse_sqrt_head_dim(meta, arch, spec)
+
+
+# Score-scale rules by the name `headforms architectures` shows.
+SCALE_RULES = {
+    "1/sqrt(head_dim)": _inverse_sqrt_head_dim,
+    "attention.scale, else 1/sqrt(head_dim)": _attention_scale_key,
+    "1/sqrt(N/H) for the 27B, else 1/sqrt(head_dim)": _gemma_by_size,
+}
+
+
+@dataclass(frozen=True)
+class GGUFArchitecture:
+    """How llama.cpp's converter stores one architecture's attention, and what its score needs."""
+
+    positional: str
+    """Positional scheme: "rope", "learned" (absolute embeddings added to x) or "alibi"."""
+    packings: tuple[str, ...] = ("separate",)
+    """Q/K tensors the converter writes, first present wins: "separate" attn_q/attn_k, "fused" attn_qkv (rows
+    Q|K|V); none for a refused latent-attention architecture."""
+    rope_pairing: str | None = None
+    """RoPE pairs of a head's rows as stored: "interleaved" (2i, 2i+1) or "split-half" (i, i + n/2); None: no RoPE."""
+    qk_norm: str | None = None
+    """QK-norm gains the file may hold: "head" (RMS, size n), "projection" (RMS, size H*n), "layer" (LayerNorm)."""
+    norm_offset: float = 0.0
+    """The norm multiplies by (offset + stored gain); llama.cpp stores Gemma's 1 + w, so 0 for every file."""
+    score_scale: str = "1/sqrt(head_dim)"
+    """Score-scale rule, a key of SCALE_RULES: the factor on q.k before the softmax."""
+    refusal: str | None = None
+    """Why every file of the architecture is refused (its score is not bilinear in x), or None."""
+
+    @property
+    def packing(self) -> str:
+        """The Q/K tensors in words, for `headforms architectures`."""
+        return " or ".join({"separate": "attn_q, attn_k", "fused": "attn_qkv (Q|K|V)"}[p] for p in self.packings)
+
+    @property
+    def notes(self) -> str:
+        """RoPE pairing, QK-norm handling and refusal in words, for `headforms architectures`."""
+        notes = [f"RoPE pairs {self.rope_pairing} as stored"] if self.rope_pairing else []
+        if self.qk_norm in ("head", "projection"):
+            notes.append(f"QK-norm ({self.qk_norm} gains): refused unless --qk-norm fold")
+        elif self.qk_norm == "layer":
+            notes.append("refused when the file has QK LayerNorm")
+        if self.refusal:
+            notes.append(f"refused: {self.refusal}")
+        return "; ".join(notes)
+
+
+_INTERLEAVED = GGUFArchitecture("rope", rope_pairing="interleaved")  # permuted from HF's split halves (Cohere: native)
+_SPLIT_HALF = GGUFArchitecture("rope", rope_pairing="split-half")     # stored as Hugging Face has them
+_GRANITE = GGUFArchitecture("rope", rope_pairing="interleaved", score_scale="attention.scale, else 1/sqrt(head_dim)")
+_FUSED_SPLIT_HALF = GGUFArchitecture("rope", packings=("fused",), rope_pairing="split-half")
+
+GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
+    "llama": _INTERLEAVED,  # Mistral and SmolLM are stored as llama too
+    "mistral3": _INTERLEAVED,
+    "olmo": _INTERLEAVED,
+    "arcee": _INTERLEAVED,
+    "granite": _GRANITE,
+    "granitemoe": _GRANITE,
+    "qwen2": _SPLIT_HALF,
+    "qwen2moe": _SPLIT_HALF,
+    "qwen3": GGUFArchitecture("rope", rope_pairing="split-half", qk_norm="head"),
+    "qwen3moe": GGUFArchitecture("rope", rope_pairing="split-half", qk_norm="head"),
+    "olmo2": GGUFArchitecture("rope", rope_pairing="split-half", qk_norm="projection"),
+    "olmoe": GGUFArchitecture("rope", rope_pairing="split-half", qk_norm="projection"),
+    "gemma": _SPLIT_HALF,
+    "gemma2": GGUFArchitecture("rope", rope_pairing="split-half",
+                               score_scale="1/sqrt(N/H) for the 27B, else 1/sqrt(head_dim)",
+                               refusal="llama.cpp soft-caps its attention logits (a tanh of q.k), "
+                                       "so the score is not bilinear in x"),
+    "gemma3": GGUFArchitecture("rope", rope_pairing="split-half", qk_norm="head",
+                               score_scale="1/sqrt(N/H) for the 27B, else 1/sqrt(head_dim)"),
+    "phi3": _FUSED_SPLIT_HALF,
+    "falcon": _FUSED_SPLIT_HALF,  # the converter regroups query_key_value as Q|K|V
+    "gptneox": _FUSED_SPLIT_HALF,
+    "starcoder2": _SPLIT_HALF,
+    "stablelm": GGUFArchitecture("rope", rope_pairing="split-half", qk_norm="layer"),
+    "command-r": GGUFArchitecture("rope", rope_pairing="interleaved", qk_norm="layer"),  # Cohere rotates pairs
+    "cohere2": _INTERLEAVED,
+    "phi2": GGUFArchitecture("rope", packings=("separate", "fused"), rope_pairing="split-half"),  # early files fused
+    "gpt2": GGUFArchitecture("learned", packings=("fused",)),
+    "starcoder": GGUFArchitecture("learned", packings=("fused",)),  # multi-query gpt_bigcode
+    "bloom": GGUFArchitecture("alibi", packings=("fused",)),
+    # Known to llama.cpp, refused with the reason:
+    "grok": GGUFArchitecture("rope", refusal="llama.cpp soft-caps its attention logits (a tanh of q.k), "
+                                             "so the score is not bilinear in x"),
+    "deepseek2": GGUFArchitecture("rope", packings=(), refusal="multi-head latent attention normalises the latent kv "
+                                                  "(attn_kv_a_norm; q's attn_q_a_norm too where present) inside "
+                                                  "the projection, so the score is not bilinear in x"),
+    "llama4": GGUFArchitecture("rope", refusal="its RoPE layers L2-normalise q and k, and its other layers scale q "
+                                               "by a temperature that grows with position"),
+}
+SUPPORTED_GGUF = [name for name, a in GGUF_ARCHITECTURES.items() if a.refusal is None]
 
 
 class _HeaderReader(gguf.GGUFReader):
@@ -57,18 +170,49 @@ def _open_reader(path: Path) -> _HeaderReader:
         raise ExtractError(f"corrupt or truncated GGUF file {path}: {detail}") from None
 
 
-def _weight(tensor, layer: int) -> np.ndarray:
-    """One tensor dequantized to float64 (out, in); refuses unknown types and non-finite values."""
+def _file_refusal(meta: dict, arch: str) -> str | None:
+    """Why a file's score is not scale * x_j^T L x_i at distance 0 although its architecture can be, if so."""
+    cap = meta.get(f"{arch}.attn_logit_softcapping")
+    if cap:
+        return f"attn_logit_softcapping={cap:g} makes the score a tanh of q.k, not bilinear in x"
+    if meta.get(f"{arch}.attention.clamp_kqv"):
+        return "attention.clamp_kqv clips q and k, so the score is not bilinear in x"
+    if meta.get(f"{arch}.attention.temperature_scale"):
+        return "attention.temperature_scale multiplies q by a factor that grows with position"
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    factor = meta.get(f"{arch}.rope.scaling.attn_factor", 1.0)
+    if kind in ("yarn", "longrope") or factor != 1.0:
+        return f"rope scaling '{kind}' (attention factor {factor:g}) multiplies q and k by an attention factor"
+    return None
+
+
+@lru_cache(maxsize=None)
+def dequantizable(qtype: GGMLQuantizationType) -> bool:
+    """Whether the gguf package dequantizes this tensor type (F64 needs no dequantizing)."""
+    if qtype == GGMLQuantizationType.F64:
+        return True
+    size = gguf.GGML_QUANT_SIZES[qtype][1]
     try:
-        w = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        gguf.quants.dequantize(np.zeros((1, size), np.uint8), qtype)
     except NotImplementedError:
-        raise ExtractError(
-            f"cannot dequantize tensor {tensor.name}: the gguf package does not support "
-            f"type {tensor.tensor_type.name}") from None
-    w = np.asarray(w, dtype=np.float64)
+        return False
+    return True
+
+
+def _weight(tensor, layer: int, rows: int | None = None) -> np.ndarray:
+    """A tensor's first `rows` rows (all by default) dequantized to float64 (rows, in); refuses non-finite values.
+
+    GGML blocks never span rows, so a fused attn_qkv's V rows are left undecoded.
+    """
+    shape = tuple(int(d) for d in tensor.shape[::-1])
+    data = tensor.data if rows is None else tensor.data[:rows]
+    if tensor.tensor_type == GGMLQuantizationType.F64:
+        w = np.asarray(data, dtype=np.float64)
+    else:
+        w = np.asarray(gguf.quants.dequantize(data, tensor.tensor_type), dtype=np.float64)
     if not np.isfinite(w).all():
         raise ExtractError(f"layer {layer}: tensor {tensor.name} has non-finite values")
-    return w
+    return w.reshape((rows or shape[0],) + shape[1:])
 
 
 def _norm_tensor(tensors: dict, name: str, d_model: int, path: Path):
@@ -81,16 +225,36 @@ def _norm_tensor(tensors: dict, name: str, d_model: int, path: Path):
     return tensor
 
 
-def open_gguf(path: Path, *, name: str, source: str, revision: str | None, fold_norm: str = "none") -> Checkpoint:
-    """Open a llama.cpp GGUF file; revision None records the file's sha256; fold_norm as in extract.norms."""
+def _qk_norm_refusal(arch: str, layout: GGUFArchitecture) -> str:
+    """The one line refusing a file's QK-norm: LayerNorm never folds, RMS gains fold on request."""
+    if layout.qk_norm == "layer":
+        return (f"GGUF {arch} file has QK LayerNorm (attn_q_norm, attn_k_norm): it subtracts the mean of q and k, "
+                "so the score is not bilinear in x and its gains do not fold into W_Q, W_K")
+    return (f"GGUF {arch} file uses QK-norm (attn_q_norm, attn_k_norm), so the attention score is not bilinear in x; "
+            "pass --qk-norm fold to fold the norm gains into W_Q and W_K (L then acts on RMS-normalised q, k)")
+
+
+def open_gguf(path: Path, *, name: str, source: str, revision: str | None, qk_norm: str = "refuse",
+              fold_norm: str = "none") -> Checkpoint:
+    """Open a llama.cpp GGUF file; revision None records the file's sha256; fold_norm as in extract.norms.
+
+    qk_norm="refuse" rejects files with RMS QK-norm gains; "fold" folds attn_q_norm / attn_k_norm into
+    W_Q, W_K and marks the spec qk_norm="folded".
+    """
+    if qk_norm not in ("refuse", "fold"):
+        raise ExtractError(f"unknown qk-norm option '{qk_norm}'; expected 'refuse' or 'fold'")
     path = Path(path)
     reader = _open_reader(path)
     meta = {key: field.contents() for key, field in reader.fields.items()
             if field.types and field.types[0] != GGUFValueType.ARRAY
             and not key.startswith("tokenizer.")}
     arch = meta.get("general.architecture")
-    if arch not in ROPE_PAIRING:
-        raise ExtractError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(ROPE_PAIRING)}")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ExtractError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(SUPPORTED_GGUF)}")
+    layout = GGUF_ARCHITECTURES[arch]
+    reason = layout.refusal or _file_refusal(meta, arch)
+    if reason:
+        raise ExtractError(f"GGUF {arch} is refused: {reason}")
 
     def key(suffix, default=None):
         value = meta.get(f"{arch}.{suffix}", default)
@@ -101,40 +265,64 @@ def open_gguf(path: Path, *, name: str, source: str, revision: str | None, fold_
     n_layers, n_heads, d_model = key("block_count"), key("attention.head_count"), key("embedding_length")
     n_kv_heads = key("attention.head_count_kv", n_heads)
     head_dim = key("attention.key_length", d_model // n_heads)
+    value_dim = key("attention.value_length", head_dim)
     if n_heads % n_kv_heads:
         raise ExtractError(f"GGUF file {path}: {n_heads} query heads do not group over {n_kv_heads} kv heads")
 
     tensors = {t.name: t for t in reader.tensors}
+    first = {"separate": "blk.0.attn_q.weight", "fused": "blk.0.attn_qkv.weight"}
+    packing = next((p for p in layout.packings if first[p] in tensors), layout.packings[0])
+    q_rows, k_rows = n_heads * head_dim, n_kv_heads * head_dim
+    roles = ({"q": ("attn_q", (q_rows, d_model)), "k": ("attn_k", (k_rows, d_model))} if packing == "separate"
+             else {"qkv": ("attn_qkv", (q_rows + k_rows + n_kv_heads * value_dim, d_model))})
+    if layout.qk_norm and "blk.0.attn_q_norm.weight" in tensors:
+        if qk_norm == "refuse" or layout.qk_norm == "layer":
+            raise ExtractError(_qk_norm_refusal(arch, layout))
+        per_head = layout.qk_norm == "head"
+        roles |= {"q_norm": ("attn_q_norm", (head_dim if per_head else q_rows,)),
+                  "k_norm": ("attn_k_norm", (head_dim if per_head else k_rows,))}
+
     layers = []
     for i in range(n_layers):
-        pair = []
-        for kind, heads in (("q", n_heads), ("k", n_kv_heads)):
-            tensor = tensors.get(f"blk.{i}.attn_{kind}.weight")
+        layer = {}
+        for role, (stem, shape) in roles.items():
+            tensor = tensors.get(f"blk.{i}.{stem}.weight")
             if tensor is None:
-                raise ExtractError(f"GGUF file {path} has no tensor blk.{i}.attn_{kind}.weight")
-            shape = tuple(int(d) for d in tensor.shape[::-1])  # GGUF lists dims innermost first
-            if shape != (heads * head_dim, d_model):
-                raise ExtractError(f"GGUF tensor {tensor.name} has shape {shape}, "
-                                   f"expected ({heads * head_dim}, {d_model})")
-            pair.append(tensor)
-        layers.append(pair)
+                raise ExtractError(f"GGUF file {path} has no tensor blk.{i}.{stem}.weight")
+            actual = tuple(int(d) for d in tensor.shape[::-1])  # GGUF lists dims innermost first
+            if actual != shape:
+                raise ExtractError(f"GGUF tensor {tensor.name} has shape {actual}, expected {shape}")
+            if not dequantizable(tensor.tensor_type):
+                raise ExtractError(f"cannot dequantize tensor {tensor.name}: the gguf package does not support "
+                                   f"type {tensor.tensor_type.name}")
+            layer[role] = tensor
+        layers.append(layer)
 
+    shape = {"n_layers": n_layers, "n_heads": n_heads, "d_model": d_model, "head_dim": head_dim}
+    rope = {"rope_pairing": layout.rope_pairing, "rope_theta": key("rope.freq_base", 10000.0),
+            "rope_dims": key("rope.dimension_count", head_dim)} if layout.positional == "rope" else {}
     spec = ModelSpec(
-        architecture=arch, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
-        d_model=d_model, head_dim=head_dim, score_scale=1.0 / math.sqrt(head_dim), positional="rope",
-        config={**meta, "rope_pairing": ROPE_PAIRING[arch],
-                "rope_theta": key("rope.freq_base", 10000.0),
-                "rope_dims": key("rope.dimension_count", head_dim)},
-        rope=gguf_rope(meta, arch, head_dim, ROPE_PAIRING[arch], tensors))
+        architecture=arch, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, d_model=d_model,
+        head_dim=head_dim, score_scale=SCALE_RULES[layout.score_scale](meta, arch, shape),
+        positional=layout.positional,
+        qk_norm="folded" if "q_norm" in roles else None, config={**meta, **rope, "gguf_packing": packing},
+        rope=gguf_rope(meta, arch, head_dim, layout.rope_pairing, tensors) if layout.positional == "rope" else None)
     norm = norm_for(spec, fold_norm, GGUF_NORMS)
     gains = [_norm_tensor(tensors, norm.tensor(i), d_model, path) for i in range(n_layers)] if norm else []
     if norm is not None:
         spec = replace(spec, fold_norm=fold_norm)
+    fold = Layout(positional=layout.positional, prefixes=("",), tensors={}, packing=SEPARATE,
+                  qk_norm=layout.qk_norm, norm_offset=layout.norm_offset)
 
     def read(layer: int) -> tuple[np.ndarray, np.ndarray]:
-        q, k = layers[layer]
-        w_q, w_k = (_weight(q, layer).reshape(n_heads, head_dim, d_model),
-                    _weight(k, layer).reshape(n_kv_heads, head_dim, d_model))
+        if not 0 <= layer < n_layers:
+            raise ExtractError(f"layer {layer} out of range: {name} has {n_layers} layers")
+        arrays = {role: _weight(tensor, layer, q_rows + k_rows if role == "qkv" else None)
+                  for role, tensor in layers[layer].items()}
+        if "qkv" in arrays:
+            qkv = arrays.pop("qkv")
+            arrays |= {"q": qkv[:q_rows], "k": qkv[q_rows:]}
+        w_q, w_k = fold.qk_maps(arrays, spec)
         return norm.fold(w_q, w_k, _weight(gains[layer], layer), fold_norm) if norm is not None else (w_q, w_k)
 
     return Checkpoint(name=name, source=source, revision=revision or sha256_files([path]),

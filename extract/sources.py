@@ -185,7 +185,8 @@ def _open_local(path: Path, *, name: str | None, source: str, revision: str | No
     if path.suffix == ".gguf":
         if tower is not None:
             raise ExtractError(f"{path}: --tower applies to Hugging Face folders with several towers, not GGUF files")
-        return open_gguf(path, name=name or path.stem, source=source, revision=revision, fold_norm=fold_norm)
+        return open_gguf(path, name=name or path.stem, source=source, revision=revision, qk_norm=qk_norm,
+                         fold_norm=fold_norm)
     raise ExtractError(f"cannot read {path}: give a model folder (config.json + weights) or a .gguf file")
 
 

