@@ -83,7 +83,7 @@ def spectral_geometry(tables) -> pl.DataFrame:
     per_head = gamma.group_by("model", "layer", "head").agg(
         nu=pick("mode", "S_pos"), mu=-pick("mode", "S_neg"), tau=pick("mode", "T"),
         k_plus=pick("shape", "S_pos"), k_minus=pick("shape", "S_neg"), k_T=pick("shape", "T"))
-    return (tables["heads"].join(per_head, on=["model", "layer", "head"])
+    return (tables["heads"].join(per_head, on=["model", "layer", "head"], how="left")  # every head, fitted or not
             .with_columns(
                 retained=pl.all_horizontal(pl.col("mu", "nu", "tau").is_not_null()),
                 mode_ratio=pl.col("tau") / (pl.col("mu").abs() * pl.col("nu")).sqrt(),
