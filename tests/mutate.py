@@ -27,15 +27,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 STAGE = ROOT / "build" / "mutate"
 BIN = Path(sys.executable).parent
-TARGETS = ["headforms/compute/*", "headforms/extract/layouts.py", "headforms/warehouse/check.py",
-           "headforms/warehouse/load.py"]
+# What is mutated, and the test files that judge it (mutmut then runs, per mutant, those of them that
+# reach the mutated function). The slow end-to-end files (robustness, hub, browser) are left out.
+TARGETS = {
+    "headforms/compute/*": ["test_compute.py", "test_fits.py", "test_fit_status.py", "test_wiring.py", "test_theta.py",
+                            "test_bootstrap.py", "test_head_types.py", "test_positions.py", "test_norm_gains.py",
+                            "test_api.py", "test_real_models.py"],
+    "headforms/extract/layouts.py": ["test_layouts.py", "test_architectures.py", "test_gguf.py"],
+    "headforms/warehouse/check.py": ["test_check.py"],
+    "headforms/warehouse/load.py": ["test_cli.py", "test_api.py", "test_views.py", "test_wiring.py", "test_export.py"],
+}
 PACKAGE_PARTS = ["__init__.py", "api.py", "cli.py", "extract", "compute", "warehouse", "sql"]
 # Tests that judge the repository rather than the package (a wheel of the checkout): not run on mutants.
 DESELECT = ["tests/test_api.py::test_wheel_holds_only_the_headforms_package"]
 KILLED = {"killed", "timeout", "segfault", "caught by type check"}
 
 
-def stage(targets: list[str]) -> None:
+def stage(targets: list[str], tests: list[str]) -> None:
     """build/mutate: headforms/ linking the package's parts, tests/, and mutmut's configuration."""
     if (STAGE / "headforms").exists():
         shutil.rmtree(STAGE / "headforms")
@@ -49,7 +57,7 @@ def stage(targets: list[str]) -> None:
 source_paths = {quoted(f"headforms/{p}" for p in PACKAGE_PARTS)}
 only_mutate = {quoted(targets)}
 pytest_add_cli_args = {quoted(["-p", "no:cacheprovider", *(a for d in DESELECT for a in ("--deselect", d))])}
-pytest_add_cli_args_test_selection = ["tests"]
+pytest_add_cli_args_test_selection = {quoted(tests)}
 timeout_constant = 30.0
 
 [tool.pytest.ini_options]
@@ -68,7 +76,8 @@ def demo_warehouse() -> dict:
 
 def run_python(max_children: int, env: dict, targets: list[str]) -> dict[str, Counter]:
     """mutmut run in the stage; returns status counts per module."""
-    stage(targets)
+    tests = sorted({f"tests/{t}" for target in targets for t in TARGETS.get(target, ["."])})
+    stage(targets, [t.replace("tests/.", "tests") for t in tests])
     subprocess.run([str(BIN / "mutmut"), "run", "--max-children", str(max_children)], cwd=STAGE, env=env, check=False)
     listing = subprocess.run([str(BIN / "mutmut"), "results", "--all", "true"], cwd=STAGE, capture_output=True,
                              text=True, check=True).stdout
@@ -171,7 +180,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=["python", "sql"])
     parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
-    parser.add_argument("--targets", nargs="+", default=TARGETS, help="globs of the files to mutate (under headforms/)")
+    parser.add_argument("--targets", nargs="+", default=list(TARGETS), help="globs of the files to mutate (under headforms/)")
     args = parser.parse_args()
     started = time.perf_counter()
     env, results = demo_warehouse(), {}

@@ -144,7 +144,7 @@ DAMAGE = {
         [("violation", "layer_record", M, 6, None), *(("violation", "missing_head", M, 6, h) for h in range(12))]),
     "head index outside the model": (
         [f"INSERT INTO {table} SELECT * REPLACE (9 AS head{', 4 AS kv_head' * (table == 'heads')}) FROM {table} "
-         "WHERE model = {G} AND layer = 0 AND head = 0" for table in ("heads", "eigenvalues", "fits")],
+         "WHERE model = {G} AND layer = 0 AND head = 0" for table in ("heads", "eigenvalues", "fits", "distance_profiles")],
         [("violation", "uncommitted_rows", G, 0, 9)]),
     "eigenvalue idx not starting at 0": (
         ["UPDATE eigenvalues SET idx = idx + 1 WHERE model = {M} AND layer = 0 AND head = 1 AND spectrum = 'L_sv'"],
