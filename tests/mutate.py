@@ -59,6 +59,7 @@ only_mutate = {quoted(targets)}
 pytest_add_cli_args = {quoted(["-p", "no:cacheprovider", *(a for d in DESELECT for a in ("--deselect", d))])}
 pytest_add_cli_args_test_selection = {quoted(tests)}
 timeout_constant = 30.0
+process_isolation = "forkserver"
 
 [tool.pytest.ini_options]
 testpaths = ["tests"]
