@@ -68,18 +68,24 @@ def main():
               help="Type II when c_sym + d_sym is at most this.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random baseline heads.")
 @click.option("--device", default="cpu", show_default=True, help="torch device for the linear algebra (cpu, cuda).")
+@click.option("--plan", is_flag=True, help="Print per model its heads, Q/K bytes and checkpoint size "
+                                            "(from headers alone) and extract nothing.")
 @WAIT
-def extract(sources, db, name, revision, force, qk_norm, parity_tolerance, seed, device, wait):
+def extract(sources, db, name, revision, force, qk_norm, parity_tolerance, seed, device, plan, wait):
     """Extract SOURCES into the warehouse: hub ids, local folders, .gguf files, pkg:NAME, or a model set.
 
     Model sets (see `headforms models`): demo, paper. A model already in the warehouse is
-    skipped when up to date and resumed when an earlier run was interrupted.
+    skipped when up to date and resumed when an earlier run was interrupted. Hub models are
+    read by range (only the Q/K bytes), kept in the cache (see `headforms cache`).
     """
     from headforms import api
     from headforms.extract.sources import expand_sources
 
     if name and len(expand_sources(list(sources))) > 1:
         raise click.UsageError("--name needs exactly one source")
+    if plan:
+        _print(api.plan(sources, revision=revision, qk_norm=qk_norm), "table")
+        return
     started, progress = time.perf_counter(), _BarProgress()
     try:
         summary = api.extract(sources, db=db, progress=progress, name=name, revision=revision,
@@ -103,12 +109,16 @@ class _BarProgress:
         self.bar = click.progressbar(length=spec.n_layers * spec.n_heads, label=ckpt.name, file=sys.stderr,
                                      show_pos=True, item_show_func=lambda rate: rate)
         self.bar.__enter__()
-        self.t0 = time.perf_counter()
+        self.t0, self.ckpt, self.fetched0 = time.perf_counter(), ckpt, ckpt.bytes_fetched or 0
         self.bar.update(0)
 
     def layer_done(self, layer, heads):
-        rate = (self.bar.pos + heads) / max(time.perf_counter() - self.t0, 1e-9)
-        self.bar.update(heads, f"{rate:.0f} heads/s")
+        seconds = max(time.perf_counter() - self.t0, 1e-9)
+        rate = f"{(self.bar.pos + heads) / seconds:.0f} heads/s"
+        if self.ckpt.bytes_fetched is not None:  # a hub model: the bytes come over the network
+            fetched = self.ckpt.bytes_fetched - self.fetched0
+            rate += f", {fetched / 1e6:.1f} MB fetched at {fetched / 1e6 / seconds:.1f} MB/s"
+        self.bar.update(heads, rate)
 
     def close(self):
         """Ends the current bar (also when extraction failed, so an error starts on its own line)."""
@@ -224,6 +234,22 @@ def check(db, wait):
     if violations:
         raise click.ClickException(f"{db}: {violations} violation{'s' * (violations != 1)} of the warehouse's invariants")
     click.echo(f"{db}: all invariants hold ({len(findings)} warning{'s' * (len(findings) != 1)})")
+
+
+@main.command()
+@click.option("--clear", is_flag=True, help="Delete the cached ranges (of --repo only, if given).")
+@click.option("--repo", help="One hub repo (org/name).")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+def cache(clear, repo, fmt):
+    """The cache of hub byte ranges ($HEADFORMS_CACHE, default ~/.cache/headforms/hub): size per model."""
+    from headforms import api
+    from headforms.extract.hub import cache_root
+
+    frame = api.cache(clear=clear, repo=repo)
+    if clear:
+        click.echo(f"cleared {repo or 'the cache'} ({cache_root()})")
+    else:
+        _print(frame, fmt)
 
 
 @main.command()

@@ -54,10 +54,10 @@ def _open_reader(path: Path) -> _HeaderReader:
         raise ExtractError(f"corrupt or truncated GGUF file {path}: {detail}") from None
 
 
-def _weight(tensor, layer: int) -> np.ndarray:
-    """One tensor dequantized to float64 (out, in); refuses unknown types and non-finite values."""
+def _weight(tensor, data: np.ndarray, layer: int) -> np.ndarray:
+    """One tensor's data dequantized to float64 (out, in); refuses unknown types and non-finite values."""
     try:
-        w = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        w = gguf.quants.dequantize(data, tensor.tensor_type)
     except NotImplementedError:
         raise ExtractError(
             f"cannot dequantize tensor {tensor.name}: the gguf package does not support "
@@ -71,7 +71,15 @@ def _weight(tensor, layer: int) -> np.ndarray:
 def open_gguf(path: Path, *, name: str, source: str, revision: str | None) -> Checkpoint:
     """Open a llama.cpp GGUF file; revision None records the file's sha256."""
     path = Path(path)
-    reader = _open_reader(path)
+    return gguf_checkpoint(_open_reader(path), lambda tensors: [t.data for t in tensors], path, name=name,
+                           source=source, revision=revision or sha256_files([path]),
+                           checkpoint_bytes=path.stat().st_size)
+
+
+def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source: str, revision: str,
+                    checkpoint_bytes: int, meter=None) -> Checkpoint:
+    """A Checkpoint over a parsed GGUF header; data_of(tensors) gives those tensors' raw data arrays
+    (local: views of the mapped file; hub: fetched by range). `path` names the file in errors."""
     meta = {key: field.contents() for key, field in reader.fields.items()
             if field.types and field.types[0] != GGUFValueType.ARRAY
             and not key.startswith("tokenizer.")}
@@ -115,8 +123,10 @@ def open_gguf(path: Path, *, name: str, source: str, revision: str | None) -> Ch
 
     def read(layer: int) -> tuple[np.ndarray, np.ndarray]:
         q, k = layers[layer]
-        return (_weight(q, layer).reshape(n_heads, head_dim, d_model),
-                _weight(k, layer).reshape(n_kv_heads, head_dim, d_model))
+        q_data, k_data = data_of([q, k])
+        return (_weight(q, q_data, layer).reshape(n_heads, head_dim, d_model),
+                _weight(k, k_data, layer).reshape(n_kv_heads, head_dim, d_model))
 
-    return Checkpoint(name=name, source=source, revision=revision or sha256_files([path]),
-                      spec=spec, reader=read, close=layers.clear)
+    return Checkpoint(name=name, source=source, revision=revision, spec=spec, reader=read, close=layers.clear,
+                      qk_bytes=sum(int(t.n_bytes) for pair in layers for t in pair),
+                      checkpoint_bytes=checkpoint_bytes, meter=meter)

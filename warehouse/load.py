@@ -20,6 +20,7 @@ import polars as pl
 from headforms.compute.analysis import LayerAnalysis, analyse_layer
 from headforms.compute.statistics import PARITY_TOLERANCE, lobes
 from headforms.extract import Checkpoint
+from headforms.extract.hub import FetchError
 from headforms.warehouse.store import WarehouseError, insert, query, transaction
 
 
@@ -71,6 +72,7 @@ def load_model(con, ckpt: Checkpoint, opts: LoadOptions,
             with transaction(con):
                 _delete_model(con, name)
                 _write_model(con, ckpt, opts, record, on_layer)
+            _record_cost(con, ckpt)
             return LoadResult(name, "replaced", spec.n_layers, spec.n_layers * spec.n_heads,
                               time.perf_counter() - start)
         if prev["complete"]:
@@ -93,6 +95,9 @@ def load_model(con, ckpt: Checkpoint, opts: LoadOptions,
         with transaction(con):
             con.execute("UPDATE models SET complete = true, extracted_at = ? WHERE model = ?",
                         [record["extracted_at"], name])
+    except FetchError:  # the network gave out: keep the committed layers, the same command resumes
+        _record_cost(con, ckpt)
+        raise
     except Exception:
         with transaction(con):  # undo this run only; an interruption (Ctrl-C, kill) keeps its layers
             if created:
@@ -101,8 +106,17 @@ def load_model(con, ckpt: Checkpoint, opts: LoadOptions,
                 for table in ("heads", "eigenvalues", "fits", "layers"):
                     con.execute(f"DELETE FROM {table} WHERE model = ? AND list_contains(?, layer)", [name, written])
         raise
+    _record_cost(con, ckpt)
     status = "resumed" if done or not created else "extracted"
     return LoadResult(name, status, len(written), len(written) * spec.n_heads, time.perf_counter() - start)
+
+
+def _record_cost(con, ckpt: Checkpoint) -> None:
+    """Add this run's hub bytes to the model's bytes_fetched (runs that resume add up)."""
+    if ckpt.bytes_fetched is not None:
+        with transaction(con):
+            con.execute("UPDATE models SET bytes_fetched = coalesce(bytes_fetched, 0) + ? WHERE model = ?",
+                        [ckpt.bytes_fetched, ckpt.name])
 
 
 def _write_model(con, ckpt, opts, record, on_layer) -> None:
@@ -145,6 +159,7 @@ def _model_record(ckpt: Checkpoint, opts: LoadOptions) -> dict:
         "qk_norm": spec.qk_norm, "config": json.dumps(spec.config, default=str),
         "parity_tolerance": opts.parity_tolerance, "baseline_seed": opts.seed,
         "tool_version": tool_version(),
+        "bytes_fetched": None, "checkpoint_bytes": ckpt.checkpoint_bytes,  # bytes_fetched: _record_cost
         "extracted_at": datetime.now(timezone.utc).replace(tzinfo=None), "complete": False,
     }
 

@@ -21,6 +21,10 @@ CREATE TABLE IF NOT EXISTS models (
     extracted_at        TIMESTAMP NOT NULL,
     complete            BOOLEAN NOT NULL    -- false while layers are still missing
 );
+-- What a run cost (added after the first release: a warehouse from before gets the columns, NULL).
+ALTER TABLE models ADD COLUMN IF NOT EXISTS bytes_fetched BIGINT;     -- bytes fetched from the hub, NULL for local files
+ALTER TABLE models ADD COLUMN IF NOT EXISTS checkpoint_bytes BIGINT;  -- bytes of the checkpoint's weight files
+
 
 -- Progress: a layer is listed once all its rows are committed (one transaction).
 CREATE TABLE IF NOT EXISTS layers (
