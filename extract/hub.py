@@ -92,15 +92,18 @@ class HubRepo:
     def resolve(cls, repo_id: str, revision: str | None) -> HubRepo:
         """The repo's commit and file table: from the hub, else (offline, unreachable) from the cache."""
         from huggingface_hub import HfApi, constants, errors
+        from huggingface_hub.utils import validate_repo_id
 
+        try:
+            validate_repo_id(repo_id)
+        except errors.HFValidationError:
+            raise ExtractError(f"not a file, folder, pkg: reference or hub id ('name' or 'org/name'): {repo_id}") from None
         refs = _repo_dir(repo_id) / "refs" / quote(revision or "main", safe="")
         if constants.is_offline_mode():
             return cls._cached(repo_id, revision, refs, "HF_HUB_OFFLINE is set")
         try:
             info = HfApi(endpoint=constants.ENDPOINT).model_info(repo_id, revision=revision or "main",
                                                                  files_metadata=True, timeout=TIMEOUT)
-        except errors.HFValidationError:
-            raise ExtractError(f"not a file, folder, pkg: reference or hub id ('name' or 'org/name'): {repo_id}") from None
         except errors.RevisionNotFoundError:
             raise ExtractError(f"no revision '{revision}' of '{repo_id}' on the Hugging Face hub") from None
         except errors.GatedRepoError:

@@ -340,3 +340,30 @@ def test_plan_prints_bytes_per_model_from_headers_alone(hub, tmp_path):
     headers = sum(header_bytes(f) for fmt in ("sharded", "bin") for f in (tmp_path / fmt).iterdir()
                   if f.suffix in (".safetensors", ".bin"))
     assert weight_bytes_served(hub) <= headers  # no tensor data
+
+
+# Errors ------------------------------------------------------------------------------------------
+
+def test_unknown_repo_revision_and_bad_id(hub, tmp_path):
+    serve(hub, "org/tiny", llama(tmp_path, "safetensors"))
+    with pytest.raises(ExtractError, match=r"^no model 'org/absent' on the Hugging Face hub \(or it is private"):
+        open_checkpoint("org/absent")
+    with pytest.raises(ExtractError, match=r"^no revision 'v9' of 'org/tiny' on the Hugging Face hub$"):
+        open_checkpoint("org/tiny", revision="v9")
+    with pytest.raises(ExtractError, match=r"^not a file, folder, pkg: reference or hub id"):
+        open_checkpoint("bad id with spaces")
+    with pytest.raises(ExtractError, match=r"^'org/tiny' on the Hugging Face hub has no file none\.gguf$"):
+        open_checkpoint("org/tiny/none.gguf")
+
+
+def test_unreachable_hub_without_cache(hub, monkeypatch):
+    """A closed port: refused at once, one line."""
+    constants = importlib.import_module("huggingface_hub.constants")
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    start = time.monotonic()
+    with pytest.raises(ExtractError) as error:
+        open_checkpoint("gpt2")
+    assert time.monotonic() - start < 10
+    message = str(error.value)
+    assert re.match(r"^'gpt2' is not in the headforms cache \(.*\) and the hub cannot be reached \(", message)
+    assert "\n" not in message and "Connection refused" in message
