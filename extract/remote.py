@@ -8,7 +8,6 @@ pickle is downloaded whole and read by torch's weights-only loader.
 from __future__ import annotations
 
 import json
-import math
 import pickle
 import struct
 import sys

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import io
 import json
-import math
 import pickle
 import re
 import time
