@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -186,6 +187,22 @@ class Weights:
     origin: str = ""           # the folder or hub repo, for messages
     header: Callable | None = None  # file -> (meta, spans) for files whose header is read only when needed
     unread: set = field(default_factory=set)  # files whose header has not been read yet
+    ahead: int = 0             # layers fetched ahead in the background (hub: the network overlaps the compute)
+    pending: dict = field(default_factory=dict, repr=False)  # tensor name -> its background fetch
+    pool: ThreadPoolExecutor | None = field(default=None, repr=False)
+
+    def prefetch(self, names) -> None:
+        """Start fetching tensors in the background (hub: into the range cache); read() waits for them."""
+        todo = [n for n in names if n not in self.pending]
+        if todo:
+            self.pool = self.pool or ThreadPoolExecutor(1, thread_name_prefix="headforms-prefetch")
+            self.pending |= dict.fromkeys(todo, self.pool.submit(self._fetch, todo))
+
+    def close(self) -> None:
+        """Stop fetching ahead."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
 
     def describe(self, names) -> None:
         """Read the headers of the files holding `names` (a shard holding none of them is never read)."""
@@ -197,10 +214,14 @@ class Weights:
 
     def read(self, names: list[str]) -> dict[str, np.ndarray]:
         """Named tensors as float64 arrays, opening each file that holds some of them once."""
+        for future in {self.pending.pop(n) for n in names if n in self.pending}:
+            future.result()  # fetched ahead: now in the cache (or its error raised here)
+        return {n: t.to(torch.float64, copy=True).numpy() for n, t in self._fetch(names).items()}
+
+    def _fetch(self, names: list[str]) -> dict[str, torch.Tensor]:
         out = {}
         for path in dict.fromkeys(self.where[n] for n in names):
-            tensors = self.fetch(path, [n for n in names if self.where[n] == path], self.spans)
-            out |= {n: t.to(torch.float64, copy=True).numpy() for n, t in tensors.items()}
+            out |= self.fetch(path, [n for n in names if self.where[n] == path], self.spans)
         return out
 
 
@@ -301,6 +322,8 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, rev
         if not 0 <= layer < spec.n_layers:
             raise ExtractError(f"layer {layer} out of range: {name} has {spec.n_layers} layers")
         roles = tensors(layer)
+        weights.prefetch(t for later in range(layer + 1, min(layer + 1 + weights.ahead, spec.n_layers))
+                         for t in tensors(later).values())
         arrays = weights.read(list(roles.values()))
         for tensor, array in arrays.items():
             # a finite sum means every value is finite; only an overflowing sum needs the elementwise check
@@ -310,5 +333,5 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, rev
 
     qk = {t for layer in range(spec.n_layers) for t in tensors(layer).values()}
     qk_bytes = sum(math.prod(weights.meta[t][0]) * getattr(torch, weights.meta[t][1]).itemsize for t in qk)
-    return Checkpoint(name=name, source=source, revision=revision, spec=spec, reader=reader,
+    return Checkpoint(name=name, source=source, revision=revision, spec=spec, reader=reader, close=weights.close,
                       qk_bytes=qk_bytes, checkpoint_bytes=checkpoint_bytes, meter=meter)

@@ -10,6 +10,7 @@ interrupted extraction refetches nothing and HF_HUB_OFFLINE=1 works from it.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -132,6 +133,13 @@ class HubRepo:
                                f"cache ({cache_root()}) and {why}")
         return cls(repo_id, commit, {k: tuple(v) for k, v in json.loads(table.read_text()).items()})
 
+    @functools.cached_property
+    def headers(self) -> dict[str, str]:
+        """huggingface_hub's request headers (user agent, the token when logged in), built once."""
+        from huggingface_hub.utils import build_hf_headers
+
+        return build_hf_headers()
+
     @property
     def folder(self) -> Path:
         return _repo_dir(self.repo_id) / self.commit
@@ -215,7 +223,7 @@ class RemoteFile:
     def _fetch(self, start: int, end: int) -> bytes:
         """Bytes start..end-1 from the hub; a drop or short body resumes where it stopped, 429/5xx retry."""
         from huggingface_hub import constants, hf_hub_url
-        from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
+        from huggingface_hub.utils import hf_raise_for_status
 
         if constants.is_offline_mode():
             raise FetchError(f"bytes {start}-{end} of {self} are not in the headforms cache and HF_HUB_OFFLINE is set")
@@ -228,7 +236,7 @@ class RemoteFile:
                                  f"{RETRIES} tries ({why}); committed layers are kept: run the same command to resume")
             wait, tries = BACKOFF * 2 ** (tries - 1) if tries else 0.0, tries + 1
             at = start + len(buf)
-            headers = build_hf_headers() | {"Range": f"bytes={at}-{end - 1}", "Accept-Encoding": "identity"}
+            headers = self.repo.headers | {"Range": f"bytes={at}-{end - 1}", "Accept-Encoding": "identity"}
             try:
                 with session.stream("GET", url, headers=headers, timeout=TIMEOUT) as response:
                     if response.status_code == 429 or response.status_code >= 500:

@@ -24,6 +24,7 @@ from headforms.extract.hf import (Weights, hf_checkpoint, parse_config, safetens
                                   spans_meta, torch_state_dict)
 from headforms.extract.hub import HubRepo, RangeReader, RemoteFile
 
+AHEAD = 2  # layers fetched in the background while one is analysed
 # Hub weight layouts in order of preference: (single file, shard index); safetensors before .bin.
 HUB_LAYOUTS = (("model.safetensors", "model.safetensors.index.json"),
                ("pytorch_model.bin", "pytorch_model.bin.index.json"))
@@ -59,7 +60,7 @@ def _hub_weights(repo: HubRepo) -> Weights:
             remote = repo.file(single)
             meta, spans = header(remote)
             return Weights(files=[remote], where=dict.fromkeys(meta, remote), meta=meta, fetch=fetch, spans=spans,
-                           origin=repo.repo_id)
+                           origin=repo.repo_id, ahead=AHEAD)
         if index in repo.files:
             index_file = repo.file(index)
             try:
@@ -68,7 +69,8 @@ def _hub_weights(repo: HubRepo) -> Weights:
             except (ValueError, KeyError, TypeError, AttributeError) as e:
                 raise ExtractError(f"unreadable {index} of '{repo.repo_id}': {type(e).__name__}: {e}") from None
             return Weights(files=list(shards.values()), where={n: shards[s] for n, s in weight_map.items()},
-                           meta={}, fetch=fetch, origin=repo.repo_id, header=header, unread=set(shards.values()))
+                           meta={}, fetch=fetch, origin=repo.repo_id, header=header, unread=set(shards.values()),
+                           ahead=AHEAD)
     raise ExtractError(f"'{repo.repo_id}' on the Hugging Face hub has no model.safetensors or "
                        "pytorch_model.bin weights (sharded or not)")
 

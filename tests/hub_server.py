@@ -58,6 +58,8 @@ class HubHandler(BaseHTTPRequestHandler):
         if self.headers.get("Range"):
             a, b = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers["Range"]).groups()
             start, end, status = int(a), min(size, int(b) + 1 if b else size), 206
+        if hub.refuse is not None and hub.refuse(name, start, end):
+            return self._reply(503, b"unavailable")
         headers = {"X-Repo-Commit": COMMIT, "ETag": f'"{hub.blob_id(repo_id, name)}"', "Accept-Ranges": "bytes"}
         if status == 206:
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
@@ -94,6 +96,7 @@ class HubServer(ThreadingHTTPServer):
         self.requests: list[tuple[str, str, str | None]] = []
         self.faults: list[str] = []   # "drop", "short", "503", "429": applied to the next file GETs, in order
         self.retry_after = 1
+        self.refuse = None            # (file, start, end) -> True: that request gets a 503, every time
         self.bandwidth = bandwidth    # bytes per second over all connections, None: unlimited
         self._lock = threading.Lock()
         self._next_free = 0.0
