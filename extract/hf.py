@@ -301,6 +301,7 @@ def open_hf_folder(folder: Path, *, name: str, source: str, revision: str | None
     """
     folder = Path(folder)
     config = _read_config(folder)
+    model_spec(config, qk_norm=qk_norm)  # an unsupported config is refused before the weights are looked at
     weights = _find_weights(folder)
     return hf_checkpoint(config, weights, name=name, source=source, qk_norm=qk_norm,
                          revision=revision or sha256_files(weights.files),

@@ -23,6 +23,7 @@ from headforms.extract.gguf_file import _HeaderReader, gguf_checkpoint
 from headforms.extract.hf import (Weights, hf_checkpoint, parse_config, safetensors_spans, span_tensor,
                                   spans_meta, torch_state_dict)
 from headforms.extract.hub import HubRepo, RangeReader, RemoteFile
+from headforms.extract.layouts import model_spec
 
 AHEAD = 2  # layers fetched in the background while one is analysed
 # Hub weight layouts in order of preference: (single file, shard index); safetensors before .bin.
@@ -37,6 +38,7 @@ def open_hub(repo_id: str, *, name: str, revision: str | None, qk_norm: str) -> 
         raise ExtractError(f"'{repo_id}' on the Hugging Face hub has no config.json")
     config_file = repo.file("config.json")
     config = parse_config(config_file.read_at(0, config_file.size), str(config_file))
+    model_spec(config, qk_norm=qk_norm)  # an unsupported config is refused before any weight header is fetched
     weights = _hub_weights(repo)
     return hf_checkpoint(config, weights, name=name, source=repo_id, revision=repo.commit, qk_norm=qk_norm,
                          checkpoint_bytes=repo.checkpoint_bytes(f.path for f in weights.files), meter=repo.meter)
