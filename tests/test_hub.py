@@ -111,7 +111,7 @@ def weight_bytes_served(server: HubServer) -> int:
 
 # The three formats --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("fmt", ["sharded", "bin"])
+@pytest.mark.parametrize("fmt", ["sharded", "bin", "sharded_bin"])
 def test_hub_equals_local_for_a_fraction_of_the_bytes(hub, tmp_path, fmt):
     folder = llama(tmp_path, fmt)
     serve(hub, "org/tiny", folder)
