@@ -74,10 +74,14 @@ def _one_line(error: BaseException) -> str:
 
 
 def _session_and_errors():
-    """huggingface_hub's shared HTTP client and the transport errors it raises."""
-    from huggingface_hub.utils import get_session, httpx
+    """huggingface_hub's shared HTTP client and the transport errors it raises (its httpx's TransportError:
+    drops, timeouts, refused connections)."""
+    import importlib
 
-    return get_session(), (httpx.TransportError,)
+    from huggingface_hub.utils import get_session
+
+    session = get_session()
+    return session, (importlib.import_module(type(session).__module__.split(".")[0]).TransportError,)
 
 
 @dataclass
