@@ -367,3 +367,12 @@ def test_unreachable_hub_without_cache(hub, monkeypatch):
     message = str(error.value)
     assert re.match(r"^'gpt2' is not in the headforms cache \(.*\) and the hub cannot be reached \(", message)
     assert "\n" not in message and "Connection refused" in message
+
+
+def test_cli_summary_says_what_the_run_fetched(hub, tmp_path):
+    folder = llama(tmp_path, "safetensors")
+    serve(hub, "org/tiny", folder)
+    result = CliRunner().invoke(cli.main, ["extract", "org/tiny", "--db", str(tmp_path / "w.duckdb")])
+    assert result.exit_code == 0, result.output
+    size = (folder / "model.safetensors").stat().st_size
+    assert f"; {sum(hub.served.values()) / 1e6:.1f} MB fetched of a {size / 1e6:.1f} MB checkpoint" in result.output
