@@ -206,11 +206,13 @@ class Weights:
 
     def describe(self, names) -> None:
         """Read the headers of the files holding `names` (a shard holding none of them is never read)."""
-        for file in dict.fromkeys(self.where[n] for n in names if n in self.where and self.where[n] in self.unread):
-            meta, spans = self.header(file)
-            self.meta |= meta
-            self.spans |= spans
-            self.unread.discard(file)
+        files = list(dict.fromkeys(self.where[n] for n in names if n in self.where and self.where[n] in self.unread))
+        if files:
+            with ThreadPoolExecutor(min(8, len(files))) as pool:  # hub: the header requests in flight together
+                for file, (meta, spans) in zip(files, pool.map(self.header, files)):
+                    self.meta |= meta
+                    self.spans |= spans
+                    self.unread.discard(file)
 
     def read(self, names: list[str]) -> dict[str, np.ndarray]:
         """Named tensors as float64 arrays, opening each file that holds some of them once."""

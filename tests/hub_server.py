@@ -17,6 +17,7 @@ class HubHandler(BaseHTTPRequestHandler):
     """GET /api/models/REPO[/revision/REV], GET/HEAD /REPO/resolve/REV/PATH (Range: bytes=a-b)."""
 
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are separate writes: without this each reply waits for an ACK
     server: HubServer
 
     def log_message(self, *args):
