@@ -58,6 +58,7 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     failed first run leaves no warehouse file behind; an interruption keeps committed layers."""
     import polars as pl
 
+    from headforms.extract.hub import FetchError
     from headforms.extract.sources import open_target, plan_targets
     from headforms.warehouse.load import LoadOptions, load_model
     from headforms.warehouse.store import connect as open_warehouse, create_schema, default_db, \
@@ -87,9 +88,10 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
             rows.append({"model": result.model, "status": result.status, "layers": result.layers,
                          "heads": result.heads, "seconds": result.seconds, "architecture": spec.architecture,
                          "n_layers": spec.n_layers, "n_heads": spec.n_heads, "d_model": spec.d_model,
-                         "head_dim": spec.head_dim, "revision": ckpt.revision})
-    except Exception:  # an interruption (Ctrl-C) keeps committed layers, and so the file
-        if con is not None and created and not rows:  # the failed run undid its rows: undo the file too
+                         "head_dim": spec.head_dim, "revision": ckpt.revision,
+                         "bytes_fetched": ckpt.bytes_fetched, "checkpoint_bytes": ckpt.checkpoint_bytes})
+    except Exception as error:  # an interruption (Ctrl-C, a lost network) keeps committed layers, and so the file
+        if con is not None and created and not rows and not isinstance(error, FetchError):  # rows undone: the file too
             con.close()
             con = None
             remove_warehouse(db)
@@ -99,6 +101,38 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
             with interruptible():
                 con.close()
     return pl.DataFrame(rows, schema_overrides={"seconds": pl.Float64})
+
+
+def plan(sources: str | Iterable[str], *, name: str | None = None, revision: str | None = None,
+         revisions: str | list[str] | None = None, set_file: str | Path | None = None, qk_norm: str = "refuse",
+         tower: str | None = None, fold_norm: str = "none"):
+    """What extracting `sources` (with extract's options) would read, from headers alone (nothing else is
+    fetched): per model, heads, the bytes of its Q/K tensors and of its weight files."""
+    import polars as pl
+
+    from headforms.extract.sources import open_target, plan_targets
+
+    rows = []
+    for target in plan_targets(sources, name=name, revision=revision, revisions=revisions, set_file=set_file):
+        ckpt = open_target(target, qk_norm=qk_norm, tower=tower, fold_norm=fold_norm)
+        ckpt.close()
+        rows.append({"model": ckpt.name, "source": target.source, "heads": ckpt.spec.n_layers * ckpt.spec.n_heads,
+                     "qk_bytes": ckpt.qk_bytes, "checkpoint_bytes": ckpt.checkpoint_bytes,
+                     "header_bytes_fetched": ckpt.bytes_fetched})
+    return pl.DataFrame(rows, schema_overrides={"qk_bytes": pl.Int64, "checkpoint_bytes": pl.Int64,
+                                                "header_bytes_fetched": pl.Int64})
+
+
+def cache(clear: bool = False, repo: str | None = None):
+    """The hub range cache, one row per repo and commit (files, bytes); clear=True deletes it (or one repo's) first."""
+    import polars as pl
+
+    from headforms.extract.hub import cache_usage, clear_cache
+
+    if clear:
+        clear_cache(repo)
+    rows = [row for row in cache_usage() if repo is None or row["repo"] == repo]
+    return pl.DataFrame(rows, schema={"repo": pl.Utf8, "commit": pl.Utf8, "files": pl.Int64, "bytes": pl.Int64})
 
 
 def table(db: str | Path | None, view: str):
@@ -194,4 +228,5 @@ def _as_numpy(w):
     return w
 
 
-__all__ = ["Analysis", "Progress", "analyse", "connect", "extract", "heads", "report", "spectra", "table"]
+__all__ = ["Analysis", "Progress", "analyse", "cache", "connect", "extract", "heads", "plan", "report", "spectra",
+           "table"]

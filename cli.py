@@ -82,13 +82,16 @@ def main():
 @click.option("--device", default="cpu", show_default=True, help="torch device for the linear algebra (cpu, cuda).")
 @click.option("--resamples", type=click.IntRange(min=1), default=2000, show_default=True,
               help="B, the bootstrap resamples of the per-model intervals (seeded by --seed).")
+@click.option("--plan", is_flag=True, help="Print per model its heads, Q/K bytes and checkpoint size "
+                                            "(from headers alone) and extract nothing.")
 @WAIT
 def extract(sources, db, name, revision, revisions, set_file, force, qk_norm, tower, fold_norm, distances,
-            parity_tolerance, seed, device, resamples, wait):
+            parity_tolerance, seed, device, resamples, plan, wait):
     """Extract SOURCES into the warehouse: hub ids, local folders, .gguf files, pkg:NAME, or a model set.
 
     Model sets (see `headforms models`): demo, paper, pythia-dynamics. A model already in the
-    warehouse is skipped when up to date and resumed when an earlier run was interrupted.
+    warehouse is skipped when up to date and resumed when an earlier run was interrupted. Hub models
+    are read by range (only the Q/K bytes), kept in the cache (see `headforms cache`).
     """
     from headforms import api
     from headforms.extract.sources import plan_targets
@@ -97,6 +100,10 @@ def extract(sources, db, name, revision, revisions, set_file, force, qk_norm, to
         plan_targets(sources, name=name, revision=revision, revisions=revisions, set_file=set_file)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    if plan:
+        _print(api.plan(sources, name=name, revision=revision, revisions=revisions, set_file=set_file,
+                        qk_norm=qk_norm, tower=tower, fold_norm=fold_norm), "table")
+        return
     started, progress = time.perf_counter(), _BarProgress()
     try:
         summary = api.extract(sources, db=db, progress=progress, name=name, revision=revision,
@@ -134,12 +141,16 @@ class _BarProgress:
         self.bar = click.progressbar(length=spec.n_layers * spec.n_heads, label=ckpt.name, file=sys.stderr,
                                      show_pos=True, item_show_func=lambda rate: rate)
         self.bar.__enter__()
-        self.t0 = time.perf_counter()
+        self.t0, self.ckpt, self.fetched0 = time.perf_counter(), ckpt, ckpt.bytes_fetched or 0
         self.bar.update(0)
 
     def layer_done(self, layer, heads):
-        rate = (self.bar.pos + heads) / max(time.perf_counter() - self.t0, 1e-9)
-        self.bar.update(heads, f"{rate:.0f} heads/s")
+        seconds = max(time.perf_counter() - self.t0, 1e-9)
+        rate = f"{(self.bar.pos + heads) / seconds:.0f} heads/s"
+        if self.ckpt.bytes_fetched is not None:  # a hub model: the bytes come over the network
+            fetched = self.ckpt.bytes_fetched - self.fetched0
+            rate += f", {fetched / 1e6:.1f} MB fetched at {fetched / 1e6 / seconds:.1f} MB/s"
+        self.bar.update(heads, rate)
 
     def close(self):
         """Ends the current bar (also when extraction failed, so an error starts on its own line)."""
@@ -153,7 +164,9 @@ class _BarProgress:
         click.echo(f"{result.model}: {result.status}; {result.layers} layers, {result.heads} heads "
                    f"in {result.seconds:.1f} s ({result.heads / max(result.seconds, 1e-9):.0f} heads/s; "
                    f"{spec.architecture}, {spec.n_layers} x {spec.n_heads} heads, "
-                   f"N={spec.d_model}, n={spec.head_dim}, revision {ckpt.revision})")
+                   f"N={spec.d_model}, n={spec.head_dim}, revision {ckpt.revision})"
+                   + (f"; {ckpt.bytes_fetched / 1e6:.1f} MB fetched of a {ckpt.checkpoint_bytes / 1e6:.1f} MB checkpoint"
+                      if ckpt.bytes_fetched is not None else ""))
 
 
 @main.command()
@@ -288,6 +301,22 @@ def architectures(fmt):
         import polars as pl
 
         _print(pl.DataFrame(rows()), fmt)
+
+
+@main.command()
+@click.option("--clear", is_flag=True, help="Delete the cached ranges (of --repo only, if given).")
+@click.option("--repo", help="One hub repo (org/name).")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+def cache(clear, repo, fmt):
+    """The cache of hub byte ranges ($HEADFORMS_CACHE, default ~/.cache/headforms/hub): size per model."""
+    from headforms import api
+    from headforms.extract.hub import cache_root
+
+    frame = api.cache(clear=clear, repo=repo)
+    if clear:
+        click.echo(f"cleared {repo or 'the cache'} ({cache_root()})")
+    else:
+        _print(frame, fmt)
 
 
 @main.command()

@@ -48,6 +48,14 @@ class Checkpoint:
     close: Callable[[], None] = field(default=lambda: None, repr=False)
     base_model: str | None = None     # a training checkpoint: the model it is a revision of
     training_step: int | None = None  # a training checkpoint's step, from its revision's name
+    qk_bytes: int | None = None          # bytes of the Q/K tensors (and gains) the reader reads
+    checkpoint_bytes: int | None = None  # bytes of the weight files
+    meter: object = field(default=None, repr=False)  # hub sources: a Meter of the bytes fetched over the network
+
+    @property
+    def bytes_fetched(self) -> int | None:
+        """Bytes this checkpoint fetched over the network so far (None for local files)."""
+        return None if self.meter is None else self.meter.bytes
 
     def read_layer(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """(W_Q, W_K) of a layer: float64 arrays of shape (n_heads, n, N) and (n_kv_heads, n, N).

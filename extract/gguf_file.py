@@ -199,13 +199,12 @@ def dequantizable(qtype: GGMLQuantizationType) -> bool:
     return True
 
 
-def _weight(tensor, layer: int, rows: int | None = None) -> np.ndarray:
-    """A tensor's first `rows` rows (all by default) dequantized to float64 (rows, in); refuses non-finite values.
-
-    GGML blocks never span rows, so a fused attn_qkv's V rows are left undecoded.
+def _weight(tensor, data: np.ndarray, layer: int, rows: int | None = None) -> np.ndarray:
+    """The first `rows` rows (all by default) of a tensor's raw data dequantized to float64 (rows, in);
+    refuses non-finite values. GGML blocks never span rows, so a fused attn_qkv's V rows are left undecoded.
     """
     shape = tuple(int(d) for d in tensor.shape[::-1])
-    data = tensor.data if rows is None else tensor.data[:rows]
+    data = data if rows is None else data[:rows]
     if tensor.tensor_type == GGMLQuantizationType.F64:
         w = np.asarray(data, dtype=np.float64)
     else:
@@ -236,15 +235,23 @@ def _qk_norm_refusal(arch: str, layout: GGUFArchitecture) -> str:
 
 def open_gguf(path: Path, *, name: str, source: str, revision: str | None, qk_norm: str = "refuse",
               fold_norm: str = "none") -> Checkpoint:
-    """Open a llama.cpp GGUF file; revision None records the file's sha256; fold_norm as in extract.norms.
+    """Open a llama.cpp GGUF file; revision None records the file's sha256. qk_norm, fold_norm: see gguf_checkpoint."""
+    path = Path(path)
+    return gguf_checkpoint(_open_reader(path), lambda tensors: [t.data for t in tensors], path, name=name,
+                           source=source, revision=revision or sha256_files([path]),
+                           checkpoint_bytes=path.stat().st_size, qk_norm=qk_norm, fold_norm=fold_norm)
+
+
+def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source: str, revision: str,
+                    checkpoint_bytes: int, meter=None, qk_norm: str = "refuse", fold_norm: str = "none") -> Checkpoint:
+    """A Checkpoint over a parsed GGUF header; data_of(tensors) gives those tensors' raw data arrays
+    (local: views of the mapped file; hub: fetched by range). `path` names the file in errors.
 
     qk_norm="refuse" rejects files with RMS QK-norm gains; "fold" folds attn_q_norm / attn_k_norm into
-    W_Q, W_K and marks the spec qk_norm="folded".
+    W_Q, W_K and marks the spec qk_norm="folded". fold_norm as in extract.norms.
     """
     if qk_norm not in ("refuse", "fold"):
         raise ExtractError(f"unknown qk-norm option '{qk_norm}'; expected 'refuse' or 'fold'")
-    path = Path(path)
-    reader = _open_reader(path)
     meta = {key: field.contents() for key, field in reader.fields.items()
             if field.types and field.types[0] != GGUFValueType.ARRAY
             and not key.startswith("tokenizer.")}
@@ -317,13 +324,19 @@ def open_gguf(path: Path, *, name: str, source: str, revision: str | None, qk_no
     def read(layer: int) -> tuple[np.ndarray, np.ndarray]:
         if not 0 <= layer < n_layers:
             raise ExtractError(f"layer {layer} out of range: {name} has {n_layers} layers")
-        arrays = {role: _weight(tensor, layer, q_rows + k_rows if role == "qkv" else None)
-                  for role, tensor in layers[layer].items()}
+        tensors = layers[layer]
+        fetched = data_of([*tensors.values(), *([gains[layer]] if norm is not None else [])])
+        arrays = {role: _weight(tensor, data, layer, q_rows + k_rows if role == "qkv" else None)
+                  for (role, tensor), data in zip(tensors.items(), fetched)}
         if "qkv" in arrays:
             qkv = arrays.pop("qkv")
             arrays |= {"q": qkv[:q_rows], "k": qkv[q_rows:]}
         w_q, w_k = fold.qk_maps(arrays, spec)
-        return norm.fold(w_q, w_k, _weight(gains[layer], layer), fold_norm) if norm is not None else (w_q, w_k)
+        if norm is None:
+            return w_q, w_k
+        return norm.fold(w_q, w_k, _weight(gains[layer], fetched[-1], layer), fold_norm)
 
-    return Checkpoint(name=name, source=source, revision=revision or sha256_files([path]),
-                      spec=spec, reader=read, close=layers.clear)
+    return Checkpoint(name=name, source=source, revision=revision, spec=spec, reader=read, close=layers.clear,
+                      qk_bytes=sum(int(t.n_bytes) for layer in layers for t in [*layer.values()])
+                      + sum(int(t.n_bytes) for t in gains),
+                      checkpoint_bytes=checkpoint_bytes, meter=meter)

@@ -13,6 +13,8 @@ import json
 import math
 import os
 import sys
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -68,19 +70,26 @@ def _read_at(f, offset: int, size: int, path: Path) -> bytearray:
 
 
 def _safetensors_spans(path: Path) -> dict[str, tuple[str, tuple[int, ...], int, int]]:
-    """name -> (dtype, shape, start, end) with absolute byte offsets, from the file's header (an
-    8-byte little-endian length, then JSON), each span checked against its shape and the file size."""
+    """name -> (dtype, shape, start, end) of a local safetensors file (see safetensors_spans)."""
     with _open_unbuffered(path) as f:
-        size = os.fstat(f.fileno()).st_size
-        length = int.from_bytes(_read_at(f, 0, 8, path), "little") if size >= 8 else -1
-        if not 0 < length <= min(size - 8, _HEADER_LIMIT):
-            raise ExtractError(f"cannot read {path}: not a safetensors file (header length {length}, file size {size})")
-        try:
-            header = json.loads(bytes(_read_at(f, 8, length, path)))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ExtractError(f"cannot read {path}: bad safetensors header: {_one_line(e)}") from None
+        return safetensors_spans(lambda offset, size: _read_at(f, offset, size, path),
+                                 os.fstat(f.fileno()).st_size, str(path))
+
+
+def safetensors_spans(read_at: Callable[[int, int], bytes], size: int,
+                      label: str) -> dict[str, tuple[str, tuple[int, ...], int, int]]:
+    """name -> (dtype, shape, start, end) with absolute byte offsets, from a safetensors header (an
+    8-byte little-endian length, then JSON) read through `read_at(offset, size)`, each span checked
+    against its shape and the file size; `label` names the file in errors."""
+    length = int.from_bytes(read_at(0, 8), "little") if size >= 8 else -1
+    if not 0 < length <= min(size - 8, _HEADER_LIMIT):
+        raise ExtractError(f"cannot read {label}: not a safetensors file (header length {length}, file size {size})")
+    try:
+        header = json.loads(bytes(read_at(8, length)))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ExtractError(f"cannot read {label}: bad safetensors header: {_one_line(e)}") from None
     if not isinstance(header, dict):
-        raise ExtractError(f"cannot read {path}: bad safetensors header")
+        raise ExtractError(f"cannot read {label}: bad safetensors header")
     base, spans = 8 + length, {}
     for name, info in header.items():
         if name == "__metadata__":
@@ -92,9 +101,22 @@ def _safetensors_spans(path: Path) -> dict[str, tuple[str, tuple[int, ...], int,
             ok = False
         itemsize = _TORCH_DTYPES[dtype].itemsize if ok and dtype in _TORCH_DTYPES else None
         if not ok or (itemsize is not None and end - start != math.prod(shape) * itemsize):
-            raise ExtractError(f"cannot read {path}: tensor '{name}' has a bad extent in the safetensors header")
+            raise ExtractError(f"cannot read {label}: tensor '{name}' has a bad extent in the safetensors header")
         spans[name] = (dtype, shape, base + start, base + end)
     return spans
+
+
+def spans_meta(spans: dict) -> dict[str, tuple[tuple[int, ...], str]]:
+    """name -> (shape, torch dtype name) of safetensors spans."""
+    return {name: (shape, _DTYPES.get(dtype, dtype)) for name, (dtype, shape, _, _) in spans.items()}
+
+
+def span_tensor(data, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """A tensor over the raw little-endian bytes of a safetensors span."""
+    if not len(data):
+        return torch.empty(shape, dtype=_TORCH_DTYPES[dtype])
+    return torch.frombuffer(bytearray(data) if isinstance(data, bytes) else data,
+                            dtype=_TORCH_DTYPES[dtype]).reshape(shape)
 
 
 def _safetensors_header(path: Path) -> tuple[dict[str, tuple[tuple[int, ...], str]], dict]:
@@ -107,7 +129,7 @@ def _safetensors_header(path: Path) -> tuple[dict[str, tuple[tuple[int, ...], st
     with _safetensors_open(path) as f:
         slices = {name: f.get_slice(name) for name in f.keys()}
         meta = {name: (tuple(s.get_shape()), _DTYPES.get(s.get_dtype(), s.get_dtype())) for name, s in slices.items()}
-    if {name: (shape, _DTYPES.get(dtype, dtype)) for name, (dtype, shape, _, _) in spans.items()} != meta:
+    if spans_meta(spans) != meta:
         raise ExtractError(f"cannot read {path}: its safetensors header disagrees with itself")
     return meta, spans
 
@@ -124,17 +146,15 @@ def _safetensors_fetch(path: Path, names: list[str], spans: dict) -> dict[str, t
     with _open_unbuffered(path) as f:
         for name in sorted(names, key=lambda n: spans[n][2]):  # in file order
             dtype, shape, start, end = spans[name]
-            if end == start:
-                out[name] = torch.empty(shape, dtype=_TORCH_DTYPES[dtype])
-            else:
-                out[name] = torch.frombuffer(_read_at(f, start, end - start, path), dtype=_TORCH_DTYPES[dtype]).reshape(shape)
+            out[name] = span_tensor(_read_at(f, start, end - start, path), dtype, shape)
     return out
 
 
-def _torch_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """A .bin state dict, mmapped (tensor data is paged in only when touched), never running pickled code."""
+def torch_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """A .bin state dict, mmapped (tensor data is paged in only when touched; a legacy non-zip
+    pickle cannot be), never running pickled code."""
     try:
-        state = torch.load(path, weights_only=True, mmap=True, map_location="cpu")
+        state = torch.load(path, weights_only=True, mmap=zipfile.is_zipfile(path), map_location="cpu")
     except Exception as e:
         raise ExtractError(f"cannot read {path} (weights-only load refused or failed): {_one_line(e)}") from None
     if not isinstance(state, dict):
@@ -143,11 +163,11 @@ def _torch_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _torch_header(path: Path) -> tuple[dict[str, tuple[tuple[int, ...], str]], dict]:
-    return {name: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in _torch_state_dict(path).items()}, {}
+    return {name: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in torch_state_dict(path).items()}, {}
 
 
 def _torch_fetch(path: Path, names: list[str], spans: dict) -> dict[str, torch.Tensor]:
-    state = _torch_state_dict(path)
+    state = torch_state_dict(path)
     return {name: state[name] for name in names}
 
 
@@ -157,21 +177,54 @@ _WEIGHT_FORMATS = (("model.safetensors", "model.safetensors.index.json", _safete
 
 
 @dataclass
-class _Weights:
-    """The weight files of a folder: which file holds each tensor, its header shape/dtype, and a reader."""
+class Weights:
+    """The weight files of a checkpoint: which file holds each tensor, its header shape/dtype, and a reader."""
 
-    files: list[Path]
-    where: dict[str, Path]
+    files: list                # local Paths, or hub RemoteFiles
+    where: dict[str, object]   # tensor name -> its file
     meta: dict[str, tuple[tuple[int, ...], str]]
-    fetch: Callable[[Path, list[str], dict], dict[str, torch.Tensor]]
+    fetch: Callable[[object, list[str], dict], dict[str, torch.Tensor]]
     spans: dict = field(default_factory=dict)  # safetensors: name -> (dtype, shape, start, end)
+    origin: str = ""           # the folder or hub repo, for messages
+    header: Callable | None = None  # file -> (meta, spans) for files whose header is read only when needed
+    unread: set = field(default_factory=set)  # files whose header has not been read yet
+    ahead: int = 0             # layers fetched ahead in the background (hub: the network overlaps the compute)
+    pending: dict = field(default_factory=dict, repr=False)  # tensor name -> its background fetch
+    pool: ThreadPoolExecutor | None = field(default=None, repr=False)
+
+    def prefetch(self, names) -> None:
+        """Start fetching tensors in the background (hub: into the range cache); read() waits for them."""
+        todo = [n for n in names if n not in self.pending]
+        if todo:
+            self.pool = self.pool or ThreadPoolExecutor(1, thread_name_prefix="headforms-prefetch")
+            self.pending |= dict.fromkeys(todo, self.pool.submit(self._fetch, todo))
+
+    def close(self) -> None:
+        """Stop fetching ahead."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
+
+    def describe(self, names) -> None:
+        """Read the headers of the files holding `names` (a shard holding none of them is never read)."""
+        files = list(dict.fromkeys(self.where[n] for n in names if n in self.where and self.where[n] in self.unread))
+        if files:
+            with ThreadPoolExecutor(min(8, len(files))) as pool:  # hub: the header requests in flight together
+                for file, (meta, spans) in zip(files, pool.map(self.header, files)):
+                    self.meta |= meta
+                    self.spans |= spans
+                    self.unread.discard(file)
 
     def read(self, names: list[str]) -> dict[str, np.ndarray]:
         """Named tensors as float64 arrays, opening each file that holds some of them once."""
+        for future in {self.pending.pop(n) for n in names if n in self.pending}:
+            future.result()  # fetched ahead: now in the cache (or its error raised here)
+        return {n: t.to(torch.float64, copy=True).numpy() for n, t in self._fetch(names).items()}
+
+    def _fetch(self, names: list[str]) -> dict[str, torch.Tensor]:
         out = {}
         for path in dict.fromkeys(self.where[n] for n in names):
-            tensors = self.fetch(path, [n for n in names if self.where[n] == path], self.spans)
-            out |= {n: t.to(torch.float64, copy=True).numpy() for n, t in tensors.items()}
+            out |= self.fetch(path, [n for n in names if self.where[n] == path], self.spans)
         return out
 
 
@@ -187,7 +240,7 @@ def _shard_files(index: Path) -> list[Path]:
     return [index.parent / shard for shard in shards]
 
 
-def _find_weights(folder: Path) -> _Weights:
+def _find_weights(folder: Path) -> Weights:
     """Locate the weight files (safetensors preferred over .bin) and read their headers."""
     for single, index, header, fetch in _WEIGHT_FORMATS:
         if (folder / single).is_file():
@@ -202,7 +255,7 @@ def _find_weights(folder: Path) -> _Weights:
             meta |= header_of_file
             spans |= spans_of_file
             where |= dict.fromkeys(header_of_file, path)
-        return _Weights(files=files, where=where, meta=meta, fetch=fetch, spans=spans)
+        return Weights(files=files, where=where, meta=meta, fetch=fetch, spans=spans, origin=str(folder))
     names = ", ".join(name for fmt in _WEIGHT_FORMATS for name in fmt[:2])
     raise ExtractError(f"no weights in {folder}: expected one of {names}")
 
@@ -212,64 +265,89 @@ def _read_config(folder: Path) -> dict:
     if not path.is_file():
         raise ExtractError(f"no config.json in {folder}")
     try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return parse_config(path.read_bytes(), path)
+    except OSError as e:
         raise ExtractError(f"cannot parse {path}: {_one_line(e)}") from None
+
+
+def parse_config(text: bytes, label) -> dict:
+    """config.json's JSON object."""
+    try:
+        config = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ExtractError(f"cannot parse {label}: {_one_line(e)}") from None
     if not isinstance(config, dict):
-        raise ExtractError(f"{path} is not a JSON object")
+        raise ExtractError(f"{label} is not a JSON object")
     return config
 
 
-def _check_tensors(layout: Layout, spec: ModelSpec, weights: _Weights, prefix: str) -> None:
-    """Every layer's Q/K (and gain) tensors exist with the shape the config implies and a float dtype."""
-    for layer in range(spec.n_layers):
-        for name, shape in layout.tensors_for(spec, prefix, layer).values():
-            _check_tensor(weights, name, shape, layer)
+def _check_tensors(weights: Weights, wanted: list[tuple[str, tuple[int, ...], int]]) -> None:
+    """Every (tensor, shape the config implies, layer) wanted exists with that shape and a float dtype."""
+    weights.describe(name for name, _, _ in wanted)
+    for name, shape, layer in wanted:
+        if name not in weights.meta:
+            raise ExtractError(f"missing tensor '{name}' (layer {layer}) in {weights.origin}")
+        actual, dtype = weights.meta[name]
+        if actual != shape:
+            raise ExtractError(f"tensor '{name}' has shape {actual}, expected {shape} from config.json")
+        if dtype not in _FLOAT_DTYPES:
+            raise ExtractError(f"tensor '{name}' has dtype {dtype}; supported: {', '.join(sorted(_FLOAT_DTYPES))}")
 
 
-def _check_tensor(weights: _Weights, name: str, shape: tuple[int, ...], layer: int) -> None:
-    """A tensor exists with the shape the config implies and a float dtype."""
-    if name not in weights.meta:
-        raise ExtractError(f"missing tensor '{name}' (layer {layer}) in {weights.files[0].parent}")
-    actual, dtype = weights.meta[name]
-    if actual != shape:
-        raise ExtractError(f"tensor '{name}' has shape {actual}, expected {shape} from config.json")
-    if dtype not in _FLOAT_DTYPES:
-        raise ExtractError(f"tensor '{name}' has dtype {dtype}; supported: {', '.join(sorted(_FLOAT_DTYPES))}")
-
-
-def open_hf_folder(folder: Path, *, name: str, source: str, revision: str | None,
-                   qk_norm: str = "refuse", tower: str | None = None, fold_norm: str = "none") -> Checkpoint:
+def open_hf_folder(folder: Path, *, name: str, source: str, revision: str | None, qk_norm: str = "refuse",
+                   tower: str | None = None, fold_norm: str = "none") -> Checkpoint:
     """A Checkpoint over a local Hugging Face folder; validates config and every layer's Q/K tensors up front.
 
-    revision=None records "sha256:<hex>" of the weight files. qk_norm: "refuse" or "fold"; tower: which
-    tower of a multi-tower model (see model_spec). fold_norm: "none", "gain" or "center" (extract.norms):
-    fold the pre-norm feeding attention into W_Q, W_K.
+    revision=None records "sha256:<hex>" of the weight files. qk_norm, tower, fold_norm: see hf_checkpoint.
     """
     folder = Path(folder)
-    layout, spec = model_spec(_read_config(folder), qk_norm=qk_norm, tower=tower)
+    config = _read_config(folder)
+    model_spec(config, qk_norm=qk_norm, tower=tower)  # an unsupported config is refused before the weights are read
+    weights = _find_weights(folder)
+    return hf_checkpoint(config, weights, name=name, source=source, qk_norm=qk_norm, tower=tower, fold_norm=fold_norm,
+                         revision=revision or sha256_files(weights.files),
+                         checkpoint_bytes=sum(os.path.getsize(f) for f in weights.files))
+
+
+def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, revision: str, qk_norm: str,
+                  tower: str | None = None, fold_norm: str = "none", checkpoint_bytes: int | None = None,
+                  meter=None) -> Checkpoint:
+    """A Checkpoint over a config and its weight files (local or on the hub); checks every layer's Q/K up front.
+
+    qk_norm: "refuse" or "fold"; tower: which tower of a multi-tower model (see model_spec); fold_norm:
+    "none", "gain" or "center" (extract.norms): fold the pre-norm feeding attention into W_Q, W_K."""
+    layout, spec = model_spec(config, qk_norm=qk_norm, tower=tower)
     norm = norm_for(spec, fold_norm, HF_NORMS)
     if norm is not None:
         spec = replace(spec, fold_norm=fold_norm)
-    weights = _find_weights(folder)
     first = next(iter(layout.tensors.values())).format(i=0)  # layer 0's Q (or fused QKV) locates the prefix
-    prefix = next((p for p in layout.prefixes if p + first in weights.meta), layout.prefixes[0])
-    _check_tensors(layout, spec, weights, prefix)
-    for layer in range(spec.n_layers if norm is not None else 0):
-        _check_tensor(weights, prefix + norm.tensor(layer), (spec.d_model,), layer)
+    prefix = next((p for p in layout.prefixes if p + first in weights.where), layout.prefixes[0])
+
+    def tensors(layer: int) -> dict[str, str]:
+        """role -> tensor name of a layer, the norm gain (role 'gain') included when folding it."""
+        roles = {role: tensor for role, (tensor, _) in layout.tensors_for(spec, prefix, layer).items()}
+        return roles | ({"gain": prefix + norm.tensor(layer)} if norm is not None else {})
+
+    _check_tensors(weights, [(name, shape, layer) for layer in range(spec.n_layers)
+                             for name, shape in layout.tensors_for(spec, prefix, layer).values()]
+                   + [(tensors(layer)["gain"], (spec.d_model,), layer) for layer in range(spec.n_layers)
+                      if norm is not None])
 
     def reader(layer: int) -> tuple[np.ndarray, np.ndarray]:
         if not 0 <= layer < spec.n_layers:
             raise ExtractError(f"layer {layer} out of range: {name} has {spec.n_layers} layers")
-        roles = {role: tensor for role, (tensor, _) in layout.tensors_for(spec, prefix, layer).items()}
-        gain = prefix + norm.tensor(layer) if norm is not None else None
-        arrays = weights.read(list(roles.values()) + ([gain] if gain else []))
+        roles = tensors(layer)
+        weights.prefetch(t for later in range(layer + 1, min(layer + 1 + weights.ahead, spec.n_layers))
+                         for t in tensors(later).values())
+        arrays = weights.read(list(roles.values()))
         for tensor, array in arrays.items():
             # a finite sum means every value is finite; only an overflowing sum needs the elementwise check
             if not np.isfinite(array.sum()) and not np.isfinite(array).all():
                 raise ExtractError(f"layer {layer}: tensor '{tensor}' has non-finite values")
-        w_q, w_k = layout.qk_maps({role: arrays[tensor] for role, tensor in roles.items()}, spec)
-        return norm.fold(w_q, w_k, arrays[gain], fold_norm) if norm is not None else (w_q, w_k)
+        w_q, w_k = layout.qk_maps({role: arrays[tensor] for role, tensor in roles.items() if role != "gain"}, spec)
+        return norm.fold(w_q, w_k, arrays[roles["gain"]], fold_norm) if norm is not None else (w_q, w_k)
 
-    return Checkpoint(name=name, source=source, revision=revision or sha256_files(weights.files),
-                      spec=spec, reader=reader)
+    qk = {t for layer in range(spec.n_layers) for t in tensors(layer).values()}
+    qk_bytes = sum(math.prod(weights.meta[t][0]) * getattr(torch, weights.meta[t][1]).itemsize for t in qk)
+    return Checkpoint(name=name, source=source, revision=revision, spec=spec, reader=reader, close=weights.close,
+                      qk_bytes=qk_bytes, checkpoint_bytes=checkpoint_bytes, meter=meter)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -43,11 +42,7 @@ REVISION_SETS: dict[str, tuple[str, str, list[str]]] = {
 }
 
 _PATH_SUFFIXES = (".gguf", ".safetensors", ".bin", ".json")
-# Hub weight layouts in order of preference: a shard index (fetched first, with config.json, as it
-# names the shards) or a single file; safetensors before pytorch_model*.bin.
-_HUB_LAYOUTS = ("model.safetensors.index.json", "model.safetensors",
-                "pytorch_model.bin.index.json", "pytorch_model.bin")
-_HUB_INDEXES = [f for f in _HUB_LAYOUTS if f.endswith(".index.json")]
+HF_SCHEME = "hf://"
 
 
 def expand_sources(sources: str | list[str]) -> list[tuple[str | None, str]]:
@@ -151,10 +146,22 @@ def open_target(target: Target, **options) -> Checkpoint:
 
 def open_checkpoint(source: str, *, revision: str | None = None, name: str | None = None,
                     qk_norm: str = "refuse", tower: str | None = None, fold_norm: str = "none") -> Checkpoint:
-    """Resolve a folder, .gguf file, `pkg:NAME` or hub id (`name`, `org/name`) to a Checkpoint.
+    """Resolve a folder, .gguf file, `pkg:NAME`, hub id (`name`, `org/name`) or hub GGUF file
+    (`org/name/file.gguf`, `hf://org/name/file.gguf`) to a Checkpoint.
 
     tower picks a tower of a multi-tower model (clip, siglip, whisper); the default name then ends in -TOWER.
     fold_norm: "none", "gain" or "center": fold the norm feeding attention into W_Q, W_K (extract.norms)."""
+    if source.startswith(HF_SCHEME) or (source.endswith(".gguf") and source.count("/") >= 2
+                                        and not source.startswith(("/", ".", "~")) and not Path(source).exists()):
+        parts = source.removeprefix(HF_SCHEME).split("/", 2)
+        if len(parts) < 3 or not parts[2].endswith(".gguf"):
+            raise ExtractError(f"a hub file source is org/name/FILE.gguf (or hf://org/name/FILE.gguf): {source}")
+        if tower is not None:
+            raise ExtractError(f"{source}: --tower applies to Hugging Face checkpoints with several towers, not GGUF files")
+        from headforms.extract.remote import open_hub_gguf
+
+        return open_hub_gguf("/".join(parts[:2]), parts[2], name=name or Path(parts[2]).stem, source=source,
+                             revision=revision, qk_norm=qk_norm, fold_norm=fold_norm)
     if source.startswith("pkg:"):
         package = source[len("pkg:"):]
         return _open_local(_package_model(package), name=name or _towered(package, tower), source=source,
@@ -165,8 +172,10 @@ def open_checkpoint(source: str, *, revision: str | None = None, name: str | Non
                            fold_norm=fold_norm)
     if source.startswith(("/", ".", "~")) or source.endswith(_PATH_SUFFIXES) or source.count("/") >= 2:
         raise ExtractError(f"no such file or folder: {source}")
-    return _open_hub(source, name=name or _towered(source.rsplit("/", 1)[-1], tower), revision=revision,
-                     qk_norm=qk_norm, tower=tower, fold_norm=fold_norm)
+    from headforms.extract.remote import open_hub  # torch loads only when a hub model is opened
+
+    return open_hub(source, name=name or _towered(source.rsplit("/", 1)[-1], tower), revision=revision,
+                    qk_norm=qk_norm, tower=tower, fold_norm=fold_norm)
 
 
 def _towered(name: str, tower: str | None) -> str:
@@ -209,75 +218,6 @@ def _package_model(package: str) -> Path:
         what = ", ".join(str(f) for f in found) if found else "no .gguf file and no folder with config.json and weights"
         raise ExtractError(f"package '{package}' must hold exactly one model; found {what}")
     return found[0]
-
-
-def _open_hub(repo_id: str, *, name: str, revision: str | None, qk_norm: str, tower: str | None = None,
-              fold_norm: str = "none") -> Checkpoint:
-    """Fetch config.json and one weight format of a hub model (cache first, honouring HF_HUB_OFFLINE)
-    and open the snapshot; the snapshot folder's name is the resolved commit."""
-    import huggingface_hub as hub
-    from huggingface_hub import constants, errors
-
-    try:
-        folder = Path(hub.snapshot_download(
-            repo_id, revision=revision, allow_patterns=["config.json", *_HUB_INDEXES]))
-        # snapshot_download keeps the repo's file listing whenever it reaches the hub; without one
-        # the snapshot came from the cache alone, and its own files are all there is to go on.
-        try:
-            files = [f.path for f in hub.get_cached_repo_tree(repo_id, revision=folder.name)]
-            listed = True
-        except errors.CachedRepoTreeNotFoundError:
-            files = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
-            listed = False
-        weights = _weight_files(repo_id, folder, files)
-        missing = [w for w in weights if not (folder / w).is_file()]
-        if missing and listed:
-            hub.snapshot_download(repo_id, revision=folder.name, allow_patterns=missing)
-        elif missing:
-            raise ExtractError(f"the cached snapshot of '{repo_id}' lacks {', '.join(missing)} "
-                               "and the hub cannot be reached")
-    except errors.HFValidationError:
-        raise ExtractError(f"not a file, folder, pkg: reference or hub id ('name' or 'org/name'): {repo_id}") from None
-    except errors.RevisionNotFoundError:
-        raise ExtractError(f"no revision '{revision}' of '{repo_id}' on the Hugging Face hub") from None
-    except errors.GatedRepoError:
-        raise ExtractError(f"'{repo_id}' is gated on the Hugging Face hub: accept its terms on the "
-                           "model page and log in (`hf auth login`)") from None
-    except errors.RepositoryNotFoundError:
-        raise ExtractError(f"no model '{repo_id}' on the Hugging Face hub "
-                           "(or it is private: log in with `hf auth login`)") from None
-    except errors.IncompleteSnapshotError as e:
-        raise ExtractError(f"the cached snapshot of '{repo_id}' is incomplete and the hub cannot be "
-                           f"reached: {_one_line(e)}") from None
-    except errors.LocalEntryNotFoundError as e:
-        if constants.is_offline_mode():
-            raise ExtractError(f"'{repo_id}' is not in the local Hugging Face cache "
-                               f"({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE is set") from None
-        raise ExtractError(f"cannot reach the Hugging Face hub for '{repo_id}' (and it is not in the "
-                           f"local cache): {_one_line(e.__cause__ or e)}") from None
-    except (errors.HfHubHTTPError, OSError) as e:
-        raise ExtractError(f"cannot download '{repo_id}' from the Hugging Face hub: {_one_line(e)}") from None
-    from headforms.extract.hf import open_hf_folder
-
-    return open_hf_folder(folder, name=name, source=repo_id, revision=folder.name, qk_norm=qk_norm, tower=tower,
-                          fold_norm=fold_norm)
-
-
-def _weight_files(repo_id: str, folder: Path, files: list[str]) -> list[str]:
-    """config.json plus the preferred weight layout of a repo (never e.g. consolidated.safetensors)."""
-    if "config.json" not in files:
-        raise ExtractError(f"'{repo_id}' on the Hugging Face hub has no config.json")
-    for layout in _HUB_LAYOUTS:
-        if layout in files:
-            if not layout.endswith(".index.json"):
-                return ["config.json", layout]
-            try:
-                shards = json.loads((folder / layout).read_text())["weight_map"].values()
-            except (ValueError, KeyError, AttributeError) as e:
-                raise ExtractError(f"unreadable {layout} of '{repo_id}': {_one_line(e)}") from None
-            return ["config.json", layout, *sorted(set(shards))]
-    raise ExtractError(f"'{repo_id}' on the Hugging Face hub has no model.safetensors or "
-                       "pytorch_model.bin weights (sharded or not)")
 
 
 def _one_line(error: BaseException) -> str:

@@ -779,6 +779,150 @@ def projection(read_gbps: float | None) -> dict:
           "download and DuckDB writes excluded")
     return {"seconds": total, "with_read": total + total_read, "heads": heads_all}
 
+# ---------------------------------------------------------------------------------------------
+
+HUB_SCALE = 8          # the hub section's checkpoint: every width of Mistral-Small-24B divided by this
+HUB_BANDWIDTH = 200e6  # bytes/s the local hub serves at
+HUB_VOCAB, HUB_FFN = 131072, 32768  # Mistral-Small-24B's vocabulary and MLP width
+HUB_TARGETS = {"fetched_over_qk": 1.02, "speedup": 10.0}
+
+
+def _mistral_bytes(N: int, H: int, Hkv: int, n: int, ffn: int, vocab: int, layers: int) -> tuple[int, int]:
+    """(Q/K bytes, checkpoint bytes) of a bf16 Mistral-shaped checkpoint."""
+    qk = layers * (H + Hkv) * n * N * 2
+    per_layer = 2 * (H * n * N) + 2 * (Hkv * n * N) + 3 * ffn * N + 2 * N
+    return qk, 2 * (layers * per_layer + 2 * vocab * N + N)
+
+
+def write_hub_checkpoint(folder: Path) -> dict:
+    """A Mistral-Small-24B-shaped checkpoint with every width divided by HUB_SCALE: bf16, 10 shards,
+    embeddings in the first shard and lm_head alone in the last (as the published one)."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(8)
+    N, n, ffn, vocab = SYN_N // HUB_SCALE, SYN_HEAD_DIM // HUB_SCALE, HUB_FFN // HUB_SCALE, HUB_VOCAB // HUB_SCALE
+    pool = _bf16_pool(rng, (SYN_HEADS + SYN_KV) * n * N)
+    shapes = {"self_attn.q_proj.weight": (SYN_HEADS * n, N), "self_attn.k_proj.weight": (SYN_KV * n, N),
+              "self_attn.v_proj.weight": (SYN_KV * n, N), "self_attn.o_proj.weight": (N, SYN_HEADS * n),
+              "mlp.gate_proj.weight": (ffn, N), "mlp.up_proj.weight": (ffn, N), "mlp.down_proj.weight": (N, ffn),
+              "input_layernorm.weight": (N,), "post_attention_layernorm.weight": (N,)}
+    folder.mkdir(parents=True)
+    config = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": N,
+              "num_hidden_layers": SYN_LAYERS, "num_attention_heads": SYN_HEADS, "num_key_value_heads": SYN_KV,
+              "head_dim": n, "intermediate_size": ffn, "rope_theta": 1e8, "vocab_size": vocab, "torch_dtype": "bfloat16"}
+    (folder / "config.json").write_text(json.dumps(config))
+    shards = [[f"model.layers.{i}.{t}" for i in part for t in shapes] for part in np.array_split(range(SYN_LAYERS), 9)]
+    shards[0] = ["model.embed_tokens.weight", *shards[0]]
+    shards[-1] += ["model.norm.weight"]
+    shards.append(["lm_head.weight"])
+    weight_map = {}
+    for s, names in enumerate(shards):
+        tensors = {}
+        for name in names:
+            shape = {"model.embed_tokens.weight": (vocab, N), "lm_head.weight": (vocab, N),
+                     "model.norm.weight": (N,)}.get(name) or shapes[name.split(".", 3)[3]]
+            size = math.prod(shape)
+            bits = pool[:size] if "q_proj" in name or "k_proj" in name else np.zeros(size, np.uint16)
+            tensors[name] = bits.reshape(shape)
+        fname = f"model-{s + 1:05d}-of-{len(shards):05d}.safetensors"
+        # safetensors' numpy writer has no bf16: store the bit patterns as U16, then relabel the header
+        save_file(tensors, str(folder / fname))
+        raw = (folder / fname).read_bytes()
+        length = int.from_bytes(raw[:8], "little")
+        head = raw[8:8 + length].rstrip(b" ").replace(b'"U16"', b'"BF16"')
+        head += b" " * (-len(head) % 8)
+        (folder / fname).write_bytes(len(head).to_bytes(8, "little") + head + raw[8 + length:])
+        weight_map |= dict.fromkeys(names, fname)
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    qk, total = _mistral_bytes(N, SYN_HEADS, SYN_KV, n, ffn, vocab, SYN_LAYERS)
+    return {"qk": qk, "files": sorted(folder.iterdir()), "N": N, "n": n}
+
+
+def hub_ranged(tmp_root: Path) -> dict:
+    """Serve the scaled checkpoint at HUB_BANDWIDTH; extract-read it by range, then download it whole."""
+    import importlib
+
+    from tests.hub_server import HubServer
+
+    header(f"8. hub by range: Mistral-Small-24B-shaped checkpoint / {HUB_SCALE} in every width "
+           f"(40 x 32 heads, 8 kv, bf16, 10 shards) served at {HUB_BANDWIDTH / 1e6:.0f} MB/s")
+    tmp = Path(tempfile.mkdtemp(prefix="headforms-hub-", dir=tmp_root))
+    server = HubServer(bandwidth=HUB_BANDWIDTH)
+    constants = importlib.import_module("huggingface_hub.constants")
+    saved = {k: getattr(constants, k) for k in ("ENDPOINT", "HUGGINGFACE_CO_URL_TEMPLATE", "HF_HUB_OFFLINE")}
+    os.environ["HEADFORMS_CACHE"] = str(tmp / "cache")
+    try:
+        info = write_hub_checkpoint(tmp / "model")
+        server.repos["bench/mistral-small-shaped"] = {f.name: f for f in info["files"]}
+        constants.ENDPOINT, constants.HF_HUB_OFFLINE = server.endpoint, False
+        constants.HUGGINGFACE_CO_URL_TEMPLATE = server.endpoint + "/{repo_id}/resolve/{revision}/{filename}"
+        weights = [f for f in info["files"] if f.suffix == ".safetensors"]
+        size = sum(f.stat().st_size for f in weights)
+        from huggingface_hub import hf_hub_download
+
+        import headforms.extract.remote  # noqa: F401  (torch's import is not the network's time)
+        from headforms.extract import open_checkpoint
+
+        t0 = time.perf_counter()
+        ckpt = open_checkpoint("bench/mistral-small-shaped")
+        for layer in range(ckpt.spec.n_layers):
+            ckpt.read_layer(layer)
+        ranged = time.perf_counter() - t0
+        fetched = sum(n for name, n in server.served.items() if name.endswith(".safetensors"))
+        untouched = [f.name for f in weights if f.name not in server.served]
+        server.served.clear()
+        t0 = time.perf_counter()  # again, every range now in the cache: what is not the network
+        ckpt = open_checkpoint("bench/mistral-small-shaped")
+        for layer in range(ckpt.spec.n_layers):
+            ckpt.read_layer(layer)
+        local = time.perf_counter() - t0
+        assert sum(n for name, n in server.served.items() if name.endswith(".safetensors")) == 0
+        t0 = time.perf_counter()
+        for f in info["files"]:
+            hf_hub_download("bench/mistral-small-shaped", f.name, cache_dir=tmp / "hf")
+        whole = time.perf_counter() - t0
+        print(f"checkpoint {size / 1e6:.1f} MB in {len(weights)} shards; Q/K {info['qk'] / 1e6:.2f} MB "
+              f"({info['qk'] / size:.1%})")
+        print(f"by range: {fetched / 1e6:.2f} MB of weight files fetched = {fetched / info['qk']:.4f} x Q/K "
+              f"(shard headers included), {ranged:.2f} s (open + 40 layers read as float64); shards never "
+              f"fetched: {', '.join(untouched) or 'none'}")
+        print(f"  the same from the cache (no network: model info, cache reads, float64 conversion): {local:.2f} s")
+        print(f"whole download (hf_hub_download, same server): {sum(server.served.values()) / 1e6:.1f} MB "
+              f"in {whole:.2f} s = {sum(server.served.values()) / 1e6 / whole:.0f} MB/s -> by range is "
+              f"{whole / ranged:.1f}x faster ({whole / max(ranged - local, 1e-9):.1f}x counting only the time "
+              f"not spent when every range is cached)")
+        qk_full, size_full = _mistral_bytes(SYN_N, SYN_HEADS, SYN_KV, SYN_HEAD_DIM, HUB_FFN, HUB_VOCAB, SYN_LAYERS)
+        print(f"full shape (N=5120, n=128): Q/K {qk_full / GB:.2f} GB of a {size_full / GB:.1f} GB checkpoint; "
+              f"at 200 MB/s {qk_full / HUB_BANDWIDTH / 60:.1f} min by range against "
+              f"{size_full / HUB_BANDWIDTH / 60:.1f} min whole")
+        hub_projection()
+        return {"fetched_over_qk": fetched / info["qk"], "speedup": whole / ranged}  # judged with conversion included
+    finally:
+        for key, value in saved.items():
+            setattr(constants, key, value)
+        os.environ.pop("HEADFORMS_CACHE", None)
+        server.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def hub_projection() -> None:
+    """The paper set's download by range and whole, from its published shapes (models.md): Q/K at the
+    checkpoints' 2 bytes per weight (fused layouts: Q, K and V), whole checkpoints from parameter counts."""
+    vocab = {"gpt2": 50257, "distilgpt2": 50257, "opt": 50272, "bloom": 250880, "pythia": 50304}
+    print(f"\n{'paper model':<24}{'Q/K GB':>9}{'whole GB':>10}")
+    total_qk = total = 0.0
+    for name, layers, H, Hkv, N, n, fused in PAPER:
+        if name.startswith("Mistral"):
+            qk, size = _mistral_bytes(N, H, Hkv, n, HUB_FFN, HUB_VOCAB, layers)
+        else:
+            qk = layers * (H + Hkv) * n * N * 2 * (1.5 if fused else 1.0)
+            size = 2 * (layers * 12 * N * N + next(v for k, v in vocab.items() if name.startswith(k)) * N)
+        total_qk, total = total_qk + qk, total + size
+        print(f"{name:<24}{qk / GB:>9.3f}{size / GB:>10.2f}")
+    print(f"{'paper set':<24}{total_qk / GB:>9.2f}{total / GB:>10.1f}  -> by range fetches {total_qk / total:.1%} "
+          f"of a whole download; at 200 MB/s {total_qk / HUB_BANDWIDTH / 60:.1f} min against "
+          f"{total / HUB_BANDWIDTH / 60:.1f} min")
+
 
 # ---------------------------------------------------------------------------------------------
 
@@ -812,6 +956,12 @@ def targets_table(r: dict) -> bool:
             f"<= {syn['budget'] / GB:.4f} GB", syn["inproc_read"] <= syn["budget"])
     else:
         add("24B-shaped extraction", "skipped", "", False)
+    hub = r.get("hub")
+    if hub:
+        add("hub by range: fetched / Q/K bytes", f"{hub['fetched_over_qk']:.4f}",
+            f"<= {HUB_TARGETS['fetched_over_qk']}", hub["fetched_over_qk"] <= HUB_TARGETS["fetched_over_qk"])
+        add("hub by range: speed-up over the whole download", f"{hub['speedup']:.1f}x",
+            f">= {HUB_TARGETS['speedup']:.0f}x", hub["speedup"] >= HUB_TARGETS["speedup"])
     proj = r["projection"]
     add("projected paper set (compute, 9,512 heads)", f"{proj['seconds'] / 60:.1f} min",
         f"< {TARGETS['paper_minutes']:.0f} min", proj["seconds"] < TARGETS["paper_minutes"] * 60)
@@ -825,6 +975,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--full", action="store_true", help="straightforward computation on all 342 demo heads")
     parser.add_argument("--skip-24b", action="store_true", help="leave out the synthetic 24B-shaped checkpoint")
+    parser.add_argument("--hub-only", action="store_true", help="run only section 8 (hub by range)")
     parser.add_argument("--tmp", default=tempfile.gettempdir(), help="where temporary files go (default: %(default)s)")
     args = parser.parse_args()
     import torch
@@ -833,6 +984,10 @@ def main() -> int:
           f"numpy {np.__version__}, load average {load()}")
     started = time.perf_counter()
     results = {}
+    if args.hub_only:
+        res = hub_ranged(Path(args.tmp))
+        return 0 if (res["fetched_over_qk"] <= HUB_TARGETS["fetched_over_qk"]
+                     and res["speedup"] >= HUB_TARGETS["speedup"]) else 1
     with tempfile.TemporaryDirectory(prefix="headforms-bench-", dir=args.tmp) as tmp:
         tmp = Path(tmp)
         demo = demo_in_process(tmp)
@@ -846,6 +1001,7 @@ def main() -> int:
         results["synthetic"] = None if args.skip_24b else synthetic_24b(Path(args.tmp))
         read_gbps = results["synthetic"]["read_gbps"] if results["synthetic"] else None
         results["projection"] = projection(read_gbps)
+        results["hub"] = hub_ranged(Path(args.tmp))
     ok = targets_table(results)
     print(f"\nbench finished in {time.perf_counter() - started:.0f} s (load average {load()})")
     return 0 if ok else 1

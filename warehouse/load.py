@@ -22,6 +22,7 @@ from headforms.compute.bootstrap import RESAMPLES
 from headforms.compute.rotary import DEFAULT_DISTANCES, PROFILE_COLUMNS, Rotation
 from headforms.compute.statistics import PARITY_TOLERANCE, lobes
 from headforms.extract import Checkpoint, ExtractError
+from headforms.extract.hub import FetchError
 from headforms.warehouse.store import WarehouseError, insert, query, transaction
 from headforms.warehouse.summaries import write_summaries
 
@@ -87,6 +88,7 @@ def load_model(con, ckpt: Checkpoint, opts: LoadOptions,
             with transaction(con):
                 _delete_model(con, name)
                 _write_model(con, ckpt, opts, record, on_layer)
+            _record_cost(con, ckpt)
             return LoadResult(name, "replaced", spec.n_layers, spec.n_layers * spec.n_heads,
                               time.perf_counter() - start)
         if prev["complete"]:
@@ -110,6 +112,9 @@ def load_model(con, ckpt: Checkpoint, opts: LoadOptions,
             con.execute("UPDATE models SET complete = true, extracted_at = ? WHERE model = ?",
                         [record["extracted_at"], name])
             write_summaries(con, name, opts.resamples, opts.seed)
+    except FetchError:  # the network gave out: keep the committed layers, the same command resumes
+        _record_cost(con, ckpt)
+        raise
     except Exception:
         with transaction(con):  # undo this run only; an interruption (Ctrl-C, kill) keeps its layers
             if created:
@@ -118,6 +123,7 @@ def load_model(con, ckpt: Checkpoint, opts: LoadOptions,
                 for table in TABLES:
                     con.execute(f"DELETE FROM {table} WHERE model = ? AND list_contains(?, layer)", [name, written])
         raise
+    _record_cost(con, ckpt)
     status = "resumed" if done or not created else "extracted"
     return LoadResult(name, status, len(written), len(written) * spec.n_heads, time.perf_counter() - start)
 
@@ -133,6 +139,12 @@ def deltas(spec, opts: LoadOptions) -> tuple[int, ...] | None:
         raise ExtractError(f"RoPE beyond distance 0 is not computed for this {spec.architecture} checkpoint: "
                            f"{spec.rope.refusal}; pass --distances 0")
     return (0,)
+def _record_cost(con, ckpt: Checkpoint) -> None:
+    """Add this run's hub bytes to the model's bytes_fetched (runs that resume add up)."""
+    if ckpt.bytes_fetched is not None:
+        with transaction(con):
+            con.execute("UPDATE models SET bytes_fetched = coalesce(bytes_fetched, 0) + ? WHERE model = ?",
+                        [ckpt.bytes_fetched, ckpt.name])
 
 
 def _write_model(con, ckpt, opts, record, on_layer) -> None:
@@ -180,6 +192,7 @@ def _model_record(ckpt: Checkpoint, opts: LoadOptions) -> dict:
         "config": json.dumps(spec.config | ({"rope": spec.rope.describe()} if spec.rope else {}), default=str),
         "parity_tolerance": opts.parity_tolerance, "baseline_seed": opts.seed,
         "tool_version": tool_version(), "base_model": ckpt.base_model, "training_step": ckpt.training_step,
+        "bytes_fetched": None, "checkpoint_bytes": ckpt.checkpoint_bytes,  # bytes_fetched: _record_cost
         "extracted_at": datetime.now(timezone.utc).replace(tzinfo=None), "complete": False,
     }
 

@@ -24,6 +24,10 @@ CREATE TABLE IF NOT EXISTS models (
 -- Training checkpoints (extract --revisions, set files): the model a revision belongs to, and its step.
 ALTER TABLE models ADD COLUMN IF NOT EXISTS base_model VARCHAR;      -- NULL unless a training checkpoint
 ALTER TABLE models ADD COLUMN IF NOT EXISTS training_step BIGINT;    -- from the revision's name step<N>
+-- What a run cost (added after the first release: a warehouse from before gets the columns, NULL).
+ALTER TABLE models ADD COLUMN IF NOT EXISTS bytes_fetched BIGINT;     -- bytes fetched from the hub, NULL for local files
+ALTER TABLE models ADD COLUMN IF NOT EXISTS checkpoint_bytes BIGINT;  -- bytes of the checkpoint's weight files
+
 
 -- Progress: a layer is listed once all its rows are committed (one transaction).
 CREATE TABLE IF NOT EXISTS layers (

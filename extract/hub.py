@@ -1,0 +1,323 @@
+"""Hub files read by HTTP range: only the byte ranges a survey needs come over the network.
+
+A `HubRepo` is a repository resolved to a commit with its file table (name -> size, blob id),
+from the hub or, offline or unreachable, from the cache. A `RemoteFile` reads byte ranges of
+one file through huggingface_hub's HTTP session and headers (token, HF_ENDPOINT, proxies),
+adjacent ranges coalesced and several requests in flight; drops, timeouts, 429 and 5xx are
+retried with backoff, resuming a range where it stopped, and a wrong-length body is refused.
+Every range fetched is kept in the cache (keyed by repo, commit and blob id), so a repeated or
+interrupted extraction refetches nothing and HF_HUB_OFFLINE=1 works from it.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+from headforms.extract.checkpoint import ExtractError
+
+CACHE_ENV = "HEADFORMS_CACHE"
+RETRIES = 6            # tries of one range before giving up
+BACKOFF = 0.5          # seconds before the first retry, doubling after each
+RETRY_AFTER_CAP = 60.0  # longest Retry-After honoured, seconds
+TIMEOUT = 30.0         # seconds without a byte before a request counts as dropped
+IN_FLIGHT = 8          # concurrent range requests
+PIECE = 16 << 20       # a longer range is fetched as pieces of this size, in parallel
+
+
+class FetchError(ExtractError):
+    """A transfer that failed after its retries: resumable, so committed layers are kept."""
+
+
+class Meter:
+    """Bytes fetched over the network (not from the cache), shared by a checkpoint's files."""
+
+    def __init__(self):
+        self.bytes = 0
+        self._lock = threading.Lock()
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.bytes += n
+
+
+def cache_root() -> Path:
+    """$HEADFORMS_CACHE, else headforms/hub under $XDG_CACHE_HOME (default ~/.cache)."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "headforms" / "hub"
+
+
+def _repo_dir(repo_id: str) -> Path:
+    return cache_root() / ("models--" + repo_id.replace("/", "--"))
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """A cache file appears whole or not at all (a killed run leaves no torn chunk)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+def _session_and_errors():
+    """huggingface_hub's shared HTTP client and the transport errors it raises (its httpx's TransportError:
+    drops, timeouts, refused connections)."""
+    import importlib
+
+    from huggingface_hub.utils import get_session
+
+    session = get_session()
+    return session, (importlib.import_module(type(session).__module__.split(".")[0]).TransportError,)
+
+
+@dataclass
+class HubRepo:
+    """A hub repository at a commit: its files' sizes and blob ids, and where their ranges are cached."""
+
+    repo_id: str
+    commit: str
+    files: dict[str, tuple[int, str]]   # path -> (size, blob id)
+    meter: Meter = field(default_factory=Meter)
+
+    @classmethod
+    def resolve(cls, repo_id: str, revision: str | None) -> HubRepo:
+        """The repo's commit and file table: from the hub, else (offline, unreachable) from the cache."""
+        from huggingface_hub import HfApi, constants, errors
+        from huggingface_hub.utils import validate_repo_id
+
+        try:
+            validate_repo_id(repo_id)
+        except errors.HFValidationError:
+            raise ExtractError(f"not a file, folder, pkg: reference or hub id ('name' or 'org/name'): {repo_id}") from None
+        refs = _repo_dir(repo_id) / "refs" / quote(revision or "main", safe="")
+        if constants.is_offline_mode():
+            return cls._cached(repo_id, revision, refs, "HF_HUB_OFFLINE is set")
+        try:
+            info = HfApi(endpoint=constants.ENDPOINT).model_info(repo_id, revision=revision or "main",
+                                                                 files_metadata=True, timeout=TIMEOUT)
+        except errors.RevisionNotFoundError:
+            raise ExtractError(f"no revision '{revision}' of '{repo_id}' on the Hugging Face hub") from None
+        except errors.GatedRepoError:
+            raise ExtractError(f"'{repo_id}' is gated on the Hugging Face hub: accept its terms on the "
+                               "model page and log in (`hf auth login`)") from None
+        except errors.RepositoryNotFoundError:
+            raise ExtractError(f"no model '{repo_id}' on the Hugging Face hub "
+                               "(or it is private: log in with `hf auth login`)") from None
+        except (errors.HfHubHTTPError, *_session_and_errors()[1], OSError) as e:
+            return cls._cached(repo_id, revision, refs, f"the hub cannot be reached ({_one_line(e)})")
+        files = {s.rfilename: (int(s.lfs.size if s.lfs else s.size or 0), s.lfs.sha256 if s.lfs else s.blob_id or "")
+                 for s in info.siblings or []}
+        repo = cls(repo_id, info.sha, files)
+        _write_atomic(repo.folder / "files.json", json.dumps(files).encode())
+        _write_atomic(refs, info.sha.encode())
+        return repo
+
+    @classmethod
+    def _cached(cls, repo_id: str, revision: str | None, refs: Path, why: str) -> HubRepo:
+        commit = revision if revision and re.fullmatch(r"[0-9a-f]{40}", revision) else None
+        if commit is None and refs.is_file():
+            commit = refs.read_text().strip()
+        table = _repo_dir(repo_id) / (commit or "-") / "files.json"
+        if commit is None or not table.is_file():
+            raise ExtractError(f"'{repo_id}'{f' at {revision}' if revision else ''} is not in the headforms "
+                               f"cache ({cache_root()}) and {why}")
+        return cls(repo_id, commit, {k: tuple(v) for k, v in json.loads(table.read_text()).items()})
+
+    @functools.cached_property
+    def headers(self) -> dict[str, str]:
+        """huggingface_hub's request headers (user agent, the token when logged in), built once."""
+        from huggingface_hub.utils import build_hf_headers
+
+        return build_hf_headers()
+
+    @property
+    def folder(self) -> Path:
+        return _repo_dir(self.repo_id) / self.commit
+
+    def file(self, path: str) -> RemoteFile:
+        """A file of the repo, read by range."""
+        if path not in self.files:
+            raise ExtractError(f"'{self.repo_id}' on the Hugging Face hub has no file {path}")
+        size, blob = self.files[path]
+        return RemoteFile(self, path, size, blob)
+
+    def checkpoint_bytes(self, paths) -> int:
+        return sum(self.files[p][0] for p in paths)
+
+
+class RemoteFile:
+    """One file of a hub repo at a commit, read by byte range with retries and a range cache."""
+
+    def __init__(self, repo: HubRepo, path: str, size: int, blob: str):
+        self.repo, self.path, self.size = repo, path, size
+        self.chunks = repo.folder / "blobs" / (re.sub(r"[^0-9A-Za-z._-]", "_", blob or path))
+        self._listing: list[tuple[int, int]] | None = None
+
+    def __str__(self) -> str:
+        return f"{self.repo.repo_id}/{self.path}"
+
+    # -- the cache: chunk files named START-END (absolute byte offsets, end exclusive)
+
+    def _cached_chunks(self) -> list[tuple[int, int]]:
+        if self._listing is None:
+            names = os.listdir(self.chunks) if self.chunks.is_dir() else []
+            self._listing = [tuple(map(int, n.split("-"))) for n in names if re.fullmatch(r"\d+-\d+", n)]
+        return self._listing
+
+    def _from_cache(self, start: int, end: int) -> bytes | None:
+        for a, b in self._cached_chunks():
+            if a <= start and end <= b:
+                with open(self.chunks / f"{a}-{b}", "rb") as f:
+                    f.seek(start - a)
+                    return f.read(end - start)
+        return None
+
+    def prefix_path(self, size: int) -> Path:
+        """A cached chunk holding the file's first `size` bytes (for readers that want a path), fetched if need be."""
+        self.read_at(0, size)
+        return self.chunks / "{}-{}".format(*min(c for c in self._cached_chunks() if c[0] == 0 and c[1] >= size))
+
+    # -- reading
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        """Exactly `size` bytes from `offset`, from the cache or the hub."""
+        return self.read_many([(offset, offset + size)])[(offset, offset + size)]
+
+    def read_many(self, spans: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+        """The bytes of each (start, end) span: cached spans read locally, the rest fetched with adjacent
+        spans coalesced, long ranges split into pieces, several requests in flight; each range cached."""
+        for start, end in spans:
+            if not 0 <= start <= end <= self.size:
+                raise ExtractError(f"cannot read {self}: bytes {start}-{end} lie outside its {self.size} bytes")
+        out = {s: self._from_cache(*s) for s in spans}
+        missing = sorted({s for s, data in out.items() if data is None and s[1] > s[0]})
+        ranges: list[list[int]] = []
+        for start, end in missing:
+            if ranges and start <= ranges[-1][1]:
+                ranges[-1][1] = max(ranges[-1][1], end)
+            else:
+                ranges.append([start, end])
+        pieces = [(a, min(a + PIECE, end)) for start, end in ranges for a in range(start, end, PIECE)]
+        if pieces:
+            with ThreadPoolExecutor(min(IN_FLIGHT, len(pieces))) as pool:
+                fetched = dict(zip(pieces, pool.map(lambda p: self._fetch(*p), pieces)))
+            for start, end in ranges:
+                data = b"".join(fetched[p] for p in pieces if start <= p[0] < end)
+                _write_atomic(self.chunks / f"{start}-{end}", data)
+                self._cached_chunks().append((start, end))
+                for s in missing:
+                    if start <= s[0] and s[1] <= end:
+                        out[s] = data[s[0] - start:s[1] - start]
+        return {s: b"" if data is None else data for s, data in out.items()}
+
+    def _fetch(self, start: int, end: int) -> bytes:
+        """Bytes start..end-1 from the hub; a drop or short body resumes where it stopped, 429/5xx retry."""
+        from huggingface_hub import constants, hf_hub_url
+        from huggingface_hub.utils import hf_raise_for_status
+
+        if constants.is_offline_mode():
+            raise FetchError(f"bytes {start}-{end} of {self} are not in the headforms cache and HF_HUB_OFFLINE is set")
+        session, transport_errors = _session_and_errors()
+        url = hf_hub_url(self.repo.repo_id, self.path, revision=self.repo.commit, endpoint=constants.ENDPOINT)
+        buf, tries, why = bytearray(), 0, ""
+        while len(buf) < end - start:
+            if tries == RETRIES:
+                raise FetchError(f"cannot fetch bytes {start}-{end} of {self} from the Hugging Face hub after "
+                                 f"{RETRIES} tries ({why}); committed layers are kept: run the same command to resume")
+            wait, tries = BACKOFF * 2 ** (tries - 1) if tries else 0.0, tries + 1
+            at = start + len(buf)
+            headers = self.repo.headers | {"Range": f"bytes={at}-{end - 1}", "Accept-Encoding": "identity"}
+            try:
+                with session.stream("GET", url, headers=headers, timeout=TIMEOUT) as response:
+                    if response.status_code == 429 or response.status_code >= 500:
+                        why = f"HTTP {response.status_code}"
+                        retry_after = response.headers.get("Retry-After", "")
+                        wait = min(float(retry_after), RETRY_AFTER_CAP) if retry_after.isdigit() else wait
+                        time.sleep(wait)
+                        continue
+                    if response.status_code != 206:
+                        response.read()
+                        hf_raise_for_status(response)
+                        raise FetchError(f"the hub answered a range request for {self} with HTTP "
+                                         f"{response.status_code}, not 206 Partial Content")
+                    expected = f"bytes {at}-{end - 1}/"
+                    if not response.headers.get("Content-Range", "").startswith(expected):
+                        why = f"Content-Range {response.headers.get('Content-Range')!r}, expected {expected}..."
+                        continue
+                    for chunk in response.iter_bytes():
+                        buf += chunk
+                        self.repo.meter.add(len(chunk))
+                        if len(buf) > end - start:
+                            raise FetchError(f"the hub sent more than bytes {start}-{end} of {self}")
+                    if len(buf) < end - start:
+                        why = f"short body: {start + len(buf) - at} bytes of {end - at}"
+            except transport_errors as e:
+                why = _one_line(e)
+                time.sleep(wait)
+            except FetchError:
+                raise
+            except Exception as e:  # hf_raise_for_status: 401, 403, 404 ...
+                raise FetchError(f"cannot fetch {self} from the Hugging Face hub: {_one_line(e)}") from None
+            if start + len(buf) > at:  # progress made: the next try resumes, it is no new failure
+                tries = 0
+        return bytes(buf)
+
+
+class RangeReader:
+    """A read-only, seekable file object over a RemoteFile (for zipfile)."""
+
+    def __init__(self, remote: RemoteFile):
+        self.remote, self.pos = remote, 0
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = (offset, self.pos + offset, self.remote.size + offset)[whence]
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        end = self.remote.size if n is None or n < 0 else min(self.remote.size, self.pos + n)
+        data = self.remote.read_at(self.pos, max(end - self.pos, 0)) if end > self.pos else b""
+        self.pos += len(data)
+        return data
+
+
+def cache_usage():
+    """Rows (repo, commit, files, bytes) of the cache, one per repo and commit."""
+    rows = []
+    root = cache_root()
+    for repo in sorted(root.glob("models--*")):
+        for commit in sorted(p for p in repo.iterdir() if p.is_dir() and p.name != "refs"):
+            chunks = [f for f in (commit / "blobs").rglob("*") if f.is_file()] if (commit / "blobs").is_dir() else []
+            rows.append({"repo": repo.name.removeprefix("models--").replace("--", "/"), "commit": commit.name,
+                         "files": len({c.parent for c in chunks}), "bytes": sum(c.stat().st_size for c in chunks)})
+    return rows
+
+
+def clear_cache(repo_id: str | None = None) -> int:
+    """Delete the cache of one repo (all when None); returns the bytes freed."""
+    targets = [_repo_dir(repo_id)] if repo_id else sorted(cache_root().glob("models--*"))
+    freed = 0
+    for target in targets:
+        if target.is_dir():
+            freed += sum(f.stat().st_size for f in target.rglob("*") if f.is_file())
+            shutil.rmtree(target)
+    return freed

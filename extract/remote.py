@@ -1,0 +1,259 @@
+"""Hub checkpoints opened by range: safetensors, torch zip `.bin` and GGUF, parsed by the local readers.
+
+Only headers and the Q/K tensors (with QK-norm gains when folding) are fetched. A `.bin` torch zip
+is located through its zip directory and `data.pkl`, unpickled by a recording unpickler that
+resolves a handful of names to functions here (nothing in the file executes); a legacy non-zip
+pickle is downloaded whole and read by torch's weights-only loader.
+"""
+from __future__ import annotations
+
+import json
+import pickle
+import struct
+import sys
+import zipfile
+from collections import OrderedDict
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from headforms.extract.checkpoint import Checkpoint, ExtractError
+from headforms.extract.gguf_file import _HeaderReader, gguf_checkpoint
+from headforms.extract.hf import (Weights, hf_checkpoint, parse_config, safetensors_spans, span_tensor,
+                                  spans_meta, torch_state_dict)
+from headforms.extract.hub import HubRepo, RangeReader, RemoteFile
+from headforms.extract.layouts import model_spec
+
+AHEAD = 2  # layers fetched in the background while one is analysed
+# Hub weight layouts in order of preference: (single file, shard index); safetensors before .bin.
+HUB_LAYOUTS = (("model.safetensors", "model.safetensors.index.json"),
+               ("pytorch_model.bin", "pytorch_model.bin.index.json"))
+
+
+def open_hub(repo_id: str, *, name: str, revision: str | None, qk_norm: str, tower: str | None = None,
+             fold_norm: str = "none") -> Checkpoint:
+    """A hub model (config.json + safetensors or .bin weights) read by range at its resolved commit."""
+    repo = HubRepo.resolve(repo_id, revision)
+    if "config.json" not in repo.files:
+        raise ExtractError(f"'{repo_id}' on the Hugging Face hub has no config.json")
+    config_file = repo.file("config.json")
+    config = parse_config(config_file.read_at(0, config_file.size), str(config_file))
+    model_spec(config, qk_norm=qk_norm, tower=tower)  # an unsupported config is refused before any header is fetched
+    weights = _hub_weights(repo)
+    return hf_checkpoint(config, weights, name=name, source=repo_id, revision=repo.commit, qk_norm=qk_norm,
+                         tower=tower, fold_norm=fold_norm,
+                         checkpoint_bytes=repo.checkpoint_bytes(f.path for f in weights.files), meter=repo.meter)
+
+
+def open_hub_gguf(repo_id: str, filename: str, *, name: str, source: str, revision: str | None,
+                  qk_norm: str = "refuse", fold_norm: str = "none") -> Checkpoint:
+    """A .gguf file of a hub repo: header, metadata and the Q/K tensors read by range."""
+    repo = HubRepo.resolve(repo_id, revision)
+    remote = repo.file(filename)
+    return gguf_checkpoint(_remote_gguf_reader(remote), lambda tensors: _gguf_data(remote, tensors), remote,
+                           name=name, source=source, revision=repo.commit, checkpoint_bytes=remote.size,
+                           meter=repo.meter, qk_norm=qk_norm, fold_norm=fold_norm)
+
+
+def _hub_weights(repo: HubRepo) -> Weights:
+    """The preferred weight layout of a repo; shard headers are read only for shards holding needed tensors."""
+    for single, index in HUB_LAYOUTS:
+        header, fetch = (_safetensors_header, _safetensors_fetch) if single.endswith(".safetensors") \
+            else (_zip_header, _zip_fetch)
+        if single in repo.files:
+            remote = repo.file(single)
+            meta, spans = header(remote)
+            return Weights(files=[remote], where=dict.fromkeys(meta, remote), meta=meta, fetch=fetch, spans=spans,
+                           origin=repo.repo_id, ahead=AHEAD)
+        if index in repo.files:
+            index_file = repo.file(index)
+            try:
+                weight_map = json.loads(index_file.read_at(0, index_file.size))["weight_map"]
+                shards = {shard: repo.file(shard) for shard in sorted(set(weight_map.values()))}
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                raise ExtractError(f"unreadable {index} of '{repo.repo_id}': {type(e).__name__}: {e}") from None
+            return Weights(files=list(shards.values()), where={n: shards[s] for n, s in weight_map.items()},
+                           meta={}, fetch=fetch, origin=repo.repo_id, header=header, unread=set(shards.values()),
+                           ahead=AHEAD)
+    raise ExtractError(f"'{repo.repo_id}' on the Hugging Face hub has no model.safetensors or "
+                       "pytorch_model.bin weights (sharded or not)")
+
+
+# safetensors ---------------------------------------------------------------------------------
+
+def _safetensors_header(remote: RemoteFile):
+    spans = safetensors_spans(remote.read_at, remote.size, str(remote))
+    return spans_meta(spans), {name: (remote, span) for name, span in spans.items()}
+
+
+def _safetensors_fetch(remote: RemoteFile, names: list[str], spans: dict) -> dict[str, torch.Tensor]:
+    if sys.byteorder != "little":
+        raise ExtractError("reading safetensors from the hub needs a little-endian machine")
+    wanted = {name: spans[name][1] for name in names}
+    data = remote.read_many([(start, end) for _, _, start, end in wanted.values()])
+    return {name: span_tensor(data[(start, end)], dtype, shape) for name, (dtype, shape, start, end) in wanted.items()}
+
+
+# torch zip checkpoints -----------------------------------------------------------------------
+
+_STORAGE_DTYPES = {"DoubleStorage": torch.float64, "FloatStorage": torch.float32, "HalfStorage": torch.float16,
+                   "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
+                   "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8,
+                   "BoolStorage": torch.bool}
+
+
+class _Storage(NamedTuple):
+    key: str
+    dtype: torch.dtype
+
+
+class _TensorRef(NamedTuple):
+    """Where a pickled tensor's elements are: its storage record, element offset, shape and strides."""
+
+    storage: _Storage
+    offset: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+
+    def extent(self) -> tuple[int, int]:
+        """The storage elements the tensor touches, [first, last + 1)."""
+        if 0 in self.shape:
+            return self.offset, self.offset
+        return self.offset, self.offset + sum((n - 1) * s for n, s in zip(self.shape, self.stride)) + 1
+
+
+def _rebuild_tensor(storage, offset, shape, stride, *_):
+    return _TensorRef(storage, int(offset), tuple(shape), tuple(stride))
+
+
+def _rebuild_parameter(data, *_):
+    return data
+
+
+class _RecordingUnpickler(pickle.Unpickler):
+    """Unpickles data.pkl into _TensorRefs: the only names it resolves are the dict types and torch's
+    tensor/parameter rebuilders and storage types, each to a recorder here; anything else is refused."""
+
+    _NAMES = {("collections", "OrderedDict"): OrderedDict, ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
+              ("torch._utils", "_rebuild_parameter"): _rebuild_parameter}
+
+    def find_class(self, module, name):
+        if (module, name) in self._NAMES:
+            return self._NAMES[module, name]
+        if module == "torch" and name in _STORAGE_DTYPES:
+            return _STORAGE_DTYPES[name]
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+    def persistent_load(self, pid):
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], torch.dtype)):
+            raise pickle.UnpicklingError(f"unexpected persistent id {pid!r:.80}")
+        return _Storage(str(pid[2]), pid[1])
+
+
+def _zip_header(remote: RemoteFile):
+    """Tensor shapes/dtypes of a torch checkpoint from its zip directory and data.pkl alone; a legacy
+    (non-zip) pickle is downloaded whole (said in one line) and read by torch's weights-only loader."""
+    reader = RangeReader(remote)
+    if remote.read_at(0, 4) != b"PK\x03\x04":  # a zip starts with a local header; a legacy pickle does not
+        print(f"{remote}: a legacy (non-zip) torch pickle cannot be read by range; downloading the whole "
+              f"file ({remote.size / 1e6:.1f} MB)", file=sys.stderr, flush=True)
+        state = torch_state_dict(remote.prefix_path(remote.size))
+        return ({n: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in state.items()},
+                {n: (remote, ("tensor", t)) for n, t in state.items()})
+    try:
+        archive = zipfile.ZipFile(reader)
+        pickles = [i for i in archive.infolist() if i.filename.endswith("/data.pkl") and i.filename.count("/") == 1]
+        if len(pickles) != 1:
+            raise ExtractError(f"cannot read {remote}: not a torch checkpoint (no single <name>/data.pkl)")
+        root = pickles[0].filename.removesuffix("data.pkl")
+        state = _RecordingUnpickler(archive.open(pickles[0])).load()
+        records = {i.filename: i for i in archive.infolist()}
+    except (zipfile.BadZipFile, pickle.UnpicklingError, EOFError, ValueError, TypeError) as e:
+        raise ExtractError(f"cannot read {remote} (refused or corrupt torch checkpoint): "
+                           f"{type(e).__name__}: {e}") from None
+    if not isinstance(state, dict):
+        raise ExtractError(f"{remote} does not hold a state dict")
+    meta, spans = {}, {}
+    for name, ref in state.items():
+        if not isinstance(ref, _TensorRef):
+            continue
+        record = records.get(f"{root}data/{ref.storage.key}")
+        if record is None or record.compress_type != zipfile.ZIP_STORED:
+            raise ExtractError(f"cannot read {remote}: tensor '{name}' has no stored record for its storage")
+        meta[name] = (ref.shape, str(ref.storage.dtype).removeprefix("torch."))
+        spans[name] = (remote, ("zip", ref, record))
+    return meta, spans
+
+
+def _zip_fetch(remote: RemoteFile, names: list[str], spans: dict) -> dict[str, torch.Tensor]:
+    """Named tensors of a torch checkpoint: the records' local headers, then only the bytes each tensor spans."""
+    kinds = {name: spans[name][1] for name in names}
+    whole = {name: kind[1] for name, kind in kinds.items() if kind[0] == "tensor"}
+    zipped = {name: kind[1:] for name, kind in kinds.items() if kind[0] == "zip"}
+    headers = remote.read_many([(r.header_offset, r.header_offset + 30) for _, r in zipped.values()])
+    wanted = {}
+    for name, (ref, record) in zipped.items():
+        local = headers[(record.header_offset, record.header_offset + 30)]
+        if local[:4] != b"PK\x03\x04":
+            raise ExtractError(f"cannot read {remote}: bad local header of record {record.filename}")
+        name_len, extra_len = struct.unpack("<HH", local[26:30])
+        data = record.header_offset + 30 + name_len + extra_len
+        itemsize = ref.storage.dtype.itemsize
+        first, last = ref.extent()
+        if last * itemsize > record.file_size:
+            raise ExtractError(f"cannot read {remote}: tensor '{name}' runs past its storage record")
+        wanted[name] = (data + first * itemsize, data + last * itemsize)
+    got = remote.read_many(list(wanted.values()))
+    out = dict(whole)
+    for name, (ref, _) in zipped.items():
+        raw = got[wanted[name]]
+        out[name] = (torch.as_strided(torch.frombuffer(bytearray(raw), dtype=ref.storage.dtype), ref.shape, ref.stride)
+                     if raw else torch.empty(ref.shape, dtype=ref.storage.dtype))
+    return out
+
+
+# GGUF ----------------------------------------------------------------------------------------
+
+_GGUF_PREFIX = 1 << 16  # first read of a hub GGUF file; doubled until the header and tensor table parse
+
+
+class _PrefixReader(_HeaderReader):
+    """GGUFReader over a cached prefix of a hub file (header, metadata, tensor table): tensor data
+    beyond the prefix gets a zero-stride placeholder, replaced by ranged reads when a layer is read."""
+
+    def __init__(self, path, size: int):
+        self.remote_size, self._table_read = size, False
+        super().__init__(path)
+
+    def _build_tensors(self, start_offs, fields):
+        self._table_read = True
+        super()._build_tensors(start_offs, fields)
+
+    def _get(self, offset, dtype, count=1, override_order=None):
+        end = offset + np.dtype(dtype).itemsize * int(count)
+        if self._table_read and end > len(self.data):
+            if end > self.remote_size:
+                raise ValueError(f"tensor data at byte {offset} runs past the end of the file")
+            return np.broadcast_to(np.zeros((), dtype), (int(count),))
+        return super()._get(offset, dtype, count, override_order)
+
+
+def _remote_gguf_reader(remote: RemoteFile) -> _PrefixReader:
+    """Parse the header and tensor table from a prefix of the file, doubling it until it is enough."""
+    prefix = min(_GGUF_PREFIX, remote.size)
+    while True:
+        try:
+            return _PrefixReader(remote.prefix_path(prefix), remote.size)
+        except (ValueError, IndexError, KeyError, TypeError, OverflowError) as e:
+            if prefix == remote.size:
+                detail = (str(e).splitlines() or [type(e).__name__])[0]
+                raise ExtractError(f"corrupt or truncated GGUF file {remote}: {detail}") from None
+            prefix = min(2 * prefix, remote.size)
+
+
+def _gguf_data(remote: RemoteFile, tensors) -> list[np.ndarray]:
+    """The raw data arrays of GGUF tensors, fetched by range in one batch."""
+    spans = [(int(t.data_offset), int(t.data_offset) + int(t.n_bytes)) for t in tensors]
+    got = remote.read_many(spans)
+    return [np.frombuffer(got[span], dtype=t.data.dtype).reshape(t.data.shape) for span, t in zip(spans, tensors)]

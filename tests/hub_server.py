@@ -1,0 +1,146 @@
+"""A local stand-in for the Hugging Face hub's HTTP API (HF_ENDPOINT): model info with file
+metadata, file resolve with Range support, per-file byte counts, fault injection and a bandwidth cap."""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+class HubHandler(BaseHTTPRequestHandler):
+    """GET /api/models/REPO[/revision/REV], GET/HEAD /REPO/resolve/REV/PATH (Range: bytes=a-b)."""
+
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are separate writes: without this each reply waits for an ACK
+    server: HubServer
+
+    def log_message(self, *args):
+        pass
+
+    def _reply(self, status: int, body: bytes = b"", headers: dict | None = None):
+        self.send_response(status)
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command == "GET":
+            self.wfile.write(body)
+
+    def do_GET(self):
+        hub = self.server
+        path = self.path.split("?")[0]
+        hub.requests.append((self.command, path, self.headers.get("Range")))
+        info = re.fullmatch(r"/api/models/(.+?)(?:/revision/([^/]+))?", path)
+        if info:
+            repo_id, revision = info.groups()
+            if repo_id not in hub.repos:
+                return self._reply(404, b'{"error": "not found"}', {"X-Error-Code": "RepoNotFound"})
+            if revision not in (None, "main", COMMIT):
+                return self._reply(404, b'{"error": "no revision"}', {"X-Error-Code": "RevisionNotFound"})
+            siblings = [{"rfilename": name, "size": hub.size(repo_id, name), "blobId": hub.blob_id(repo_id, name)}
+                        for name in hub.repos[repo_id]]
+            body = json.dumps({"id": repo_id, "sha": COMMIT, "siblings": siblings}).encode()
+            return self._reply(200, body, {"Content-Type": "application/json"})
+        resolve = re.fullmatch(r"/(.+?)/resolve/([^/]+)/(.+)", path)
+        if not resolve or resolve[1] not in hub.repos or resolve[3] not in hub.repos[resolve[1]]:
+            return self._reply(404, b"not found", {"X-Error-Code": "EntryNotFound"})
+        repo_id, _, name = resolve.groups()
+        fault = hub.faults.pop(0) if hub.faults and self.command == "GET" else None
+        if fault in ("503", "429"):
+            return self._reply(int(fault), b"busy", {"Retry-After": str(hub.retry_after)} if fault == "429" else {})
+        size = hub.size(repo_id, name)
+        start, end, status = 0, size, 200
+        if self.headers.get("Range"):
+            a, b = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers["Range"]).groups()
+            start, end, status = int(a), min(size, int(b) + 1 if b else size), 206
+        if hub.refuse is not None and hub.refuse(name, start, end):
+            return self._reply(503, b"unavailable")
+        headers = {"X-Repo-Commit": COMMIT, "ETag": f'"{hub.blob_id(repo_id, name)}"', "Accept-Ranges": "bytes"}
+        if status == 206:
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+        body = hub.read(repo_id, name, start, end)
+        if fault == "short":  # a body that ends early but says so in its length: the client must notice
+            body = body[:len(body) // 2]
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body) if fault != "drop" else end - start))
+        self.end_headers()
+        if self.command != "GET":
+            return
+        if fault == "drop":  # half the body, then the connection goes
+            body = body[:len(body) // 2]
+        hub.send(self.wfile, name, body)
+        if fault == "drop":
+            self.close_connection = True
+            self.wfile.flush()
+            self.connection.shutdown(2)
+
+    do_HEAD = do_GET
+
+
+class HubServer(ThreadingHTTPServer):
+    """The hub on a local port: fill .repos (repo -> file -> bytes or Path), read .served (file -> body bytes)."""
+
+    daemon_threads = True
+
+    def __init__(self, bandwidth: float | None = None):
+        super().__init__(("127.0.0.1", 0), HubHandler)
+        self.repos: dict[str, dict[str, bytes | Path]] = {}
+        self.served: dict[str, int] = {}
+        self.requests: list[tuple[str, str, str | None]] = []
+        self.faults: list[str] = []   # "drop", "short", "503", "429": applied to the next file GETs, in order
+        self.retry_after = 1
+        self.refuse = None            # (file, start, end) -> True: that request gets a 503, every time
+        self.bandwidth = bandwidth    # bytes per second over all connections, None: unlimited
+        self._lock = threading.Lock()
+        self._next_free = 0.0
+        self.thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def handle_error(self, request, client_address):
+        """A client that hangs up mid-reply (retries, injected drops) is routine here, not worth a traceback."""
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server_port}"
+
+    def size(self, repo_id: str, name: str) -> int:
+        data = self.repos[repo_id][name]
+        return data.stat().st_size if isinstance(data, Path) else len(data)
+
+    def blob_id(self, repo_id: str, name: str) -> str:
+        data = self.repos[repo_id][name]
+        return hashlib.sha1(str(data).encode() if isinstance(data, Path) else data).hexdigest()
+
+    def read(self, repo_id: str, name: str, start: int, end: int) -> bytes:
+        data = self.repos[repo_id][name]
+        if not isinstance(data, Path):
+            return data[start:end]
+        with open(data, "rb") as f:
+            f.seek(start)
+            return f.read(end - start)
+
+    def send(self, out, name: str, body: bytes, block: int = 1 << 20) -> None:
+        """Write a body in blocks, counting the bytes per file and keeping to the bandwidth cap."""
+        for i in range(0, len(body), block):
+            part = body[i:i + block]
+            if self.bandwidth:
+                with self._lock:  # this block's slot ends when the link has carried it after those before
+                    now = time.monotonic()
+                    self._next_free = max(self._next_free, now) + len(part) / self.bandwidth
+                    delay = self._next_free - now
+                time.sleep(delay)
+            out.write(part)
+            with self._lock:
+                self.served[name] = self.served.get(name, 0) + len(part)
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()

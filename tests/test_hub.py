@@ -1,0 +1,378 @@
+"""Hub models read by range from a local stand-in of the hub: the same warehouse as the local files,
+for a fraction of the bytes, through faults, from the cache, resumable, and without running pickles."""
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import pickle
+import re
+import time
+import zipfile
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import polars as pl
+import pytest
+import torch
+from click.testing import CliRunner
+from polars.testing import assert_frame_equal
+from safetensors import safe_open
+
+import tests.tiny_models as tm
+from headforms import api, cli
+from headforms.extract import hub as hub_module
+from headforms.extract.checkpoint import ExtractError
+from headforms.extract.hub import FetchError
+from headforms.extract.sources import open_checkpoint
+from tests.hub_server import COMMIT, HubServer
+from tests.test_gguf import write_gguf
+
+QK = re.compile(r"\.(q_proj|k_proj)\.weight$")
+
+
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    """The hub on a local port (online), an empty headforms cache in tmp, fast retries."""
+    server = HubServer()
+    constants = importlib.import_module("huggingface_hub.constants")
+    monkeypatch.setattr(constants, "ENDPOINT", server.endpoint)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        server.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HEADFORMS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(hub_module, "BACKOFF", 0.01)
+    yield server
+    server.close()
+
+
+def go_offline(monkeypatch):
+    monkeypatch.setattr(importlib.import_module("huggingface_hub.constants"), "HF_HUB_OFFLINE", True)
+
+
+def serve(server: HubServer, repo_id: str, folder: Path) -> None:
+    server.repos[repo_id] = {f.name: f.read_bytes() for f in folder.iterdir() if f.is_file()}
+
+
+def llama(tmp_path: Path, fmt: str) -> Path:
+    """A tiny bf16 llama saved as `fmt` (tiny_models.save), wide enough that Q/K bytes dominate headers."""
+    model = tm.build("llama", dtype=torch.bfloat16, hidden_size=128, intermediate_size=256)
+    return tm.save(model, tmp_path / fmt, fmt)
+
+
+def qk_bytes(folder: Path) -> int:
+    """Bytes of every q_proj/k_proj weight, from the files themselves (safetensors library or torch.load)."""
+    total = 0
+    for path in folder.iterdir():
+        if path.suffix == ".safetensors":
+            with safe_open(str(path), framework="pt") as f:
+                total += sum(f.get_tensor(n).nbytes for n in f.keys() if QK.search(n))
+        elif path.suffix == ".bin":
+            state = torch.load(path, weights_only=True)
+            total += sum(t.nbytes for n, t in state.items() if QK.search(n))
+    return total
+
+
+def header_bytes(path: Path) -> int:
+    """Bytes a ranged reader must read besides tensor data: a safetensors header; a torch zip's
+    directory, its data.pkl record (local header padded to at most 64 extra bytes) and a 30-byte
+    local header per Q/K storage record."""
+    raw = path.read_bytes()
+    if path.suffix == ".safetensors":
+        return 8 + int.from_bytes(raw[:8], "little")
+    archive = zipfile.ZipFile(path)
+    pkl = next(i for i in archive.infolist() if i.filename.endswith("/data.pkl"))
+    n_qk = sum(bool(QK.search(name)) for name in torch.load(path, weights_only=True))
+    return len(raw) - archive.start_dir + 30 + len(pkl.filename) + 64 + pkl.compress_size + 30 * n_qk
+
+
+def tables(db: Path) -> dict[str, pl.DataFrame]:
+    """heads, eigenvalues and fits of a warehouse, without the model name, sorted."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return {t: con.sql(f"SELECT * EXCLUDE (model) FROM {t} ORDER BY ALL").pl() for t in ("heads", "eigenvalues", "fits")}
+    finally:
+        con.close()
+
+
+def assert_same_values(a: Path, b: Path) -> None:
+    ta, tb = tables(a), tables(b)
+    for name in ta:
+        assert ta[name].height > 0
+        assert_frame_equal(ta[name], tb[name], check_exact=True)
+
+
+def weight_bytes_served(server: HubServer) -> int:
+    return sum(n for name, n in server.served.items() if not name.endswith(".json"))
+
+
+# The three formats --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["sharded", "bin", "sharded_bin"])
+def test_hub_equals_local_for_a_fraction_of_the_bytes(hub, tmp_path, fmt):
+    folder = llama(tmp_path, fmt)
+    serve(hub, "org/tiny", folder)
+    local_db, hub_db = tmp_path / "local.duckdb", tmp_path / "hub.duckdb"
+    api.extract(str(folder), db=local_db, name="m")
+    api.extract("org/tiny", db=hub_db, name="m")
+    assert_same_values(hub_db, local_db)
+
+    weights = [f for f in folder.iterdir() if f.suffix in (".safetensors", ".bin")]
+    served = {f.name for f in weights if hub.served.get(f.name)}
+    if fmt == "sharded":  # the shards holding no Q/K tensor are never fetched, not even their header
+        index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+        with_qk = {shard for name, shard in index.items() if QK.search(name)}
+        assert len(with_qk) < len(weights)
+        assert served == with_qk
+    qk = qk_bytes(folder)
+    headers = sum(header_bytes(f) for f in weights if f.name in served)
+    assert weight_bytes_served(hub) <= 1.02 * qk + headers
+    assert weight_bytes_served(hub) < 0.5 * sum(f.stat().st_size for f in weights)
+
+    con = duckdb.connect(str(hub_db), read_only=True)
+    fetched, size = con.execute("SELECT bytes_fetched, checkpoint_bytes FROM models").fetchone()
+    con.close()
+    assert fetched == sum(hub.served.values())
+    assert size == sum(f.stat().st_size for f in weights)
+
+    hub.served.clear()  # a second run, into a fresh warehouse: everything comes from the cache
+    again = tmp_path / "again.duckdb"
+    api.extract("org/tiny", db=again, name="m")
+    assert hub.served == {}
+    assert_same_values(again, local_db)
+
+
+def test_hub_gguf_by_range(hub, tmp_path):
+    """org/repo/file.gguf and hf://org/repo/file.gguf: header and Q/K tensors only, not the large FFN tensor."""
+    rng = np.random.default_rng(3)
+    weights = {"token_embd.weight": rng.standard_normal((512, 64)).astype(np.float32)}
+    weights |= {f"blk.{i}.attn_{kind}.weight": rng.standard_normal((rows, 64)).astype(np.float32)
+                for i in range(2) for kind, rows in (("q", 64), ("k", 32))}
+    weights |= {f"blk.{i}.ffn_up.weight": rng.standard_normal((256, 64)).astype(np.float32) for i in range(2)}
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path, n_heads=4, n_kv_heads=2, d_model=64, head_dim=16, weights=weights)
+    hub.repos["org/gguf"] = {"tiny.gguf": path.read_bytes()}
+    local_db, hub_db = tmp_path / "local.duckdb", tmp_path / "hub.duckdb"
+    api.extract(str(path), db=local_db, name="m")
+    api.extract("org/gguf/tiny.gguf", db=hub_db, name="m")
+    assert_same_values(hub_db, local_db)
+    qk = sum(w.nbytes for name, w in weights.items() if "attn_" in name)
+    assert hub.served["tiny.gguf"] <= 1.02 * qk + hub_module_prefix()
+    assert hub.served["tiny.gguf"] < 0.6 * path.stat().st_size
+    hub.served.clear()
+    assert open_checkpoint("hf://org/gguf/tiny.gguf").name == "tiny"
+    assert hub.served == {}
+
+
+def hub_module_prefix() -> int:
+    """The first read of a hub GGUF file (its header lies within it)."""
+    from headforms.extract import remote
+
+    return remote._GGUF_PREFIX
+
+
+def test_legacy_pickle_is_downloaded_whole_with_one_line(hub, tmp_path, capsys):
+    model = tm.build("llama", dtype=torch.float32)
+    folder = tmp_path / "legacy"
+    model.config.save_pretrained(folder)
+    torch.save(model.state_dict(), folder / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    serve(hub, "org/legacy", folder)
+    ckpt = open_checkpoint("org/legacy")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "legacy (non-zip) torch pickle" in err[0] and "downloading the whole file" in err[0]
+    size = (folder / "pytorch_model.bin").stat().st_size
+    assert size <= hub.served["pytorch_model.bin"] <= size + 64  # the file, and the probe of its first bytes
+    local = open_checkpoint(str(folder))
+    for layer in range(2):
+        for a, b in zip(ckpt.read_layer(layer), local.read_layer(layer)):
+            np.testing.assert_array_equal(a, b)
+
+
+class _Pwn:
+    """A pickle payload that would create a file when loaded."""
+
+    def __init__(self, target: Path):
+        self.target = target
+
+    def __reduce__(self):
+        return (exec, (f"open({str(self.target)!r}, 'w').write('pwned')",))
+
+
+def test_a_pickle_that_would_run_code_does_not_run(hub, tmp_path):
+    folder = llama(tmp_path, "bin")
+    genuine = zipfile.ZipFile(folder / "pytorch_model.bin")
+    target = tmp_path / "pwned"
+    evil = io.BytesIO()
+    with zipfile.ZipFile(evil, "w") as out:
+        for info in genuine.infolist():
+            data = genuine.read(info)
+            if info.filename.endswith("data.pkl"):
+                data = pickle.dumps({"model.layers.0.self_attn.q_proj.weight": _Pwn(target)})
+            out.writestr(info, data)
+    (folder / "pytorch_model.bin").write_bytes(evil.getvalue())
+    serve(hub, "org/evil", folder)
+    with pytest.raises(ExtractError, match=r"refused or corrupt torch checkpoint.*refusing to load builtins\.exec"):
+        open_checkpoint("org/evil")
+    assert not target.exists()
+
+
+# Faults -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fault", ["drop", "short", "503", "429"])
+def test_faults_are_survived_with_the_same_values(hub, tmp_path, fault):
+    folder = llama(tmp_path, "safetensors")
+    serve(hub, "org/tiny", folder)
+    ckpt = open_checkpoint("org/tiny")
+    hub.faults = [fault, fault]  # the next two range requests: tensor data of layer 0 or (fetched ahead) 1
+    start = time.monotonic()
+    local = open_checkpoint(str(folder))
+    for layer in range(2):
+        for ours, theirs in zip(ckpt.read_layer(layer), local.read_layer(layer)):
+            np.testing.assert_array_equal(ours, theirs)
+    if fault == "429":
+        assert time.monotonic() - start >= hub.retry_after  # Retry-After honoured
+    assert hub.faults == []
+    # resumed where it stopped: the bytes before a drop are not sent again
+    assert hub.served["model.safetensors"] <= 1.02 * qk_bytes(folder) + header_bytes(folder / "model.safetensors")
+
+
+def test_retries_run_out_keep_committed_layers_and_the_same_command_resumes(hub, tmp_path, monkeypatch):
+    """Every request for layer 1's Q/K bytes gets a 503: one FetchError, layer 0 kept; then the hub recovers."""
+    folder = llama(tmp_path, "safetensors")
+    serve(hub, "org/tiny", folder)
+    monkeypatch.setattr(hub_module, "RETRIES", 3)
+    raw = (folder / "model.safetensors").read_bytes()
+    length = int.from_bytes(raw[:8], "little")
+    layer1 = [(8 + length + a, 8 + length + b) for name, info in json.loads(raw[8:8 + length]).items()
+              if QK.search(name) and ".layers.1." in name for a, b in [info["data_offsets"]]]
+    hub.refuse = lambda name, start, end: any(start < b and a < end for a, b in layer1)
+    db = tmp_path / "w.duckdb"
+    with pytest.raises(FetchError, match=r"after 3 tries \(HTTP 503\).*run the same command to resume"):
+        api.extract("org/tiny", db=db)
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT layer FROM layers").fetchall() == [(0,)]
+    con.close()
+    hub.refuse = None
+    summary = api.extract("org/tiny", db=db)
+    assert summary["status"].to_list() == ["resumed"] and summary["layers"].to_list() == [1]
+    api.extract(str(folder), db=tmp_path / "local.duckdb", name="tiny")
+    assert_same_values(db, tmp_path / "local.duckdb")
+
+
+def test_cli_error_line_when_the_hub_keeps_failing(hub, tmp_path, monkeypatch):
+    folder = llama(tmp_path, "safetensors")
+    serve(hub, "org/tiny", folder)
+    monkeypatch.setattr(hub_module, "RETRIES", 2)
+    hub.faults = ["503"] * 10
+    db = tmp_path / "w.duckdb"
+    result = CliRunner().invoke(cli.main, ["extract", "org/tiny", "--db", str(db)])
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: cannot fetch bytes 0-") and "after 2 tries" in lines[0]
+    assert not db.exists()
+
+
+def test_killed_mid_model_resumes_without_refetching_committed_layers(hub, tmp_path):
+    """Ctrl-C after layer 0; even with the cache cleared, the rerun fetches layer 1's Q/K only."""
+    folder = llama(tmp_path, "safetensors")
+    serve(hub, "org/tiny", folder)
+    db = tmp_path / "w.duckdb"
+
+    class Interrupt(api.Progress):
+        def layer_done(self, layer, heads):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        api.extract("org/tiny", db=db, progress=Interrupt())
+    api.cache(clear=True)
+    hub.served.clear()
+    assert api.extract("org/tiny", db=db)["status"].to_list() == ["resumed"]
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        layer1 = sum(f.get_tensor(n).nbytes for n in f.keys() if QK.search(n) and ".layers.1." in n)
+    header = header_bytes(folder / "model.safetensors")
+    assert layer1 <= weight_bytes_served(hub) <= 1.02 * layer1 + header
+
+
+# Cache, offline, plan -----------------------------------------------------------------------------
+
+def test_offline_from_the_cache_and_the_cache_command(hub, tmp_path, monkeypatch):
+    folder = llama(tmp_path, "safetensors")
+    serve(hub, "org/tiny", folder)
+    first = tmp_path / "first.duckdb"
+    api.extract("org/tiny", db=first)
+    hub.close()
+    go_offline(monkeypatch)
+    second = tmp_path / "second.duckdb"
+    api.extract("org/tiny", db=second)
+    assert_same_values(first, second)
+    with pytest.raises(ExtractError, match=r"^'org/other' is not in the headforms cache \(.*\) and HF_HUB_OFFLINE is set$"):
+        open_checkpoint("org/other")
+
+    cached = sum(f.stat().st_size for f in (tmp_path / "cache").rglob("*") if f.is_file() and f.parent.parent.name == "blobs")
+    result = CliRunner().invoke(cli.main, ["cache", "--format", "csv"])
+    assert result.exit_code == 0, result.output
+    rows = list(pl.read_csv(io.StringIO(result.output)).iter_rows(named=True))
+    assert rows == [{"repo": "org/tiny", "commit": COMMIT, "files": 2, "bytes": cached}]
+    result = CliRunner().invoke(cli.main, ["cache", "--clear"])
+    assert result.exit_code == 0 and api.cache().height == 0
+    with pytest.raises(ExtractError, match="HF_HUB_OFFLINE is set"):
+        open_checkpoint("org/tiny")
+
+
+def test_plan_prints_bytes_per_model_from_headers_alone(hub, tmp_path):
+    for fmt in ("sharded", "bin"):
+        serve(hub, f"org/{fmt}", llama(tmp_path, fmt))
+    result = CliRunner().invoke(cli.main, ["extract", "org/sharded", "org/bin", "--plan", "--db",
+                                           str(tmp_path / "w.duckdb")])
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "w.duckdb").exists()
+    plan = api.plan(["org/sharded", "org/bin"])
+    for fmt, row in zip(("sharded", "bin"), plan.iter_rows(named=True)):
+        folder = tmp_path / fmt
+        weights = [f for f in folder.iterdir() if f.suffix in (".safetensors", ".bin")]
+        assert row["heads"] == 2 * 4
+        assert row["qk_bytes"] == qk_bytes(folder)
+        assert row["checkpoint_bytes"] == sum(f.stat().st_size for f in weights)
+        assert f"{row['qk_bytes']}" in result.output and f"{row['checkpoint_bytes']}" in result.output
+    headers = sum(header_bytes(f) for fmt in ("sharded", "bin") for f in (tmp_path / fmt).iterdir()
+                  if f.suffix in (".safetensors", ".bin"))
+    assert weight_bytes_served(hub) <= headers  # no tensor data
+
+
+# Errors ------------------------------------------------------------------------------------------
+
+def test_unknown_repo_revision_and_bad_id(hub, tmp_path):
+    serve(hub, "org/tiny", llama(tmp_path, "safetensors"))
+    with pytest.raises(ExtractError, match=r"^no model 'org/absent' on the Hugging Face hub \(or it is private"):
+        open_checkpoint("org/absent")
+    with pytest.raises(ExtractError, match=r"^no revision 'v9' of 'org/tiny' on the Hugging Face hub$"):
+        open_checkpoint("org/tiny", revision="v9")
+    with pytest.raises(ExtractError, match=r"^not a file, folder, pkg: reference or hub id"):
+        open_checkpoint("bad id with spaces")
+    with pytest.raises(ExtractError, match=r"^'org/tiny' on the Hugging Face hub has no file none\.gguf$"):
+        open_checkpoint("org/tiny/none.gguf")
+
+
+def test_unreachable_hub_without_cache(hub, monkeypatch):
+    """A closed port: refused at once, one line."""
+    constants = importlib.import_module("huggingface_hub.constants")
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    start = time.monotonic()
+    with pytest.raises(ExtractError) as error:
+        open_checkpoint("gpt2")
+    assert time.monotonic() - start < 10
+    message = str(error.value)
+    assert re.match(r"^'gpt2' is not in the headforms cache \(.*\) and the hub cannot be reached \(", message)
+    assert "\n" not in message and "Connection refused" in message
+
+
+def test_cli_summary_says_what_the_run_fetched(hub, tmp_path):
+    folder = llama(tmp_path, "safetensors")
+    serve(hub, "org/tiny", folder)
+    result = CliRunner().invoke(cli.main, ["extract", "org/tiny", "--db", str(tmp_path / "w.duckdb")])
+    assert result.exit_code == 0, result.output
+    size = (folder / "model.safetensors").stat().st_size
+    assert f"; {sum(hub.served.values()) / 1e6:.1f} MB fetched of a {size / 1e6:.1f} MB checkpoint" in result.output
