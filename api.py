@@ -9,7 +9,6 @@ The command line (cli.py) is a thin layer over these functions.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Iterable
@@ -30,13 +29,15 @@ class Progress:
         """A model is complete (or was found up to date)."""
 
 
-def connect(db: str | Path | None = None, *, read_only: bool = True, wait: float = 0.0):
+def connect(db: str | Path | None = None, *, read_only: bool = True, wait: float | None = None):
     """A DuckDB connection to the warehouse (default: $HEADFORMS_DB or warehouse.duckdb) with its views.
 
-    Read-only by default, so it can be opened beside other readers."""
-    from headforms.warehouse.store import connect as open_warehouse, create_schema, default_db
+    Read-only by default, so it can be opened beside other readers and between the commits of a
+    running extraction (waiting up to `wait` seconds, default store.READ_WAIT, for one to end).
+    Close it soon: an extraction cannot commit while it is open."""
+    from headforms.warehouse.store import READ_WAIT, connect as open_warehouse, create_schema, default_db
 
-    con = open_warehouse(db or default_db(), read_only=read_only, wait=wait)
+    con = open_warehouse(db or default_db(), read_only=read_only, wait=READ_WAIT if wait is None else wait)
     if not read_only:
         create_schema(con)
     return con
@@ -44,19 +45,24 @@ def connect(db: str | Path | None = None, *, read_only: bool = True, wait: float
 
 def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progress: Progress | None = None,
             name: str | None = None, revision: str | None = None, qk_norm: str = "refuse",
-            wait: float = 0.0, **options):
+            wait: float = 0.0, jobs: int = 1, executor: str = "local", ray_address: str | None = None,
+            **options):
     """Extract sources (hub ids, folders, .gguf files, pkg:NAME, model sets) into the warehouse.
 
     `options` are the fields of `headforms.warehouse.load.LoadOptions` (parity_tolerance, seed,
-    device, force). Returns one row per model: status, layers and heads written, seconds, shape.
-    A failed first run leaves no warehouse file behind; an interruption keeps committed layers."""
+    device, force). Layers are read and analysed in this process, in `jobs` worker processes, or
+    as Ray tasks (executor="ray", on the cluster at `ray_address`, else a local one); one writer
+    commits them in order, holding the file only while it commits. Returns one row per model:
+    status, layers and heads written, seconds, shape. A failed first run leaves no warehouse file
+    behind; an interruption keeps committed layers."""
     import polars as pl
 
     from headforms.extract import open_checkpoint
     from headforms.extract.sources import expand_sources
-    from headforms.warehouse.load import LoadOptions, load_model
-    from headforms.warehouse.store import connect as open_warehouse, create_schema, default_db, \
-        interruptible, remove_warehouse
+    from headforms.warehouse.executors import executor as make_executor
+    from headforms.warehouse.load import LoadOptions, load_models
+    from headforms.warehouse.store import Writer, connect as open_warehouse, create_schema, default_db, \
+        exclusive_run, interruptible, remove_warehouse
 
     unknown = set(options) - {f.name for f in fields(LoadOptions)}
     if unknown:
@@ -67,35 +73,39 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     targets = expand_sources([sources] if isinstance(sources, str) else list(sources))
     if name and len(targets) > 1:
         raise ValueError("name= needs exactly one source")
-    con, created, rows = None, not db.exists(), []
+    created, opened, rows, ckpts = not db.exists(), False, [], []
     try:
         for set_name, source in targets:
-            ckpt = open_checkpoint(source, revision=revision, name=name or set_name, qk_norm=qk_norm)
+            ckpts.append(open_checkpoint(source, revision=revision, name=name or set_name, qk_norm=qk_norm))
+        with exclusive_run(db, wait):
+            con = open_warehouse(db, wait=wait)
+            opened = True
             try:
-                if con is None:
-                    con = open_warehouse(db, wait=wait)
-                    create_schema(con)
-                progress.model_started(ckpt)
-                result = load_model(con, ckpt, opts, progress.layer_done)
+                create_schema(con)
             finally:
-                ckpt.close()
-            progress.model_done(ckpt, result)
-            spec = ckpt.spec
-            rows.append({"model": result.model, "status": result.status, "layers": result.layers,
-                         "heads": result.heads, "seconds": result.seconds, "architecture": spec.architecture,
-                         "n_layers": spec.n_layers, "n_heads": spec.n_heads, "d_model": spec.d_model,
-                         "head_dim": spec.head_dim, "revision": ckpt.revision})
+                with interruptible():
+                    con.close()
+            work = make_executor(jobs, executor, ray_address)
+            for ckpt, result in load_models(Writer(db), ckpts, opts, work, progress.model_started, progress.layer_done):
+                _summary(rows, ckpt, result)
+                progress.model_done(ckpt, result)
     except Exception:  # an interruption (Ctrl-C) keeps committed layers, and so the file
-        if con is not None and created and not rows:  # the failed run undid its rows: undo the file too
-            con.close()
-            con = None
+        if created and opened and not rows:  # the failed run undid its rows: undo the file too
             remove_warehouse(db)
         raise
     finally:
-        if con is not None:
-            with interruptible():
-                con.close()
+        for ckpt in ckpts:
+            ckpt.close()
     return pl.DataFrame(rows, schema_overrides={"seconds": pl.Float64})
+
+
+def _summary(rows: list, ckpt, result) -> None:
+    """extract's row for one model."""
+    spec = ckpt.spec
+    rows.append({"model": result.model, "status": result.status, "layers": result.layers, "heads": result.heads,
+                 "seconds": result.seconds, "architecture": spec.architecture, "n_layers": spec.n_layers,
+                 "n_heads": spec.n_heads, "d_model": spec.d_model, "head_dim": spec.head_dim,
+                 "revision": ckpt.revision})
 
 
 def table(db: str | Path | None, view: str):

@@ -36,6 +36,9 @@ class Group(click.Group):
 
 WAIT = click.option("--wait", type=float, default=0.0, show_default=True,
                     help="Seconds to wait for a warehouse another process is writing.")
+# Readers wait by default: a running extraction holds the file only while it commits a layer.
+READ_WAIT = click.option("--wait", type=float, default=10.0, show_default=True,
+                         help="Seconds to wait for a warehouse another process is committing to.")
 
 
 def db_option(read_only: bool = False):
@@ -68,8 +71,14 @@ def main():
               help="Type II when c_sym + d_sym is at most this.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random baseline heads.")
 @click.option("--device", default="cpu", show_default=True, help="torch device for the linear algebra (cpu, cuda).")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Worker processes reading and analysing layers (of several models at once); one writer commits.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: this machine (--jobs); ray: Ray tasks (pip install 'headforms[ray]').")
+@click.option("--ray-address", help="Address of an existing Ray cluster (default: $RAY_ADDRESS, else start one here).")
 @WAIT
-def extract(sources, db, name, revision, force, qk_norm, parity_tolerance, seed, device, wait):
+def extract(sources, db, name, revision, force, qk_norm, parity_tolerance, seed, device, jobs, executor, ray_address,
+            wait):
     """Extract SOURCES into the warehouse: hub ids, local folders, .gguf files, pkg:NAME, or a model set.
 
     Model sets (see `headforms models`): demo, paper. A model already in the warehouse is
@@ -83,8 +92,8 @@ def extract(sources, db, name, revision, force, qk_norm, parity_tolerance, seed,
     started, progress = time.perf_counter(), _BarProgress()
     try:
         summary = api.extract(sources, db=db, progress=progress, name=name, revision=revision,
-                              qk_norm=qk_norm, wait=wait, parity_tolerance=parity_tolerance, seed=seed,
-                              device=device, force=force)
+                              qk_norm=qk_norm, wait=wait, jobs=jobs, executor=executor, ray_address=ray_address,
+                              parity_tolerance=parity_tolerance, seed=seed, device=device, force=force)
     except KeyboardInterrupt:
         raise click.ClickException("interrupted: committed layers are kept; run the same command to resume") from None
     finally:
@@ -130,7 +139,7 @@ class _BarProgress:
 @db_option(read_only=True)
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
 @click.option("--write", is_flag=True, help="Open the warehouse for writing (default: read-only).")
-@WAIT
+@READ_WAIT
 def sql(query, db, fmt, write, wait):
     """Run a SQL QUERY on the warehouse (read-only unless --write).
 
@@ -165,9 +174,10 @@ def _print(frame, fmt: str) -> None:
 @main.command()
 @db_option(read_only=True)
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
-@WAIT
+@READ_WAIT
 def status(db, fmt, wait):
-    """Models in the warehouse: head counts, progress and provenance."""
+    """Models in the warehouse: head counts, progress and provenance; and a running extraction's progress."""
+    from headforms.warehouse.progress import running
     from headforms.warehouse.store import connect, query
 
     con = connect(db, read_only=True, wait=wait)
@@ -182,18 +192,25 @@ def status(db, fmt, wait):
     finally:
         con.close()
     _print(frame, fmt)
+    run = running(db)
+    if run is not None and fmt == "table":
+        click.echo(f"extraction running (process {run['pid']}): model {run['models_done'] + 1} of {run['models']}, "
+                   f"{run['model']}: {run['layers_done']} of {run['n_layers']} layers done; {run['heads_done']} heads "
+                   f"in {run['updated'] - run['started']:.1f} s ({run['heads_per_second']:.0f} heads/s); "
+                   f"{run['bytes_fetched'] / 1e6:.1f} MB fetched")
 
 
 @main.command()
 @db_option(read_only=True)
 @click.option("--out", "out_dir", default="export", show_default=True, type=click.Path(file_okay=False),
               help="Folder for the tables (CSV and Parquet), figures (PNG) and index.csv.")
-def export(db, out_dir):
+@READ_WAIT
+def export(db, out_dir, wait):
     """Write the paper's tables (CSV, Parquet) and figures (PNG), named after the table or figure they are."""
     from headforms.warehouse.export import export as export_all
     from headforms.warehouse.store import connect
 
-    con = connect(db, read_only=True)
+    con = connect(db, read_only=True, wait=wait)
     try:
         written = export_all(con, out_dir)
     finally:
@@ -203,19 +220,22 @@ def export(db, out_dir):
 
 @main.command()
 @db_option(read_only=True)
-@WAIT
-def check(db, wait):
-    """Verify the warehouse's invariants: every head of every model, with its eigenvalues and fits, consistent.
+@click.option("--quick", is_flag=True, help="Only the invariants; skip reading every stored value.")
+@READ_WAIT
+def check(db, quick, wait):
+    """Verify the warehouse: every stored value readable, and its invariants (every head of every model, with
+    its eigenvalues and fits, consistent).
 
-    Prints each violation, and each incomplete model (a warning: rerun extract to resume), on a
-    line with its place (model, layer, head); exits with status 1 when there is a violation.
+    Prints each unreadable table, each violation, and each incomplete model (a warning: rerun extract
+    to resume), on a line with its place (table; model, layer, head); exits with status 1 when there
+    is a violation.
     """
     from headforms.warehouse.check import check_warehouse
     from headforms.warehouse.store import connect
 
     con = connect(db, read_only=True, wait=wait)
     try:
-        findings = check_warehouse(con)
+        findings = check_warehouse(con, full=not quick)
     finally:
         con.close()
     for finding in findings:

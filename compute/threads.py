@@ -25,6 +25,12 @@ R = TypeVar("R")
 WORKERS = max(1, torch.get_num_threads())
 
 
+def set_workers(count: int) -> None:
+    """Size of the CPU pool; a worker process of a parallel run (--jobs) uses 1, the cores being its siblings'."""
+    global WORKERS
+    WORKERS = max(1, count)
+
+
 @contextmanager
 def single_threaded():
     """torch, and the BLAS and OpenMP pools of numpy and scipy, at one thread for the duration."""

@@ -1,26 +1,33 @@
-"""Loading a checkpoint into the warehouse, one committed layer at a time.
+"""Loading checkpoints into the warehouse, one committed layer at a time.
 
 A new model is written layer by layer, each layer in one transaction with its progress
 row, so an interrupted run resumes where it stopped. Replacing a model (--force) happens
 in a single transaction: the warehouse holds the old model or the new one, never a mix.
 A failing run (a bad weight, say) removes what it wrote, leaving the warehouse as it was.
+
+Reading and analysis (`layer_rows`) happen outside the warehouse, in this process or in an
+executor's workers (warehouse/executors.py); the one writer opens the file only to commit,
+so other processes can read it between two commits.
 """
 from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from headforms.compute.analysis import LayerAnalysis, analyse_layer
 from headforms.compute.statistics import PARITY_TOLERANCE, lobes
 from headforms.extract import Checkpoint
-from headforms.warehouse.store import WarehouseError, insert, query, transaction
+from headforms.warehouse.progress import RunProgress
+from headforms.warehouse.store import WarehouseError, Writer, insert, transaction
 
 
 def tool_version() -> str:
@@ -49,18 +56,72 @@ class LoadResult:
     seconds: float
 
 
+@dataclass
+class LayerRows:
+    """One analysed layer: its rows for every table as Arrow tables (the `layers` progress row last)."""
+
+    layer: int
+    heads: int
+    tables: dict[str, pa.Table]
+    bytes_fetched: int = 0  # checkpoint bytes read for it (a hub source's ranged reads)
+
+
 # The columns a stored model's numbers depend on: a source that differs in any of them is another model.
 IDENTITY = ("revision", "architecture", "n_layers", "n_heads", "n_kv_heads", "d_model", "head_dim", "qk_norm",
             "parity_tolerance", "baseline_seed")
 
 
-def load_model(con, ckpt: Checkpoint, opts: LoadOptions,
+def load_model(target, ckpt: Checkpoint, opts: LoadOptions,
                on_layer: Callable[[int, int], None] | None = None) -> LoadResult:
-    """Extract every missing layer of `ckpt` into the warehouse; on_layer(layer, heads) reports each layer written."""
-    start = time.perf_counter()
-    name, spec = ckpt.name, ckpt.spec
+    """Extract every missing layer of `ckpt` into the warehouse (a Writer, or an open connection) in
+    this process; on_layer(layer, heads) reports each layer written."""
+    writer = target if isinstance(target, Writer) else Writer(con=target)
+    [(_, result)] = load_models(writer, [ckpt], opts, on_layer=on_layer)
+    return result
+
+
+def load_models(writer: Writer, ckpts: list[Checkpoint], opts: LoadOptions, executor=None,
+                on_model: Callable[[Checkpoint], None] | None = None,
+                on_layer: Callable[[int, int], None] | None = None) -> Iterator[tuple[Checkpoint, LoadResult]]:
+    """Extract several checkpoints, yielding (checkpoint, result) as each model completes.
+
+    Every model is checked against the warehouse before any work starts. The executor (default:
+    this process) reads and analyses the layers of all models, ahead of the writer; the writer
+    commits them model by model, layer by layer, in order."""
+    from headforms.warehouse.executors import Serial
+
+    plans = [_plan(writer, ckpt, opts) for ckpt in ckpts]
+    executor = executor or Serial()
+    run = RunProgress(writer.path, len(plans))
+    rows = executor.map((plan.ckpt, opts, layer) for plan in plans for layer in plan.todo)
+    try:
+        for plan in plans:
+            if on_model:
+                on_model(plan.ckpt)
+            result = _load(writer, plan, rows, run, on_layer)
+            run.model_done()
+            yield plan.ckpt, result
+    finally:
+        run.close()
+        executor.close()
+
+
+@dataclass
+class _Plan:
+    """What a run does to one model: its record, the layers to compute, and the status it will report."""
+
+    ckpt: Checkpoint
+    record: dict
+    todo: list[int]
+    status: str     # "extracted", "resumed", "replaced" or "up to date"
+    created: bool   # the models row is this run's
+
+
+def _plan(writer: Writer, ckpt: Checkpoint, opts: LoadOptions) -> _Plan:
+    """Compare `ckpt` with what the warehouse holds of it: refuse a changed source unless forced."""
+    name, n_layers = ckpt.name, ckpt.spec.n_layers
     record = _model_record(ckpt, opts)
-    old = query(con, f"SELECT {', '.join(IDENTITY)}, complete FROM models WHERE model = ?", [name])
+    old = writer.query(f"SELECT {', '.join(IDENTITY)}, complete FROM models WHERE model = ?", [name])
     if old.height:
         prev = old.row(0, named=True)
         changed = [f"{key} {prev[key]} -> {record[key]}" for key in IDENTITY if prev[key] != record[key]]
@@ -68,50 +129,73 @@ def load_model(con, ckpt: Checkpoint, opts: LoadOptions,
             raise WarehouseError(f"model '{name}' in the warehouse differs from this source ({'; '.join(changed)}): "
                                  f"use --force to replace it, or --name to keep both")
         if opts.force:
-            with transaction(con):
-                _delete_model(con, name)
-                _write_model(con, ckpt, opts, record, on_layer)
-            return LoadResult(name, "replaced", spec.n_layers, spec.n_layers * spec.n_heads,
-                              time.perf_counter() - start)
+            return _Plan(ckpt, record, list(range(n_layers)), "replaced", False)
         if prev["complete"]:
-            return LoadResult(name, "up to date", 0, 0, time.perf_counter() - start)
+            return _Plan(ckpt, record, [], "up to date", False)
+    done = set(writer.query("SELECT layer FROM layers WHERE model = ?", [name])["layer"].to_list())
+    todo = [layer for layer in range(n_layers) if layer not in done]
+    return _Plan(ckpt, record, todo, "resumed" if done or old.height else "extracted", not old.height)
 
-    done = set(query(con, "SELECT layer FROM layers WHERE model = ?", [name])["layer"].to_list())
-    created = not old.height
-    if created:
-        with transaction(con):
+
+def _load(writer: Writer, plan: _Plan, rows: Iterator[LayerRows], run: RunProgress, on_layer) -> LoadResult:
+    """Commit a model's layers as `rows` yields them (a replacement in one transaction)."""
+    start = time.perf_counter()
+    ckpt, record, name = plan.ckpt, plan.record, plan.ckpt.name
+    heads = len(plan.todo) * ckpt.spec.n_heads
+    run.model(name, ckpt.spec.n_layers, ckpt.spec.n_layers - len(plan.todo))
+    if plan.status == "replaced":  # computed first: readers see the old model until the swap
+        layers = [next(rows) for _ in plan.todo]
+        with _commit(writer) as con:
+            _delete_model(con, name)
+            insert(con, "models", pl.DataFrame([record | {"complete": True}]))
+            _insert_layers(con, layers)
+        _report(layers, run, on_layer)
+        return LoadResult(name, "replaced", len(layers), heads, time.perf_counter() - start)
+    if plan.created:
+        with _commit(writer) as con:
             insert(con, "models", pl.DataFrame([record]))
-    todo = [layer for layer in range(spec.n_layers) if layer not in done]
     written: list[int] = []
     try:
-        for layer in todo:
-            with transaction(con):
-                _write_layer(con, ckpt, opts, layer)
-            written.append(layer)
-            if on_layer:
-                on_layer(layer, spec.n_heads)
-        with transaction(con):
-            con.execute("UPDATE models SET complete = true, extracted_at = ? WHERE model = ?",
-                        [record["extracted_at"], name])
+        for _ in plan.todo:
+            layer = next(rows)
+            with _commit(writer) as con:
+                _insert_layers(con, [layer])
+            written.append(layer.layer)
+            _report([layer], run, on_layer)
+        if plan.todo or plan.created:
+            with _commit(writer) as con:
+                con.execute("UPDATE models SET complete = true, extracted_at = ? WHERE model = ?",
+                            [record["extracted_at"], name])
     except Exception:
-        with transaction(con):  # undo this run only; an interruption (Ctrl-C, kill) keeps its layers
-            if created:
+        with _commit(writer) as con:  # undo this run only; an interruption (Ctrl-C, kill) keeps its layers
+            if plan.created:
                 _delete_model(con, name)
             elif written:
                 for table in ("heads", "eigenvalues", "fits", "layers"):
                     con.execute(f"DELETE FROM {table} WHERE model = ? AND list_contains(?, layer)", [name, written])
         raise
-    status = "resumed" if done or not created else "extracted"
-    return LoadResult(name, status, len(written), len(written) * spec.n_heads, time.perf_counter() - start)
+    return LoadResult(name, plan.status, len(written), len(written) * ckpt.spec.n_heads, time.perf_counter() - start)
 
 
-def _write_model(con, ckpt, opts, record, on_layer) -> None:
-    """Every layer of a model, inside the caller's transaction."""
-    insert(con, "models", pl.DataFrame([record | {"complete": True}]))
-    for layer in range(ckpt.spec.n_layers):
-        _write_layer(con, ckpt, opts, layer)
+@contextmanager
+def _commit(writer: Writer):
+    """One transaction on the writer's connection: the file is held for this commit alone."""
+    with writer.connection() as con, transaction(con):
+        yield con
+
+
+def _report(layers: list[LayerRows], run: RunProgress, on_layer) -> None:
+    """Committed layers: into the progress file, and to the caller's callback."""
+    run.layers(len(layers), sum(layer.heads for layer in layers), sum(layer.bytes_fetched for layer in layers))
+    for layer in layers:
         if on_layer:
-            on_layer(layer, ckpt.spec.n_heads)
+            on_layer(layer.layer, layer.heads)
+
+
+def _insert_layers(con, layers: list[LayerRows]) -> None:
+    """Every table's rows of these layers, one INSERT per table (the caller holds the transaction)."""
+    for table in layers[0].tables:
+        insert(con, table, pa.concat_tables([layer.tables[table] for layer in layers]))
 
 
 def _delete_model(con, name: str) -> None:
@@ -119,20 +203,24 @@ def _delete_model(con, name: str) -> None:
         con.execute(f"DELETE FROM {table} WHERE model = ?", [name])
 
 
-def _write_layer(con, ckpt: Checkpoint, opts: LoadOptions, layer: int) -> None:
-    """Read, analyse and insert one layer with its progress row (the caller holds the transaction)."""
+def layer_rows(ckpt: Checkpoint, opts: LoadOptions, layer: int) -> LayerRows:
+    """Read and analyse one layer into its rows, the `layers` progress row included; no warehouse access.
+
+    The unit of work of every executor (this process, worker processes, Ray tasks)."""
     t0 = time.perf_counter()
+    fetched = getattr(ckpt, "bytes_fetched", 0)
     wq, wk = ckpt.read_layer(layer)
     spec = ckpt.spec
     analysis = analyse_layer(wq, wk, spec.kv_index, layer=layer, seed=opts.seed,
                              parity_tolerance=opts.parity_tolerance, device=opts.device)
     del wq, wk
-    for table, frame in layer_frames(ckpt.name, layer, spec.kv_index, spec.head_dim, analysis).items():
-        insert(con, table, frame)
-    insert(con, "layers", pl.DataFrame({
+    frames = layer_frames(ckpt.name, layer, spec.kv_index, spec.head_dim, analysis)
+    frames["layers"] = pl.DataFrame({
         "model": [ckpt.name], "layer": [layer], "heads": [spec.n_heads],
         "seconds": [time.perf_counter() - t0], "written_at": [datetime.now(timezone.utc).replace(tzinfo=None)],
-    }))
+    })
+    return LayerRows(layer, spec.n_heads, {table: frame.to_arrow() for table, frame in frames.items()},
+                     getattr(ckpt, "bytes_fetched", 0) - fetched)
 
 
 def _model_record(ckpt: Checkpoint, opts: LoadOptions) -> dict:
