@@ -275,7 +275,7 @@ def test_duckdb_interrupted_query_counts_as_ctrl_c(tmp_path, monkeypatch, llama_
     real_insert = load.insert
 
     def insert(con, table, frame):
-        if table == "fits" and frame["layer"][0] == 1:
+        if table == "fits" and frame["layer"][0].as_py() == 1:  # a layer's rows arrive as an Arrow table
             raise RuntimeError("Query interrupted")
         real_insert(con, table, frame)
 

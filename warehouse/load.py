@@ -142,6 +142,8 @@ def _load(writer: Writer, plan: _Plan, rows: Iterator[LayerRows], run: RunProgre
     start = time.perf_counter()
     ckpt, record, name = plan.ckpt, plan.record, plan.ckpt.name
     heads = len(plan.todo) * ckpt.spec.n_heads
+    if plan.status == "up to date":
+        return LoadResult(name, plan.status, 0, 0, time.perf_counter() - start)
     run.model(name, ckpt.spec.n_layers, ckpt.spec.n_layers - len(plan.todo))
     if plan.status == "replaced":  # computed first: readers see the old model until the swap
         layers = [next(rows) for _ in plan.todo]
@@ -162,10 +164,9 @@ def _load(writer: Writer, plan: _Plan, rows: Iterator[LayerRows], run: RunProgre
                 _insert_layers(con, [layer])
             written.append(layer.layer)
             _report([layer], run, on_layer)
-        if plan.todo or plan.created:
-            with _commit(writer) as con:
-                con.execute("UPDATE models SET complete = true, extracted_at = ? WHERE model = ?",
-                            [record["extracted_at"], name])
+        with _commit(writer) as con:
+            con.execute("UPDATE models SET complete = true, extracted_at = ? WHERE model = ?",
+                        [record["extracted_at"], name])
     except Exception:
         with _commit(writer) as con:  # undo this run only; an interruption (Ctrl-C, kill) keeps its layers
             if plan.created:
