@@ -7,7 +7,10 @@ the driver resolved), so no weights travel from the driver; results come back as
 """
 from __future__ import annotations
 
+import os
 import signal
+import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,12 +68,20 @@ class Serial:
         """Nothing to release."""
 
 
-def _quiet_worker() -> None:
-    """Worker processes leave Ctrl-C to the writer, which stops them, and run single-threaded."""
+def _worker_setup(parent: int) -> None:
+    """A worker process leaves Ctrl-C to the writer (which stops it), runs single-threaded (its siblings
+    have the other cores), and exits when the writer is gone (killed: nobody would read its results)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from headforms.compute import threads
 
     threads.set_workers(1)
+
+    def orphaned():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=orphaned, daemon=True, name="headforms-orphan-watch").start()
 
 
 class _Windowed:
@@ -102,7 +113,7 @@ class Processes(_Windowed):
 
         self.work, self.window = work, WINDOW * jobs
         self.pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
-                                        initializer=_quiet_worker)
+                                        initializer=_worker_setup, initargs=(os.getpid(),))
 
     def submit(self, ref, opts, layer):
         return self.pool.submit(self.work, ref, opts, layer)
