@@ -4,11 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from headforms.compute.baseline import random_forms
 from headforms.compute.fits import fit_families
-from headforms.compute.reduction import reduce_forms
+from headforms.compute.reduction import on_cpu, reduce_forms
 from headforms.compute.spectra import Spectra, spectra
 from headforms.compute.statistics import PARITY_TOLERANCE, fit_samples, head_statistics, pairing, symmetric_energy
 from headforms.compute.threads import single_threaded
@@ -39,7 +38,7 @@ def analyse_layer(
 
     On the CPU every library runs single-threaded here; the heads are spread over threads
     instead (compute.threads)."""
-    if torch.device(device).type == "cpu":
+    if on_cpu(device):
         with single_threaded():
             return _analyse(wq, wk, kv_index, layer, seed, parity_tolerance, device)
     return _analyse(wq, wk, kv_index, layer, seed, parity_tolerance, device)

@@ -2,23 +2,33 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from headforms.compute.threads import map_threads
 
 
-def _reduce(stacked: torch.Tensor, n: int) -> torch.Tensor:
-    """l = R_K R_Q^T from stacked = [W_K; W_Q] of shape (..., 2n, N), float64.
+def on_cpu(device: str) -> bool:
+    """Whether a torch device name is the CPU (the path that needs no torch at all)."""
+    return str(device).split(":")[0] == "cpu"
+
+
+def _reduce(stacked, n: int):
+    """l = R_K R_Q^T from stacked = [W_K; W_Q] of shape (..., 2n, N), float64 (numpy, or torch on a device).
 
     stacked's transpose is [W_K^T | W_Q^T] (N x 2n) in column-major order, the layout LAPACK's
     QR works in. R_K's rows below n are exactly zero, so only l's first n rows can be nonzero.
     """
-    r = torch.linalg.qr(stacked.transpose(-2, -1), mode="r").R  # (..., r, 2n), r = min(N, 2n)
-    return r[..., :, :n] @ r[..., :, n:].transpose(-2, -1)
+    if isinstance(stacked, np.ndarray):
+        r = np.linalg.qr(stacked.swapaxes(-2, -1), mode="r")  # (..., r, 2n), r = min(N, 2n)
+    else:
+        import torch
+
+        r = torch.linalg.qr(stacked.transpose(-2, -1), mode="r").R
+    return r[..., :, :n] @ r[..., :, n:].swapaxes(-2, -1)
 
 
-def reduce_forms(wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray, device: str = "cpu") -> torch.Tensor:
-    """The small matrices l with L = U l U^T, one per query head, in float64, on `device`.
+def reduce_forms(wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray, device: str = "cpu"):
+    """The small matrices l with L = U l U^T, one per query head, in float64: numpy on the CPU, else a
+    torch tensor on `device`.
 
     wq: (H, n, N) query maps; wk: (H_kv, n, N) key maps; kv_index: key head of each query
     head. With [W_K^T | W_Q^T] = U R (QR, U orthonormal N x r, r = min(N, 2n)),
@@ -29,15 +39,17 @@ def reduce_forms(wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray, device: s
     (cuda) the whole layer is one batched call there.
     """
     n = wq.shape[1]
-    if torch.device(device).type == "cpu":
+    if on_cpu(device):
         q = np.asarray(wq, dtype=np.float64)
         k = np.asarray(wk, dtype=np.float64)
         kv = np.asarray(kv_index, dtype=np.intp)
 
-        def one(h: int) -> torch.Tensor:
-            return _reduce(torch.from_numpy(np.concatenate([k[kv[h]], q[h]])), n)
+        def one(h: int) -> np.ndarray:
+            return _reduce(np.concatenate([k[kv[h]], q[h]]), n)
 
-        return torch.stack(map_threads(one, range(len(q))))
+        return np.stack(map_threads(one, range(len(q))))
+    import torch
+
     q = torch.as_tensor(wq, dtype=torch.float64, device=device)
     k = torch.as_tensor(wk, dtype=torch.float64, device=device)
     k = k[torch.as_tensor(np.asarray(kv_index), dtype=torch.long, device=device)]
