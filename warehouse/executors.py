@@ -56,13 +56,27 @@ def run_task(ref: CheckpointRef, opts, layer: int):
     return layer_rows(_OPEN[ref], opts, layer)
 
 
+class Results:
+    """Results in task order; `ready()` tells whether the next one is already computed, so the writer
+    can commit the layers that finished during its last commit together."""
+
+    def __init__(self, results: Iterator, ready: Callable[[], bool] = lambda: False):
+        self.results, self.ready = results, ready
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self.results)
+
+
 class Serial:
     """Every layer in this process, computed only when the writer asks for it (one layer in memory)."""
 
-    def map(self, tasks: Iterable[tuple]) -> Iterator:
+    def map(self, tasks: Iterable[tuple]) -> Results:
         from headforms.warehouse import load
 
-        return (load.layer_rows(ckpt, opts, layer) for ckpt, opts, layer in tasks)
+        return Results(load.layer_rows(ckpt, opts, layer) for ckpt, opts, layer in tasks)
 
     def close(self) -> None:
         """Nothing to release."""
@@ -89,7 +103,7 @@ class _Windowed:
 
     window: int
 
-    def map(self, tasks: Iterable[tuple]) -> Iterator:
+    def map(self, tasks: Iterable[tuple]) -> Results:
         tasks, pending = iter(tasks), deque()
 
         def fill():
@@ -97,11 +111,14 @@ class _Windowed:
                 ckpt, opts, layer = task
                 pending.append(self.submit(CheckpointRef.of(ckpt), opts, layer))
 
-        fill()
-        while pending:
-            result = self.result(pending.popleft())
+        def results():
             fill()
-            yield result
+            while pending:
+                result = self.result(pending.popleft())
+                fill()
+                yield result
+
+        return Results(results(), lambda: bool(pending) and self.done(pending[0]))
 
 
 class Processes(_Windowed):
@@ -120,6 +137,9 @@ class Processes(_Windowed):
 
     def result(self, future):
         return future.result()
+
+    def done(self, future) -> bool:
+        return future.done()
 
     def close(self) -> None:
         """Stop the workers now (tasks still queued are dropped: an interrupted run resumes them)."""
@@ -152,6 +172,9 @@ class Ray(_Windowed):
 
     def result(self, handle):
         return self.ray.get(handle)
+
+    def done(self, handle) -> bool:
+        return bool(self.ray.wait([handle], timeout=0)[0])
 
     def close(self) -> None:
         if self.started:

@@ -7,7 +7,8 @@ A failing run (a bad weight, say) removes what it wrote, leaving the warehouse a
 
 Reading and analysis (`layer_rows`) happen outside the warehouse, in this process or in an
 executor's workers (warehouse/executors.py); the one writer opens the file only to commit,
-so other processes can read it between two commits.
+so other processes can read it between two commits. Layers that workers finished during a
+commit are committed together in the next one (whole layers still, in order).
 """
 from __future__ import annotations
 
@@ -137,8 +138,9 @@ def _plan(writer: Writer, ckpt: Checkpoint, opts: LoadOptions) -> _Plan:
     return _Plan(ckpt, record, todo, "resumed" if done or old.height else "extracted", not old.height)
 
 
-def _load(writer: Writer, plan: _Plan, rows: Iterator[LayerRows], run: RunProgress, on_layer) -> LoadResult:
-    """Commit a model's layers as `rows` yields them (a replacement in one transaction)."""
+def _load(writer: Writer, plan: _Plan, rows, run: RunProgress, on_layer) -> LoadResult:
+    """Commit a model's layers as `rows` (executors.Results) yields them: each in its own transaction, or
+    with those already computed behind it; a replacement in one transaction."""
     start = time.perf_counter()
     ckpt, record, name = plan.ckpt, plan.record, plan.ckpt.name
     heads = len(plan.todo) * ckpt.spec.n_heads
@@ -158,12 +160,14 @@ def _load(writer: Writer, plan: _Plan, rows: Iterator[LayerRows], run: RunProgre
             insert(con, "models", pl.DataFrame([record]))
     written: list[int] = []
     try:
-        for _ in plan.todo:
-            layer = next(rows)
+        while len(written) < len(plan.todo):
+            batch = [next(rows)]  # and the layers workers finished meanwhile: one commit for all
+            while len(written) + len(batch) < len(plan.todo) and rows.ready():
+                batch.append(next(rows))
             with _commit(writer) as con:
-                _insert_layers(con, [layer])
-            written.append(layer.layer)
-            _report([layer], run, on_layer)
+                _insert_layers(con, batch)
+            written += [layer.layer for layer in batch]
+            _report(batch, run, on_layer)
         with _commit(writer) as con:
             con.execute("UPDATE models SET complete = true, extracted_at = ? WHERE model = ?",
                         [record["extracted_at"], name])
