@@ -163,7 +163,8 @@ class Ray(_Windowed):
             raise WarehouseError("--executor ray needs Ray: pip install 'headforms[ray]'") from None
         self.ray, self.started = ray, not ray.is_initialized()
         if self.started:
-            ray.init(address=address, log_to_driver=False, include_dashboard=False)
+            local = address is None and not os.environ.get("RAY_ADDRESS")  # else: connect to a running cluster
+            ray.init(address=address, log_to_driver=False, **({"include_dashboard": False} if local else {}))
         self.window = WINDOW * max(1, int(ray.cluster_resources().get("CPU", 1)))
         self.task = ray.remote(num_cpus=1, max_retries=retries)(work)
 

@@ -102,7 +102,10 @@ class Writer:
 def exclusive_run(path: str | Path, wait: float = 0.0):
     """One extraction at a time per warehouse: a lock on `<db>.lock` held for the whole run (the file
     itself is held only while committing, so readers get in; a second writer must not)."""
-    lock = open(f"{path}.lock", "a+")
+    try:
+        lock = open(f"{path}.lock", "a+")
+    except OSError as exc:
+        raise WarehouseError(f"cannot open {path}: {exc.strerror}") from None
     deadline, announced = time.monotonic() + wait, False
     try:
         while True:
