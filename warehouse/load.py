@@ -264,24 +264,33 @@ def layer_frames(model: str, layer: int, kv_index: np.ndarray, head_dim: int,
         "S": sp.eig_S, "S_pos": _lobe(plus, stats["n_pos"]), "S_neg": _lobe(minus, stats["n_neg"]),
         "T_sv": sp.sv_T, "T_sigma": sp.sigma_T, "L": sp.eig_L[:, :rank], "L_sv": sp.sv_L[:, :rank],
     }
+    # Whole columns built in numpy and handed over once (a polars frame per spectrum or per fit costs
+    # more than the rows in it): codes are repeated by index, never broadcast per part.
     parts = []
-    for code, values in spectra.items():
+    for values in spectra.values():
         keep = ~np.isnan(values.real) if np.isrealobj(values) else np.ones(values.shape, bool)
         head_idx, idx = np.nonzero(keep)
-        parts.append(pl.DataFrame({
-            "head": head_idx.astype(np.int32), "spectrum": code, "idx": idx.astype(np.int32),
-            "value": values.real[keep].astype(np.float64),
-            "imag": values.imag[keep].astype(np.float64) if np.iscomplexobj(values) else 0.0,
-        }))
-    eigen = pl.concat(parts).with_columns(pl.lit(model).alias("model"), pl.lit(layer).alias("layer"))
+        parts.append((head_idx, idx, values.real[keep], values.imag[keep] if np.iscomplexobj(values)
+                      else np.zeros(len(idx))))
+    head_idx, idx, value, imag = (np.concatenate(column) for column in zip(*parts))
+    eigen = pl.DataFrame({
+        "head": head_idx.astype(np.int32), "spectrum": _repeat(list(spectra), [len(p[0]) for p in parts]),
+        "idx": idx.astype(np.int32), "value": value.astype(np.float64), "imag": imag.astype(np.float64),
+    }).with_columns(pl.lit(model).alias("model"), pl.lit(layer).alias("layer"))
 
-    fit_parts = [
-        _frame({"head": heads, "sample": sample, "family": family, **cols})
-        for sample, families in analysis.fits.items() for family, cols in families.items()
-    ]
-    fits = pl.concat(fit_parts).with_columns(pl.lit(model).alias("model"), pl.lit(layer).alias("layer"),
-                                             pl.col("n").cast(pl.Int32))
+    combos = [(sample, family, cols) for sample, families in analysis.fits.items() for family, cols in families.items()]
+    fits = _frame({
+        "head": np.tile(heads, len(combos)),
+        "sample": _repeat([sample for sample, _, _ in combos], [n_heads] * len(combos)),
+        "family": _repeat([family for _, family, _ in combos], [n_heads] * len(combos)),
+        **{column: np.concatenate([cols[column] for _, _, cols in combos]) for column in combos[0][2]},
+    }).with_columns(pl.lit(model).alias("model"), pl.lit(layer).alias("layer"), pl.col("n").cast(pl.Int32))
     return {"heads": _frame(head_cols), "eigenvalues": eigen, "fits": fits}
+
+
+def _repeat(labels: list[str], counts: list[int]) -> pl.Series:
+    """labels[0] counts[0] times, then labels[1] counts[1] times, ... (a string column, without a Python loop)."""
+    return pl.Series(labels, dtype=pl.Utf8).gather(np.repeat(np.arange(len(labels)), counts))
 
 
 def _lobe(values: np.ndarray, count: np.ndarray) -> np.ndarray:
