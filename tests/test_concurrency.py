@@ -41,6 +41,7 @@ def layer_rows(ckpt, opts, layer):
     return real(ckpt, opts, layer)
 
 load.layer_rows = layer_rows
+load.COMMIT_SECONDS = 0  # one layer per commit: layers before argv[1] are all committed when it stops
 cli.main(sys.argv[2:], prog_name="headforms")
 """
 
@@ -137,6 +138,34 @@ def test_second_extraction_waits_for_the_whole_run(tmp_path):
     assert_one_error(other.returncode, other.stderr, rf"is in use by another process \(process {run.pid}\)")
     run.communicate("\n", timeout=120)
     assert run.returncode == 0
+
+
+def test_small_layers_share_a_commit(survey, tmp_path, monkeypatch):
+    """Layers computed within COMMIT_SECONDS share one commit (whole layers, same values); with 0 each layer
+    has its own."""
+    import contextlib
+
+    from headforms.warehouse import load
+
+    files, serial = survey
+    commits = []
+    real = load.transaction
+
+    @contextlib.contextmanager
+    def counting(con):
+        with real(con):
+            yield con
+        commits.append(con.sql("SELECT count(*) FROM layers").fetchall()[0][0])
+
+    monkeypatch.setattr(load, "transaction", counting)
+    for seconds, layer_counts in ((60, [0, 3, 3]), (0, [0, 1, 2, 3, 3])):  # models row, layers, complete
+        monkeypatch.setattr(load, "COMMIT_SECONDS", seconds)
+        commits.clear()
+        db = tmp_path / f"w{seconds}.duckdb"
+        assert invoke("extract", files[0], "--db", db).exit_code == 0
+        assert commits == layer_counts
+        m0 = {name: frame.filter(frame["model"] == "m0") for name, frame in values(serial).items()}
+        assert_same(values(db), m0)
 
 
 # 2. --jobs -------------------------------------------------------------------------------------

@@ -7,8 +7,8 @@ A failing run (a bad weight, say) removes what it wrote, leaving the warehouse a
 
 Reading and analysis (`layer_rows`) happen outside the warehouse, in this process or in an
 executor's workers (warehouse/executors.py); the one writer opens the file only to commit,
-so other processes can read it between two commits. Layers that workers finished during a
-commit are committed together in the next one (whole layers still, in order).
+so other processes can read it between two commits. Small layers share a commit (up to
+COMMIT_SECONDS of work, and whatever workers finished meanwhile): whole layers still, in order.
 """
 from __future__ import annotations
 
@@ -66,6 +66,10 @@ class LayerRows:
     tables: dict[str, pa.Table]
     bytes_fetched: int = 0  # checkpoint bytes read for it (a hub source's ranged reads)
 
+
+# Layers computed within this many seconds of the first one waiting share its commit (opening, committing
+# and closing the file costs tens of milliseconds, more than a small layer's analysis); 0: one layer each.
+COMMIT_SECONDS = 0.5
 
 # The columns a stored model's numbers depend on: a source that differs in any of them is another model.
 IDENTITY = ("revision", "architecture", "n_layers", "n_heads", "n_kv_heads", "d_model", "head_dim", "qk_norm",
@@ -139,8 +143,8 @@ def _plan(writer: Writer, ckpt: Checkpoint, opts: LoadOptions) -> _Plan:
 
 
 def _load(writer: Writer, plan: _Plan, rows, run: RunProgress, on_layer) -> LoadResult:
-    """Commit a model's layers as `rows` (executors.Results) yields them: each in its own transaction, or
-    with those already computed behind it; a replacement in one transaction."""
+    """Commit a model's layers as `rows` (executors.Results) yields them, whole layers in order: a layer
+    with those computed within COMMIT_SECONDS after it or already waiting; a replacement in one transaction."""
     start = time.perf_counter()
     ckpt, record, name = plan.ckpt, plan.record, plan.ckpt.name
     heads = len(plan.todo) * ckpt.spec.n_heads
@@ -161,8 +165,9 @@ def _load(writer: Writer, plan: _Plan, rows, run: RunProgress, on_layer) -> Load
     written: list[int] = []
     try:
         while len(written) < len(plan.todo):
-            batch = [next(rows)]  # and the layers workers finished meanwhile: one commit for all
-            while len(written) + len(batch) < len(plan.todo) and rows.ready():
+            batch, started = [next(rows)], time.perf_counter()
+            while len(written) + len(batch) < len(plan.todo) and (
+                    rows.ready() or time.perf_counter() - started < COMMIT_SECONDS):
                 batch.append(next(rows))
             with _commit(writer) as con:
                 _insert_layers(con, batch)
