@@ -15,7 +15,8 @@ if not __package__:  # `python cli.py` in a checkout: this folder is the `headfo
     _spec.loader.exec_module(sys.modules["headforms"])
 
 from headforms.extract import ExtractError
-from headforms.warehouse.store import WarehouseError, default_db
+from headforms.warehouse.executors import EXECUTORS
+from headforms.warehouse.store import READ_WAIT, WarehouseError, default_db
 
 FORMATS = ("table", "csv", "json")
 
@@ -37,7 +38,7 @@ class Group(click.Group):
 WAIT = click.option("--wait", type=float, default=0.0, show_default=True,
                     help="Seconds to wait for a warehouse another process is writing.")
 # Readers wait by default: a running extraction holds the file only while it commits a layer.
-READ_WAIT = click.option("--wait", type=float, default=10.0, show_default=True,
+WAIT_READ = click.option("--wait", type=float, default=READ_WAIT, show_default=True,
                          help="Seconds to wait for a warehouse another process is committing to.")
 
 
@@ -73,7 +74,7 @@ def main():
 @click.option("--device", default="cpu", show_default=True, help="torch device for the linear algebra (cpu, cuda).")
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
               help="Worker processes reading and analysing layers (of several models at once); one writer commits.")
-@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+@click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,
               help="local: this machine (--jobs); ray: Ray tasks (pip install 'headforms[ray]').")
 @click.option("--ray-address", help="Address of an existing Ray cluster (default: $RAY_ADDRESS, else start one here).")
 @WAIT
@@ -139,7 +140,7 @@ class _BarProgress:
 @db_option(read_only=True)
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
 @click.option("--write", is_flag=True, help="Open the warehouse for writing (default: read-only).")
-@READ_WAIT
+@WAIT_READ
 def sql(query, db, fmt, write, wait):
     """Run a SQL QUERY on the warehouse (read-only unless --write).
 
@@ -174,7 +175,7 @@ def _print(frame, fmt: str) -> None:
 @main.command()
 @db_option(read_only=True)
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
-@READ_WAIT
+@WAIT_READ
 def status(db, fmt, wait):
     """Models in the warehouse: head counts, progress and provenance; and a running extraction's progress."""
     from headforms.warehouse.progress import running
@@ -204,7 +205,7 @@ def status(db, fmt, wait):
 @db_option(read_only=True)
 @click.option("--out", "out_dir", default="export", show_default=True, type=click.Path(file_okay=False),
               help="Folder for the tables (CSV and Parquet), figures (PNG) and index.csv.")
-@READ_WAIT
+@WAIT_READ
 def export(db, out_dir, wait):
     """Write the paper's tables (CSV, Parquet) and figures (PNG), named after the table or figure they are."""
     from headforms.warehouse.export import export as export_all
@@ -221,7 +222,7 @@ def export(db, out_dir, wait):
 @main.command()
 @db_option(read_only=True)
 @click.option("--quick", is_flag=True, help="Only the invariants; skip reading every stored value.")
-@READ_WAIT
+@WAIT_READ
 def check(db, quick, wait):
     """Verify the warehouse: every stored value readable, and its invariants (every head of every model, with
     its eigenvalues and fits, consistent).
