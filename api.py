@@ -9,7 +9,6 @@ The command line (cli.py) is a thin layer over these functions.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Iterable
@@ -30,13 +29,15 @@ class Progress:
         """A model is complete (or was found up to date)."""
 
 
-def connect(db: str | Path | None = None, *, read_only: bool = True, wait: float = 0.0):
+def connect(db: str | Path | None = None, *, read_only: bool = True, wait: float | None = None):
     """A DuckDB connection to the warehouse (default: $HEADFORMS_DB or warehouse.duckdb) with its views.
 
-    Read-only by default, so it can be opened beside other readers."""
-    from headforms.warehouse.store import connect as open_warehouse, create_schema, default_db
+    Read-only by default, so it can be opened beside other readers and between the commits of a
+    running extraction (waiting up to `wait` seconds, default store.READ_WAIT, for one to end).
+    Close it soon: an extraction cannot commit while it is open."""
+    from headforms.warehouse.store import READ_WAIT, connect as open_warehouse, create_schema, default_db
 
-    con = open_warehouse(db or default_db(), read_only=read_only, wait=wait)
+    con = open_warehouse(db or default_db(), read_only=read_only, wait=READ_WAIT if wait is None else wait)
     if not read_only:
         create_schema(con)
     return con
@@ -45,7 +46,8 @@ def connect(db: str | Path | None = None, *, read_only: bool = True, wait: float
 def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progress: Progress | None = None,
             name: str | None = None, revision: str | None = None, qk_norm: str = "refuse",
             wait: float = 0.0, tower: str | None = None, revisions: str | list[str] | None = None,
-            set_file: str | Path | None = None, fold_norm: str = "none", **options):
+            set_file: str | Path | None = None, fold_norm: str = "none", jobs: int = 1, executor: str = "local",
+            ray_address: str | None = None, **options):
     """Extract sources (hub ids, folders, .gguf files, pkg:NAME, model sets) into the warehouse.
 
     `revisions` ('step0,step1000' or a list) extracts each source's training checkpoints, one model
@@ -54,15 +56,19 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     (default text/encoder); `fold_norm` ("none", "gain", "center") folds the norm feeding attention
     into W_Q, W_K (recorded in models.fold_norm). `options` are the fields of
     `headforms.warehouse.load.LoadOptions` (parity_tolerance, seed, device, force, resamples,
-    distances). Returns one row per model: status, layers and heads written, seconds, shape. A
-    failed first run leaves no warehouse file behind; an interruption keeps committed layers."""
+    distances). Layers are read and analysed in this process, in `jobs` worker processes, or as Ray
+    tasks (executor="ray", on the cluster at `ray_address`, else a local one); one writer commits
+    them in order, holding the file only while it commits. Returns one row per model: status, layers
+    and heads written, seconds, shape, bytes. A failed first run leaves no warehouse file behind; an
+    interruption (Ctrl-C, a hub that gave out) keeps committed layers."""
     import polars as pl
 
     from headforms.extract.hub import FetchError
     from headforms.extract.sources import open_target, plan_targets
-    from headforms.warehouse.load import LoadOptions, load_model
-    from headforms.warehouse.store import connect as open_warehouse, create_schema, default_db, \
-        interruptible, remove_warehouse
+    from headforms.warehouse.executors import executor as make_executor
+    from headforms.warehouse.load import LoadOptions, load_models
+    from headforms.warehouse.store import Writer, connect as open_warehouse, create_schema, default_db, \
+        exclusive_run, interruptible, remove_warehouse
 
     unknown = set(options) - {f.name for f in fields(LoadOptions)}
     if unknown:
@@ -71,36 +77,40 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     progress = progress or Progress()
     db = Path(db or default_db())
     targets = plan_targets(sources, name=name, revision=revision, revisions=revisions, set_file=set_file)
-    con, created, rows = None, not db.exists(), []
+    created, opened, rows, ckpts = not db.exists(), False, [], []
     try:
         for target in targets:
-            ckpt = open_target(target, qk_norm=qk_norm, tower=tower, fold_norm=fold_norm)
+            ckpts.append(open_target(target, qk_norm=qk_norm, tower=tower, fold_norm=fold_norm))
+        with exclusive_run(db, wait):
+            con = open_warehouse(db, wait=wait)
+            opened = True
             try:
-                if con is None:
-                    con = open_warehouse(db, wait=wait)
-                    create_schema(con)
-                progress.model_started(ckpt)
-                result = load_model(con, ckpt, opts, progress.layer_done)
+                create_schema(con)
             finally:
-                ckpt.close()
-            progress.model_done(ckpt, result)
-            spec = ckpt.spec
-            rows.append({"model": result.model, "status": result.status, "layers": result.layers,
-                         "heads": result.heads, "seconds": result.seconds, "architecture": spec.architecture,
-                         "n_layers": spec.n_layers, "n_heads": spec.n_heads, "d_model": spec.d_model,
-                         "head_dim": spec.head_dim, "revision": ckpt.revision,
-                         "bytes_fetched": ckpt.bytes_fetched, "checkpoint_bytes": ckpt.checkpoint_bytes})
+                with interruptible():
+                    con.close()
+            work = make_executor(jobs, executor, ray_address)
+            for ckpt, result in load_models(Writer(db), ckpts, opts, work, progress.model_started, progress.layer_done):
+                _summary(rows, ckpt, result)
+                progress.model_done(ckpt, result)
     except Exception as error:  # an interruption (Ctrl-C, a lost network) keeps committed layers, and so the file
-        if con is not None and created and not rows and not isinstance(error, FetchError):  # rows undone: the file too
-            con.close()
-            con = None
+        if created and opened and not rows and not isinstance(error, FetchError):  # rows undone: the file too
             remove_warehouse(db)
         raise
     finally:
-        if con is not None:
-            with interruptible():
-                con.close()
+        for ckpt in ckpts:
+            ckpt.close()
     return pl.DataFrame(rows, schema_overrides={"seconds": pl.Float64})
+
+
+def _summary(rows: list, ckpt, result) -> None:
+    """extract's row for one model."""
+    spec = ckpt.spec
+    rows.append({"model": result.model, "status": result.status, "layers": result.layers, "heads": result.heads,
+                 "seconds": result.seconds, "architecture": spec.architecture, "n_layers": spec.n_layers,
+                 "n_heads": spec.n_heads, "d_model": spec.d_model, "head_dim": spec.head_dim,
+                 "revision": ckpt.revision, "bytes_fetched": ckpt.bytes_fetched,
+                 "checkpoint_bytes": ckpt.checkpoint_bytes})
 
 
 def plan(sources: str | Iterable[str], *, name: str | None = None, revision: str | None = None,
@@ -173,11 +183,11 @@ def spectra(db: str | Path | None, model: str, layer: int, head: int):
         con.close()
 
 
-def report(db: str | Path | None = None, out: str | Path = "report") -> list[Path]:
+def report(db: str | Path | None = None, out: str | Path = "report", *, wait: float = 0.0) -> list[Path]:
     """Write the interactive report (a static site, offline from file://) of the warehouse; returns its pages."""
     from headforms.warehouse.report import write_report
 
-    con = connect(db)
+    con = connect(db, wait=wait)
     try:
         return write_report(con, out)
     finally:

@@ -15,7 +15,8 @@ if not __package__:  # `python cli.py` in a checkout: this folder is the `headfo
     _spec.loader.exec_module(sys.modules["headforms"])
 
 from headforms.extract import ExtractError
-from headforms.warehouse.store import WarehouseError, default_db
+from headforms.warehouse.executors import EXECUTORS
+from headforms.warehouse.store import READ_WAIT, WarehouseError, default_db
 
 FORMATS = ("table", "csv", "json")
 
@@ -36,6 +37,9 @@ class Group(click.Group):
 
 WAIT = click.option("--wait", type=float, default=0.0, show_default=True,
                     help="Seconds to wait for a warehouse another process is writing.")
+# Readers wait by default: a running extraction holds the file only while it commits a layer.
+WAIT_READ = click.option("--wait", type=float, default=READ_WAIT, show_default=True,
+                         help="Seconds to wait for a warehouse another process is committing to.")
 
 
 def db_option(read_only: bool = False):
@@ -84,9 +88,14 @@ def main():
               help="B, the bootstrap resamples of the per-model intervals (seeded by --seed).")
 @click.option("--plan", is_flag=True, help="Print per model its heads, Q/K bytes and checkpoint size "
                                             "(from headers alone) and extract nothing.")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Worker processes reading and analysing layers (of several models at once); one writer commits.")
+@click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,
+              help="local: this machine (--jobs); ray: Ray tasks (pip install 'headforms[ray]').")
+@click.option("--ray-address", help="Address of an existing Ray cluster (default: $RAY_ADDRESS, else start one here).")
 @WAIT
 def extract(sources, db, name, revision, revisions, set_file, force, qk_norm, tower, fold_norm, distances,
-            parity_tolerance, seed, device, resamples, plan, wait):
+            parity_tolerance, seed, device, resamples, plan, jobs, executor, ray_address, wait):
     """Extract SOURCES into the warehouse: hub ids, local folders, .gguf files, pkg:NAME, or a model set.
 
     Model sets (see `headforms models`): demo, paper, pythia-dynamics. A model already in the
@@ -109,7 +118,8 @@ def extract(sources, db, name, revision, revisions, set_file, force, qk_norm, to
         summary = api.extract(sources, db=db, progress=progress, name=name, revision=revision,
                               qk_norm=qk_norm, tower=tower, wait=wait, parity_tolerance=parity_tolerance, seed=seed,
                               device=device, force=force, resamples=resamples, revisions=revisions, set_file=set_file,
-                              fold_norm=fold_norm, distances=distances)
+                              fold_norm=fold_norm, distances=distances, jobs=jobs, executor=executor,
+                              ray_address=ray_address)
     except KeyboardInterrupt:
         raise click.ClickException("interrupted: committed layers are kept; run the same command to resume") from None
     finally:
@@ -174,7 +184,7 @@ class _BarProgress:
 @db_option(read_only=True)
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
 @click.option("--write", is_flag=True, help="Open the warehouse for writing (default: read-only).")
-@WAIT
+@WAIT_READ
 def sql(query, db, fmt, write, wait):
     """Run a SQL QUERY on the warehouse (read-only unless --write).
 
@@ -209,9 +219,10 @@ def _print(frame, fmt: str) -> None:
 @main.command()
 @db_option(read_only=True)
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
-@WAIT
+@WAIT_READ
 def status(db, fmt, wait):
-    """Models in the warehouse: head counts, progress and provenance."""
+    """Models in the warehouse: head counts, progress and provenance; and a running extraction's progress."""
+    from headforms.warehouse.progress import running
     from headforms.warehouse.store import connect, query
 
     con = connect(db, read_only=True, wait=wait)
@@ -226,6 +237,12 @@ def status(db, fmt, wait):
     finally:
         con.close()
     _print(frame, fmt)
+    run = running(db)
+    if run is not None and fmt == "table":
+        click.echo(f"extraction running (process {run['pid']}): model {run['models_done'] + 1} of {run['models']}, "
+                   f"{run['model']}: {run['layers_done']} of {run['n_layers']} layers done; {run['heads_done']} heads "
+                   f"in {run['updated'] - run['started']:.1f} s ({run['heads_per_second']:.0f} heads/s); "
+                   f"{run['bytes_fetched'] / 1e6:.1f} MB fetched")
 
 
 @main.command()
@@ -235,12 +252,13 @@ def status(db, fmt, wait):
 @click.option("--paper-format", is_flag=True,
               help="Also write head_statistics.csv, spectral_geometry.csv, gamma_goodness_of_fit.csv and "
                    "gamma_goodness_of_fit_summary.csv in the format of the paper's published survey files.")
-def export(db, out_dir, paper_format):
+@WAIT_READ
+def export(db, out_dir, paper_format, wait):
     """Write the paper's tables (CSV, Parquet) and figures (PNG), named after the table or figure they are."""
     from headforms.warehouse.export import export as export_all
     from headforms.warehouse.store import connect
 
-    con = connect(db, read_only=True)
+    con = connect(db, read_only=True, wait=wait)
     try:
         written = export_all(con, out_dir, paper_format=paper_format)
     finally:
@@ -252,7 +270,8 @@ def export(db, out_dir, paper_format):
 @db_option(read_only=True)
 @click.option("--out", "out_dir", default="report", show_default=True, type=click.Path(file_okay=False),
               help="Folder for the site (index.html, a page per model and per layer, plotly.min.js).")
-def report(db, out_dir):
+@WAIT_READ
+def report(db, out_dir, wait):
     """Write an interactive report: a static site that works offline from file:// (open OUT/index.html).
 
     Per model: the 3-D simplex of head profiles (hover a head for its layer, parity, pairing and
@@ -260,25 +279,28 @@ def report(db, out_dir):
     baseline; per layer: each head's spectra with the fitted gamma densities."""
     from headforms import api
 
-    pages = api.report(db, out_dir)
+    pages = api.report(db, out_dir, wait=wait)
     click.echo(f"{len(pages)} pages written to {out_dir}; open {Path(out_dir) / 'index.html'}")
 
 
 @main.command()
 @db_option(read_only=True)
-@WAIT
-def check(db, wait):
-    """Verify the warehouse's invariants: every head of every model, with its eigenvalues and fits, consistent.
+@click.option("--quick", is_flag=True, help="Only the invariants; skip reading every stored value.")
+@WAIT_READ
+def check(db, quick, wait):
+    """Verify the warehouse: every stored value readable, and its invariants (every head of every model, with
+    its eigenvalues and fits, consistent).
 
-    Prints each violation, and each incomplete model (a warning: rerun extract to resume), on a
-    line with its place (model, layer, head); exits with status 1 when there is a violation.
+    Prints each unreadable table, each violation, and each incomplete model (a warning: rerun extract
+    to resume), on a line with its place (table; model, layer, head); exits with status 1 when there
+    is a violation.
     """
     from headforms.warehouse.check import check_warehouse
     from headforms.warehouse.store import connect
 
     con = connect(db, read_only=True, wait=wait)
     try:
-        findings = check_warehouse(con)
+        findings = check_warehouse(con, full=not quick)
     finally:
         con.close()
     for finding in findings:

@@ -4,11 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from headforms.compute.baseline import random_forms
 from headforms.compute.fits import fit_families
-from headforms.compute.reduction import forms, reduce_factors
+from headforms.compute.reduction import forms, on_cpu, reduce_factors
 from headforms.compute.rotary import Rotation, distance_profiles
 from headforms.compute.spectra import Spectra, spectra
 from headforms.compute.statistics import PARITY_TOLERANCE, fit_samples, head_statistics, pairing, profile, \
@@ -46,7 +45,7 @@ def analyse_layer(
     instead (compute.threads). With a RoPE `rotation`, also the profiles of L_delta at `deltas`,
     from the same reduction's factors."""
     args = (wq, wk, kv_index, layer, seed, parity_tolerance, device, rotation, deltas)
-    if torch.device(device).type == "cpu":
+    if on_cpu(device):
         with single_threaded():
             return _analyse(*args)
     return _analyse(*args)

@@ -2,50 +2,61 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from headforms.compute.threads import map_threads
 
 
-def _factor(stacked: torch.Tensor) -> torch.Tensor:
-    """[R_K | R_Q] (..., r, 2n) from stacked = [W_K; W_Q] of shape (..., 2n, N), float64.
+def on_cpu(device: str) -> bool:
+    """Whether a torch device name is the CPU (the path that needs no torch at all)."""
+    return str(device).split(":")[0] == "cpu"
+
+
+def _factor(stacked):
+    """[R_K | R_Q] (..., r, 2n) from stacked = [W_K; W_Q] of shape (..., 2n, N), float64 (numpy, or torch on a device).
 
     stacked's transpose is [W_K^T | W_Q^T] (N x 2n) in column-major order, the layout LAPACK's
     QR works in. R_K's rows below n are exactly zero, so only l's first n rows can be nonzero.
     """
-    return torch.linalg.qr(stacked.transpose(-2, -1), mode="r").R  # (..., r, 2n), r = min(N, 2n)
+    if isinstance(stacked, np.ndarray):
+        return np.linalg.qr(stacked.swapaxes(-2, -1), mode="r")  # (..., r, 2n), r = min(N, 2n)
+    import torch
+
+    return torch.linalg.qr(stacked.transpose(-2, -1), mode="r").R
 
 
-def forms(factors: torch.Tensor, n: int) -> torch.Tensor:
+def forms(factors, n: int):
     """l = R_K R_Q^T from the factors [R_K | R_Q] (..., r, 2n)."""
-    return factors[..., :, :n] @ factors[..., :, n:].transpose(-2, -1)
+    return factors[..., :, :n] @ factors[..., :, n:].swapaxes(-2, -1)
 
 
-def reduce_factors(wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray, device: str = "cpu") -> torch.Tensor:
+def reduce_factors(wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray, device: str = "cpu"):
     """The R factors [R_K | R_Q] of [W_K^T | W_Q^T] = U [R_K | R_Q], one (r, 2n) per query head, float64.
 
     L = U R_K R_Q^T U^T, and with RoPE L_delta = U R_K R(delta) R_Q^T U^T (compute.rotary).
-    On the CPU the heads are factored one at a time over a pool of single-threaded workers
-    (compute.threads), holding one head's N x 2n copy per worker; on another device
-    (cuda) the whole layer is one batched call there.
+    On the CPU (numpy) the heads are factored one at a time over a pool of single-threaded workers
+    (compute.threads), holding one head's N x 2n copy per worker; on another device (cuda, torch)
+    the whole layer is one batched call there.
     """
-    if torch.device(device).type == "cpu":
+    if on_cpu(device):
         q = np.asarray(wq, dtype=np.float64)
         k = np.asarray(wk, dtype=np.float64)
         kv = np.asarray(kv_index, dtype=np.intp)
 
-        def one(h: int) -> torch.Tensor:
-            return _factor(torch.from_numpy(np.concatenate([k[kv[h]], q[h]])))
+        def one(h: int) -> np.ndarray:
+            return _factor(np.concatenate([k[kv[h]], q[h]]))
 
-        return torch.stack(map_threads(one, range(len(q))))
+        return np.stack(map_threads(one, range(len(q))))
+    import torch
+
     q = torch.as_tensor(wq, dtype=torch.float64, device=device)
     k = torch.as_tensor(wk, dtype=torch.float64, device=device)
     k = k[torch.as_tensor(np.asarray(kv_index), dtype=torch.long, device=device)]
     return _factor(torch.cat([k, q], dim=1))
 
 
-def reduce_forms(wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray, device: str = "cpu") -> torch.Tensor:
-    """The small matrices l with L = U l U^T, one per query head, in float64, on `device`.
+def reduce_forms(wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray, device: str = "cpu"):
+    """The small matrices l with L = U l U^T, one per query head, in float64: numpy on the CPU, else a
+    torch tensor on `device`.
 
     wq: (H, n, N) query maps; wk: (H_kv, n, N) key maps; kv_index: key head of each query
     head. With [W_K^T | W_Q^T] = U R (QR, U orthonormal N x r, r = min(N, 2n)),

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from headforms.compute.statistics import PARITY_TOLERANCE, profile_statistics
 from headforms.compute.threads import WORKERS, chunks, map_threads
@@ -45,9 +44,9 @@ class Rotation:
 
     def matrix(self, delta: float, n: int) -> np.ndarray:
         """R(delta) as a dense n x n matrix (for tests and small checks; the batch code never forms it)."""
-        return self.rotate(torch.eye(n, dtype=torch.float64), np.array([delta]))[0].numpy()
+        return self.rotate(np.eye(n), np.array([delta]))[0]
 
-    def rotate(self, rows: torch.Tensor, deltas: np.ndarray) -> torch.Tensor:
+    def rotate(self, rows, deltas: np.ndarray):
         """R(delta) @ rows for every delta: rows (..., n, m) -> (D, ..., n, m).
 
         Row-wise R(delta) x = c * x + s * x[partner]: a plane's first row takes cos x_first - sin x_second,
@@ -59,41 +58,60 @@ class Rotation:
         s[:, self.first], s[:, self.second] = -np.sin(angles), np.sin(angles)
         partner = np.arange(n)
         partner[self.first], partner[self.second] = self.second, self.first
-        shape = (len(deltas),) + (1,) * (rows.dim() - 2) + (n, 1)
-        c, s = (torch.as_tensor(x, dtype=rows.dtype, device=rows.device).reshape(shape) for x in (c, s))
-        return c * rows + s * rows[..., torch.as_tensor(partner, device=rows.device), :]
+        shape = (len(deltas),) + (1,) * (rows.ndim - 2) + (n, 1)
+        if not isinstance(rows, np.ndarray):  # a torch tensor on a device
+            import torch
+
+            c, s = (torch.as_tensor(x, dtype=rows.dtype, device=rows.device) for x in (c, s))
+            partner = torch.as_tensor(partner, device=rows.device)
+        return c.reshape(shape) * rows + s.reshape(shape) * rows[..., partner, :]
 
 
-def _top_rows(factors: torch.Tensor, n: int, rotation: Rotation, deltas: np.ndarray) -> torch.Tensor:
+def _top_rows(factors, n: int, rotation: Rotation, deltas: np.ndarray):
     """The first n rows [A | B] of every l_delta, (D, H, n, r): R_K's rows below n are zero (R is upper
-    triangular), and so are l_delta's."""
-    return factors[..., :n, :n] @ rotation.rotate(factors[..., n:].transpose(-2, -1), deltas)
+    triangular), and so are l_delta's. numpy on the CPU, torch on a device."""
+    return factors[..., :n, :n] @ rotation.rotate(factors[..., n:].swapaxes(-2, -1), deltas)
 
 
-def distance_forms(factors: torch.Tensor, n: int, rotation: Rotation, deltas: np.ndarray) -> torch.Tensor:
+def distance_forms(factors, n: int, rotation: Rotation, deltas: np.ndarray):
     """l_delta = R_K R(delta) R_Q^T, (D, H, r, r), from the reduction's factors [R_K | R_Q] (H, r, 2n)."""
     top = _top_rows(factors, n, rotation, deltas)
-    return torch.cat([top, top.new_zeros(top.shape[:-2] + (factors.shape[-2] - n, top.shape[-1]))], dim=-2)
+    zeros = top.shape[:-2] + (factors.shape[-2] - n, top.shape[-1])
+    if isinstance(top, np.ndarray):
+        return np.concatenate([top, np.zeros(zeros)], axis=-2)
+    import torch
+
+    return torch.cat([top, top.new_zeros(zeros)], dim=-2)
 
 
-def _profiles(factors: torch.Tensor, n: int, rotation: Rotation, deltas: np.ndarray) -> tuple[np.ndarray, ...]:
+def _profiles(factors, n: int, rotation: Rotation, deltas: np.ndarray) -> tuple[np.ndarray, ...]:
     """(eig_S, ||L||^2, ||T||^2) of every (delta, head) of a batch, flattened delta-major.
 
     With l = [[A, B], [0, 0]]: S = [[(A + A^T)/2, B/2], [B^T/2, 0]], ||T||^2 = ||A - A^T||^2/4 + ||B||^2/2."""
-    top = _top_rows(factors, n, rotation, deltas).flatten(0, 1)          # (D*H, n, r)
+    top = _top_rows(factors, n, rotation, deltas)
+    top = top.reshape((-1,) + tuple(top.shape[2:]))                      # (D*H, n, r)
     a, b = top[..., :n], top[..., n:]
     r = top.shape[-1]
-    s = top.new_zeros(top.shape[:-2] + (r, r))
-    s[..., :n, :n] = (a + a.transpose(-2, -1)) / 2
+    if not isinstance(top, np.ndarray):  # a device: the eigenproblems there, the results back as numpy
+        import torch
+
+        s = top.new_zeros(top.shape[:-2] + (r, r))
+    else:
+        s = np.zeros(top.shape[:-2] + (r, r))
+    s[..., :n, :n] = (a + a.swapaxes(-2, -1)) / 2
     s[..., :n, n:] = b / 2
-    s[..., n:, :n] = b.transpose(-2, -1) / 2
-    eig_S = torch.linalg.eigvalsh(s).flip(-1)
-    l2 = (top**2).sum(dim=(-2, -1))
-    t2 = ((a - a.transpose(-2, -1)) ** 2).sum(dim=(-2, -1)) / 4 + (b**2).sum(dim=(-2, -1)) / 2
-    return tuple(x.cpu().numpy() for x in (eig_S, l2, t2))
+    s[..., n:, :n] = b.swapaxes(-2, -1) / 2
+    if isinstance(top, np.ndarray):
+        eig_S = np.linalg.eigvalsh(s)[..., ::-1]
+    else:
+        eig_S = torch.linalg.eigvalsh(s).flip(-1).cpu().numpy()
+        top, a, b = (x.cpu().numpy() for x in (top, a, b))
+    l2 = (top**2).sum(axis=(-2, -1))
+    t2 = ((a - a.swapaxes(-2, -1)) ** 2).sum(axis=(-2, -1)) / 4 + (b**2).sum(axis=(-2, -1)) / 2
+    return eig_S, l2, t2
 
 
-def distance_profiles(factors: torch.Tensor, n: int, rotation: Rotation, deltas, *,
+def distance_profiles(factors, n: int, rotation: Rotation, deltas, *,
                       parity_tolerance: float = PARITY_TOLERANCE) -> dict[str, np.ndarray]:
     """PROFILE_COLUMNS of L_delta for every delta and head, each (D, H), plus "delta" (D, H).
 
@@ -101,7 +119,7 @@ def distance_profiles(factors: torch.Tensor, n: int, rotation: Rotation, deltas,
     slice's (D, h, r, r) forms are all that is held at once; elsewhere the batch is one call."""
     deltas = np.asarray(deltas, dtype=np.int64)
     H = factors.shape[0]
-    if factors.device.type == "cpu":
+    if isinstance(factors, np.ndarray):
         parts = map_threads(lambda part: _profiles(factors[part], n, rotation, deltas), chunks(H, 4 * WORKERS))
         eig_S, l2, t2 = (np.concatenate([x.reshape(len(deltas), -1, *x.shape[1:]) for x in p], axis=1)
                          for p in zip(*parts))

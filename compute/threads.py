@@ -5,42 +5,58 @@ decompositions per head). Threading *inside* each LAPACK call scales poorly at t
 sizes, and OpenMP/OpenBLAS teams that spin at barriers collapse when the machine is
 shared (measured on 2 cores under load: torch's eigvalsh on (9, 128, 128) 9 ms with one
 thread, 80 ms to 6 s with two; numpy's baseline eigvalsh 4 ms against 140 ms). So on the
-CPU the heads are spread over a pool of workers, each running single-threaded torch and
-BLAS: no barriers, and a descheduled worker only delays its own heads.
+CPU the heads are spread over a pool of workers, each running single-threaded
+LAPACK/BLAS: no barriers, and a descheduled worker only delays its own heads.
 """
 from __future__ import annotations
 
+import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Callable, Iterable, TypeVar
 
-import torch
 from threadpoolctl import threadpool_limits
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-# Worker threads for the CPU pool: torch's intra-op thread count when first imported (the
-# cores, or OMP_NUM_THREADS when set), before any single-threaded section changes it.
-WORKERS = max(1, torch.get_num_threads())
+def _cores() -> int:
+    """OMP_NUM_THREADS when set, else the cores this process may run on."""
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        return int(os.environ["OMP_NUM_THREADS"])
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+# Worker threads for the CPU pool.
+WORKERS = max(1, _cores())
+
+
+def set_workers(count: int) -> None:
+    """Size of the CPU pool; a worker process of a parallel run (--jobs) uses 1, the cores being its siblings'."""
+    global WORKERS
+    WORKERS = max(1, count)
 
 
 @contextmanager
 def single_threaded():
-    """torch, and the BLAS and OpenMP pools of numpy and scipy, at one thread for the duration."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    """The BLAS and OpenMP pools of numpy and scipy (and torch's, if loaded), at one thread for the duration."""
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch else None
+    if torch:
+        torch.set_num_threads(1)
     try:
         with threadpool_limits(limits=1):
             yield
     finally:
-        torch.set_num_threads(threads)
+        if torch:
+            torch.set_num_threads(threads)
 
 
 def map_threads(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
     """[fn(item) for item in items], over a pool of WORKERS threads, each single-threaded.
 
-    fn should spend its time in torch/LAPACK calls (they release the GIL)."""
+    fn should spend its time in LAPACK calls (numpy's and torch's release the GIL)."""
     items = list(items)
     count = min(WORKERS, len(items))
     with single_threaded():
@@ -48,7 +64,8 @@ def map_threads(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
             return [fn(item) for item in items]
 
         def run(item):
-            torch.set_num_threads(1)  # OpenMP's thread count is per calling thread
+            if "torch" in sys.modules:
+                sys.modules["torch"].set_num_threads(1)  # OpenMP's thread count is per calling thread
             return fn(item)
 
         with ThreadPoolExecutor(max_workers=count, thread_name_prefix="headforms") as pool:

@@ -4,8 +4,8 @@ Only a layer's query/key tensors (and QK-norm gains when folding) are ever read.
 are validated by the safetensors library; tensor bytes are then read with positioned reads at the
 header's offsets, readahead off, so exactly those bytes come off the disk (a mapping's page faults
 would read the device's readahead window around each page: 977 MB for 419 MB of Q/K measured with
-an 8 MB window). `.bin` files go through torch's weights-only unpickler over mmap, so a pickle that
-would run code is refused, not run.
+an 8 MB window), and decoded with numpy (torch is not imported). `.bin` files go through torch's
+weights-only unpickler over mmap, so a pickle that would run code is refused, not run.
 """
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import torch
 from safetensors import safe_open
 
 from headforms.extract.checkpoint import Checkpoint, ExtractError, ModelSpec, sha256_files
@@ -29,7 +28,9 @@ from headforms.extract.norms import HF_NORMS, norm_for
 
 _DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}  # safetensors -> torch names
 _FLOAT_DTYPES = frozenset(_DTYPES.values())
-_TORCH_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
+_ITEMSIZE = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8}
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}  # bytes per value of each float dtype name
+_NUMPY_DTYPES = {"F16": "<f2", "F32": "<f4", "F64": "<f8"}  # BF16: see span_array
 
 
 def _one_line(error: Exception) -> str:
@@ -37,9 +38,9 @@ def _one_line(error: Exception) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def _safetensors_open(path: Path):
+def _safetensors_open(path: Path, framework: str = "numpy"):
     try:
-        return safe_open(str(path), framework="pt")
+        return safe_open(str(path), framework=framework)
     except Exception as e:  # SafetensorError, OSError: a truncated or foreign file
         raise ExtractError(f"cannot read {path}: {_one_line(e)}") from None
 
@@ -99,7 +100,7 @@ def safetensors_spans(read_at: Callable[[int, int], bytes], size: int,
             ok = isinstance(start, int) and isinstance(end, int) and 0 <= start <= end <= size - base
         except (TypeError, KeyError, ValueError):
             ok = False
-        itemsize = _TORCH_DTYPES[dtype].itemsize if ok and dtype in _TORCH_DTYPES else None
+        itemsize = _ITEMSIZE.get(dtype) if ok else None
         if not ok or (itemsize is not None and end - start != math.prod(shape) * itemsize):
             raise ExtractError(f"cannot read {label}: tensor '{name}' has a bad extent in the safetensors header")
         spans[name] = (dtype, shape, base + start, base + end)
@@ -109,14 +110,6 @@ def safetensors_spans(read_at: Callable[[int, int], bytes], size: int,
 def spans_meta(spans: dict) -> dict[str, tuple[tuple[int, ...], str]]:
     """name -> (shape, torch dtype name) of safetensors spans."""
     return {name: (shape, _DTYPES.get(dtype, dtype)) for name, (dtype, shape, _, _) in spans.items()}
-
-
-def span_tensor(data, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
-    """A tensor over the raw little-endian bytes of a safetensors span."""
-    if not len(data):
-        return torch.empty(shape, dtype=_TORCH_DTYPES[dtype])
-    return torch.frombuffer(bytearray(data) if isinstance(data, bytes) else data,
-                            dtype=_TORCH_DTYPES[dtype]).reshape(shape)
 
 
 def _safetensors_header(path: Path) -> tuple[dict[str, tuple[tuple[int, ...], str]], dict]:
@@ -134,25 +127,44 @@ def _safetensors_header(path: Path) -> tuple[dict[str, tuple[tuple[int, ...], st
     return meta, spans
 
 
-def _safetensors_fetch(path: Path, names: list[str], spans: dict) -> dict[str, torch.Tensor]:
-    """Named tensors read with positioned reads of exactly their bytes (no mapping, no readahead)."""
+def span_array(raw: bytearray, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Little-endian safetensors bytes as a float64 array; bfloat16 is float32's upper half (shifted into place)."""
+    if dtype == "BF16":
+        values = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+    else:
+        values = np.frombuffer(raw, dtype=_NUMPY_DTYPES[dtype])
+    with np.errstate(invalid="ignore"):  # a signalling NaN stays NaN (and is refused later, as non-finite)
+        return values.astype(np.float64).reshape(shape)
+
+
+def _safetensors_fetch(path: Path, names: list[str], spans: dict) -> dict[str, np.ndarray]:
+    """Named tensors as float64, read with positioned reads of exactly their bytes (no mapping, no readahead)."""
     if sys.byteorder != "little":  # safetensors is little-endian: let the library convert
-        with _safetensors_open(path) as f:
+        with _safetensors_open(path, framework="pt") as f:
             try:
-                return {name: f.get_tensor(name) for name in names}
+                return {name: _float64(f.get_tensor(name)) for name in names}
             except Exception as e:
                 raise ExtractError(f"cannot read {path}: {_one_line(e)}") from None
     out = {}
     with _open_unbuffered(path) as f:
         for name in sorted(names, key=lambda n: spans[n][2]):  # in file order
             dtype, shape, start, end = spans[name]
-            out[name] = span_tensor(_read_at(f, start, end - start, path), dtype, shape)
+            raw = _read_at(f, start, end - start, path) if end > start else bytearray()
+            out[name] = span_array(raw, dtype, shape)
     return out
 
 
-def torch_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """A .bin state dict, mmapped (tensor data is paged in only when touched; a legacy non-zip
-    pickle cannot be), never running pickled code."""
+def _float64(tensor) -> np.ndarray:
+    """A torch tensor as a float64 numpy array (a copy)."""
+    import torch
+
+    return tensor.to(torch.float64, copy=True).numpy()
+
+
+def torch_state_dict(path: Path) -> dict:
+    """A .bin state dict, mmapped (tensor data is paged in only when touched), never running pickled code."""
+    import torch  # only .bin checkpoints need torch
+
     try:
         state = torch.load(path, weights_only=True, mmap=zipfile.is_zipfile(path), map_location="cpu")
     except Exception as e:
@@ -166,9 +178,9 @@ def _torch_header(path: Path) -> tuple[dict[str, tuple[tuple[int, ...], str]], d
     return {name: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in torch_state_dict(path).items()}, {}
 
 
-def _torch_fetch(path: Path, names: list[str], spans: dict) -> dict[str, torch.Tensor]:
+def _torch_fetch(path: Path, names: list[str], spans: dict) -> dict[str, np.ndarray]:
     state = torch_state_dict(path)
-    return {name: state[name] for name in names}
+    return {name: _float64(state[name]) for name in names}
 
 
 # (single file, shard index, header reader, tensor reader) per format, in order of preference.
@@ -183,7 +195,7 @@ class Weights:
     files: list                # local Paths, or hub RemoteFiles
     where: dict[str, object]   # tensor name -> its file
     meta: dict[str, tuple[tuple[int, ...], str]]
-    fetch: Callable[[object, list[str], dict], dict[str, torch.Tensor]]
+    fetch: Callable[[object, list[str], dict], dict[str, np.ndarray]]  # float64 arrays
     spans: dict = field(default_factory=dict)  # safetensors: name -> (dtype, shape, start, end)
     origin: str = ""           # the folder or hub repo, for messages
     header: Callable | None = None  # file -> (meta, spans) for files whose header is read only when needed
@@ -219,9 +231,9 @@ class Weights:
         """Named tensors as float64 arrays, opening each file that holds some of them once."""
         for future in {self.pending.pop(n) for n in names if n in self.pending}:
             future.result()  # fetched ahead: now in the cache (or its error raised here)
-        return {n: t.to(torch.float64, copy=True).numpy() for n, t in self._fetch(names).items()}
+        return self._fetch(names)
 
-    def _fetch(self, names: list[str]) -> dict[str, torch.Tensor]:
+    def _fetch(self, names: list[str]) -> dict[str, np.ndarray]:
         out = {}
         for path in dict.fromkeys(self.where[n] for n in names):
             out |= self.fetch(path, [n for n in names if self.where[n] == path], self.spans)
@@ -348,6 +360,6 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, rev
         return norm.fold(w_q, w_k, arrays[roles["gain"]], fold_norm) if norm is not None else (w_q, w_k)
 
     qk = {t for layer in range(spec.n_layers) for t in tensors(layer).values()}
-    qk_bytes = sum(math.prod(weights.meta[t][0]) * getattr(torch, weights.meta[t][1]).itemsize for t in qk)
+    qk_bytes = sum(math.prod(weights.meta[t][0]) * _ITEMSIZE[weights.meta[t][1]] for t in qk)
     return Checkpoint(name=name, source=source, revision=revision, spec=spec, reader=reader, close=weights.close,
                       qk_bytes=qk_bytes, checkpoint_bytes=checkpoint_bytes, meter=meter)

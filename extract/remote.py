@@ -20,7 +20,7 @@ import torch
 
 from headforms.extract.checkpoint import Checkpoint, ExtractError
 from headforms.extract.gguf_file import _HeaderReader, gguf_checkpoint
-from headforms.extract.hf import (Weights, hf_checkpoint, parse_config, safetensors_spans, span_tensor,
+from headforms.extract.hf import (Weights, hf_checkpoint, parse_config, safetensors_spans, span_array,
                                   spans_meta, torch_state_dict)
 from headforms.extract.hub import HubRepo, RangeReader, RemoteFile
 from headforms.extract.layouts import model_spec
@@ -87,12 +87,12 @@ def _safetensors_header(remote: RemoteFile):
     return spans_meta(spans), {name: (remote, span) for name, span in spans.items()}
 
 
-def _safetensors_fetch(remote: RemoteFile, names: list[str], spans: dict) -> dict[str, torch.Tensor]:
+def _safetensors_fetch(remote: RemoteFile, names: list[str], spans: dict) -> dict[str, np.ndarray]:
     if sys.byteorder != "little":
         raise ExtractError("reading safetensors from the hub needs a little-endian machine")
     wanted = {name: spans[name][1] for name in names}
     data = remote.read_many([(start, end) for _, _, start, end in wanted.values()])
-    return {name: span_tensor(data[(start, end)], dtype, shape) for name, (dtype, shape, start, end) in wanted.items()}
+    return {name: span_array(data[(start, end)], dtype, shape) for name, (dtype, shape, start, end) in wanted.items()}
 
 
 # torch zip checkpoints -----------------------------------------------------------------------
@@ -186,7 +186,7 @@ def _zip_header(remote: RemoteFile):
     return meta, spans
 
 
-def _zip_fetch(remote: RemoteFile, names: list[str], spans: dict) -> dict[str, torch.Tensor]:
+def _zip_fetch(remote: RemoteFile, names: list[str], spans: dict) -> dict[str, np.ndarray]:
     """Named tensors of a torch checkpoint: the records' local headers, then only the bytes each tensor spans."""
     kinds = {name: spans[name][1] for name in names}
     whole = {name: kind[1] for name, kind in kinds.items() if kind[0] == "tensor"}
@@ -210,7 +210,7 @@ def _zip_fetch(remote: RemoteFile, names: list[str], spans: dict) -> dict[str, t
         raw = got[wanted[name]]
         out[name] = (torch.as_strided(torch.frombuffer(bytearray(raw), dtype=ref.storage.dtype), ref.shape, ref.stride)
                      if raw else torch.empty(ref.shape, dtype=ref.storage.dtype))
-    return out
+    return {name: tensor.to(torch.float64, copy=True).numpy() for name, tensor in out.items()}
 
 
 # GGUF ----------------------------------------------------------------------------------------

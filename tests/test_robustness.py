@@ -39,7 +39,7 @@ INTERRUPTED = "Error: interrupted: committed layers are kept; run the same comma
 
 # Runs `python -c DRIVER extract ...` like the CLI, but stops after each insert and each commit of
 # warehouse/load.py: it prints "@insert TABLE" or "@commit" and waits for a line on stdin ("next", or
-# "run" to stop pausing), so a test can kill or interrupt it at an exact point.
+# "run" to stop pausing), so a test can kill or interrupt it at an exact point. Each layer gets its own commit.
 DRIVER = r"""
 import contextlib, sys
 from headforms import cli
@@ -65,6 +65,7 @@ def insert(con, table, frame):
     pause("insert " + table)
 
 load.transaction, load.insert = transaction, insert
+load.COMMIT_SECONDS = 0  # one layer per commit, so that the stops above are exact
 cli.main(sys.argv[1:], prog_name="headforms")
 """
 
@@ -217,7 +218,8 @@ def base_db(tmp_path_factory):
     assert invoke("extract", folder / "base.gguf", "--db", db).exit_code == 0
     write_gguf(folder / "partial.gguf", n_layers=3, seed=1)
     con = connect(db)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(KeyboardInterrupt):
+        patch.setattr(load, "COMMIT_SECONDS", 0)  # layer 0 committed on its own
         load_model(con, interrupted_at(open_checkpoint(str(folder / "partial.gguf")), 1), LoadOptions())
     con.close()
     return db
@@ -274,9 +276,10 @@ def test_duckdb_interrupted_query_counts_as_ctrl_c(tmp_path, monkeypatch, llama_
     an interruption (layers kept, the resume message), not as a failure that undoes the run."""
     db = tmp_path / "w.duckdb"
     real_insert = load.insert
+    monkeypatch.setattr(load, "COMMIT_SECONDS", 0)  # one layer per commit
 
     def insert(con, table, frame):
-        if table == "fits" and frame["layer"][0] == 1:
+        if table == "fits" and frame["layer"][0].as_py() == 1:  # a layer's rows arrive as an Arrow table
             raise RuntimeError("Query interrupted")
         real_insert(con, table, frame)
 
@@ -295,9 +298,10 @@ def test_interruptible(error, becomes):
             raise error
 
 
-def test_failing_runs_undo_only_their_own_layers(tmp_path):
+def test_failing_runs_undo_only_their_own_layers(tmp_path, monkeypatch):
     """A resumed run that fails at layer 2 removes layer 1, which it wrote, and keeps layer 0, which an
     earlier run committed; a --force replacement that fails or is interrupted leaves the old model whole."""
+    monkeypatch.setattr(load, "COMMIT_SECONDS", 0)  # one layer per commit
     folder = tm.save(tm.build("llama", num_hidden_layers=3), tmp_path / "m")
     ckpt = open_checkpoint(str(folder), name="m")
     con = connect(tmp_path / "w.duckdb")

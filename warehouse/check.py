@@ -1,6 +1,8 @@
 """Re-derive the warehouse's invariants in SQL and report every place that breaks one.
 
-Each check is one query returning (model, layer, head, detail) rows, one per offending place.
+First every stored value of every table is read (DuckDB verifies each block's checksum as it
+reads it), so a damaged block is reported by table, even where no invariant looks. Then each
+check is one query returning (model, layer, head, detail) rows, one per offending place.
 A finding is a `violation` (rows missing, extra or contradicting each other: the warehouse is
 wrong) or a `warning` (an incomplete model: an interrupted extraction, which is consistent as
 far as it goes and which rerunning `extract` resumes).
@@ -204,15 +206,16 @@ class Finding:
     detail: str
 
     def __str__(self) -> str:
-        where = [f"model '{self.model}'" if self.model is not None else "",
-                 f"layer {self.layer}" if self.layer is not None else "",
-                 f"head {self.head}" if self.head is not None else ""]
-        return f"{self.level}: {self.check}: {' '.join(w for w in where if w)}: {self.detail}"
+        where = " ".join(w for w in [f"model '{self.model}'" if self.model is not None else "",
+                                     f"layer {self.layer}" if self.layer is not None else "",
+                                     f"head {self.head}" if self.head is not None else ""] if w)
+        return f"{self.level}: {self.check}: {where + ': ' if where else ''}{self.detail}"
 
 
-def check_warehouse(con: duckdb.DuckDBPyConnection) -> list[Finding]:
-    """Every finding of every check, warnings and violations, ordered by check and then location."""
-    findings = []
+def check_warehouse(con: duckdb.DuckDBPyConnection, full: bool = True) -> list[Finding]:
+    """Every finding: unreadable tables (when `full`), then every check's warnings and violations, ordered
+    by check and then location. A check that cannot run on a damaged file is itself a violation."""
+    findings = scan_tables(con) if full else []
     for name, level, sql in CHECKS:
         sql = Template(sql).substitute(PLACEHOLDERS)
         try:
@@ -221,5 +224,32 @@ def check_warehouse(con: duckdb.DuckDBPyConnection) -> list[Finding]:
             rows = [(None, None, None, "the warehouse predates this check's tables or columns; "
                                        "an extract run (opening it for writing) adds them")]
             level = "warning"
+        except duckdb.Error as exc:
+            findings.append(Finding("violation", name, None, None, None, f"cannot run: {_first_line(exc)}"))
+            continue
         findings += [Finding(level, name, *row) for row in rows]
     return findings
+
+
+def scan_tables(con: duckdb.DuckDBPyConnection) -> list[Finding]:
+    """Read every value of every table (a hash of all columns, row by row, folded into one number), so that
+    DuckDB reads, and checksums, every block; one `unreadable` violation per table that fails."""
+    findings = []
+    try:
+        tables = con.sql("SELECT table_name, list(column_name ORDER BY column_index) FROM duckdb_columns() "
+                         "WHERE NOT internal AND schema_name = 'main' AND table_name IN "
+                         "(SELECT table_name FROM duckdb_tables()) GROUP BY ALL ORDER BY 1").fetchall()
+    except duckdb.Error as exc:
+        return [Finding("violation", "unreadable", None, None, None, f"the catalog: {_first_line(exc)}")]
+    for table, columns in tables:
+        quoted = ", ".join(f'"{column}"' for column in columns)
+        try:
+            con.sql(f'SELECT bit_xor(hash({quoted})) FROM "{table}"').fetchall()
+        except duckdb.Error as exc:
+            findings.append(Finding("violation", "unreadable", None, None, None, f"table {table}: {_first_line(exc)}"))
+    return findings
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

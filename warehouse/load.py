@@ -1,21 +1,28 @@
-"""Loading a checkpoint into the warehouse, one committed layer at a time.
+"""Loading checkpoints into the warehouse, one committed layer at a time.
 
 A new model is written layer by layer, each layer in one transaction with its progress
 row, so an interrupted run resumes where it stopped. Replacing a model (--force) happens
 in a single transaction: the warehouse holds the old model or the new one, never a mix.
 A failing run (a bad weight, say) removes what it wrote, leaving the warehouse as it was.
+
+Reading and analysis (`layer_rows`) happen outside the warehouse, in this process or in an
+executor's workers (warehouse/executors.py); the one writer opens the file only to commit,
+so other processes can read it between two commits. Small layers share a commit (up to
+COMMIT_SECONDS of work, and whatever workers finished meanwhile): whole layers still, in order.
 """
 from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from headforms.compute.analysis import LayerAnalysis, analyse_layer
 from headforms.compute.bootstrap import RESAMPLES
@@ -23,7 +30,8 @@ from headforms.compute.rotary import DEFAULT_DISTANCES, PROFILE_COLUMNS, Rotatio
 from headforms.compute.statistics import PARITY_TOLERANCE, lobes
 from headforms.extract import Checkpoint, ExtractError
 from headforms.extract.hub import FetchError
-from headforms.warehouse.store import WarehouseError, insert, query, transaction
+from headforms.warehouse.progress import RunProgress
+from headforms.warehouse.store import WarehouseError, Writer, insert, transaction
 from headforms.warehouse.summaries import write_summaries
 
 
@@ -64,20 +72,80 @@ class LoadResult:
     seconds: float
 
 
+@dataclass
+class LayerRows:
+    """One analysed layer: its rows for every table as Arrow tables (the `layers` progress row last)."""
+
+    layer: int
+    heads: int
+    tables: dict[str, pa.Table]
+    bytes_fetched: int = 0  # checkpoint bytes read for it (a hub source's ranged reads)
+
+
+# Layers computed within this many seconds of the first one waiting share its commit (opening, committing
+# and closing the file costs tens of milliseconds, more than a small layer's analysis); 0: one layer each.
+COMMIT_SECONDS = 0.5
+
 # The columns a stored model's numbers depend on: a source that differs in any of them is another model.
 IDENTITY = ("revision", "architecture", "n_layers", "n_heads", "n_kv_heads", "d_model", "head_dim", "qk_norm",
             "parity_tolerance", "baseline_seed", "fold_norm", "distances")
 TABLES = ("heads", "eigenvalues", "fits", "distance_profiles", "layers")  # per-layer rows of a model
+MODEL_TABLES = ("intervals", "head_types")  # per-model rows, written when a model completes
 
 
-def load_model(con, ckpt: Checkpoint, opts: LoadOptions,
+def load_model(target, ckpt: Checkpoint, opts: LoadOptions,
                on_layer: Callable[[int, int], None] | None = None) -> LoadResult:
-    """Extract every missing layer of `ckpt` into the warehouse; on_layer(layer, heads) reports each layer written."""
-    start = time.perf_counter()
-    name, spec = ckpt.name, ckpt.spec
-    deltas(spec, opts)  # refuses distances a RoPE model's conventions do not allow, before any write
+    """Extract every missing layer of `ckpt` into the warehouse (a Writer, or an open connection) in
+    this process; on_layer(layer, heads) reports each layer written."""
+    writer = target if isinstance(target, Writer) else Writer(con=target)
+    [(_, result)] = load_models(writer, [ckpt], opts, on_layer=on_layer)
+    return result
+
+
+def load_models(writer: Writer, ckpts: list[Checkpoint], opts: LoadOptions, executor=None,
+                on_model: Callable[[Checkpoint], None] | None = None,
+                on_layer: Callable[[int, int], None] | None = None) -> Iterator[tuple[Checkpoint, LoadResult]]:
+    """Extract several checkpoints, yielding (checkpoint, result) as each model completes.
+
+    Every model is checked against the warehouse before any work starts. The executor (default:
+    this process) reads and analyses the layers of all models, ahead of the writer; the writer
+    commits them model by model, layer by layer, in order."""
+    from headforms.warehouse.executors import Serial
+
+    plans = [_plan(writer, ckpt, opts) for ckpt in ckpts]
+    executor = executor or Serial()
+    run = RunProgress(writer.path, len(plans))
+    rows = executor.map((plan.ckpt, opts, layer) for plan in plans for layer in plan.todo)
+    try:
+        for plan in plans:
+            if on_model:
+                on_model(plan.ckpt)
+            result = _load(writer, plan, rows, run, on_layer)
+            run.model_done()
+            yield plan.ckpt, result
+    finally:
+        run.close()
+        executor.close()
+
+
+@dataclass
+class _Plan:
+    """What a run does to one model: its record, the layers to compute, and the status it will report."""
+
+    ckpt: Checkpoint
+    opts: LoadOptions
+    record: dict
+    todo: list[int]
+    status: str     # "extracted", "resumed", "replaced" or "up to date"
+    created: bool   # the models row is this run's
+
+
+def _plan(writer: Writer, ckpt: Checkpoint, opts: LoadOptions) -> _Plan:
+    """Compare `ckpt` with what the warehouse holds of it: refuse a changed source unless forced."""
+    name, n_layers = ckpt.name, ckpt.spec.n_layers
+    deltas(ckpt.spec, opts)  # refuses distances a RoPE model's conventions do not allow, before any write
     record = _model_record(ckpt, opts)
-    old = query(con, f"SELECT {', '.join(IDENTITY)}, complete FROM models WHERE model = ?", [name])
+    old = writer.query(f"SELECT {', '.join(IDENTITY)}, complete FROM models WHERE model = ?", [name])
     if old.height:
         prev = old.row(0, named=True)
         changed = [f"{key} {prev[key]} -> {record[key]}" for key in IDENTITY if prev[key] != record[key]]
@@ -85,47 +153,91 @@ def load_model(con, ckpt: Checkpoint, opts: LoadOptions,
             raise WarehouseError(f"model '{name}' in the warehouse differs from this source ({'; '.join(changed)}): "
                                  f"use --force to replace it, or --name to keep both")
         if opts.force:
-            with transaction(con):
-                _delete_model(con, name)
-                _write_model(con, ckpt, opts, record, on_layer)
-            _record_cost(con, ckpt)
-            return LoadResult(name, "replaced", spec.n_layers, spec.n_layers * spec.n_heads,
-                              time.perf_counter() - start)
+            return _Plan(ckpt, opts, record, list(range(n_layers)), "replaced", False)
         if prev["complete"]:
-            return LoadResult(name, "up to date", 0, 0, time.perf_counter() - start)
+            return _Plan(ckpt, opts, record, [], "up to date", False)
+    done = set(writer.query("SELECT layer FROM layers WHERE model = ?", [name])["layer"].to_list())
+    todo = [layer for layer in range(n_layers) if layer not in done]
+    return _Plan(ckpt, opts, record, todo, "resumed" if done or old.height else "extracted", not old.height)
 
-    done = set(query(con, "SELECT layer FROM layers WHERE model = ?", [name])["layer"].to_list())
-    created = not old.height
-    if created:
-        with transaction(con):
+
+def _load(writer: Writer, plan: _Plan, rows, run: RunProgress, on_layer) -> LoadResult:
+    """Commit a model's layers as `rows` (executors.Results) yields them, whole layers in order: a layer
+    with those computed within COMMIT_SECONDS after it or already waiting; a replacement in one transaction."""
+    start = time.perf_counter()
+    ckpt, record, name = plan.ckpt, plan.record, plan.ckpt.name
+    heads = len(plan.todo) * ckpt.spec.n_heads
+    if plan.status == "up to date":
+        return LoadResult(name, plan.status, 0, 0, time.perf_counter() - start)
+    run.model(name, ckpt.spec.n_layers, ckpt.spec.n_layers - len(plan.todo))
+    if plan.status == "replaced":  # computed first: readers see the old model until the swap
+        layers = [next(rows) for _ in plan.todo]
+        with _commit(writer) as con:
+            _delete_model(con, name)
+            insert(con, "models", pl.DataFrame([record | {"complete": True}]))
+            _insert_layers(con, layers)
+            write_summaries(con, name, plan.opts.resamples, plan.opts.seed)
+            _record_cost(con, ckpt)
+        _report(layers, run, on_layer)
+        return LoadResult(name, "replaced", len(layers), heads, time.perf_counter() - start)
+    if plan.created:
+        with _commit(writer) as con:
             insert(con, "models", pl.DataFrame([record]))
-    todo = [layer for layer in range(spec.n_layers) if layer not in done]
     written: list[int] = []
     try:
-        for layer in todo:
-            with transaction(con):
-                _write_layer(con, ckpt, opts, layer)
-            written.append(layer)
-            if on_layer:
-                on_layer(layer, spec.n_heads)
-        with transaction(con):
+        while len(written) < len(plan.todo):
+            batch, started = [next(rows)], time.perf_counter()
+            while len(written) + len(batch) < len(plan.todo) and (
+                    rows.ready() or time.perf_counter() - started < COMMIT_SECONDS):
+                batch.append(next(rows))
+            with _commit(writer) as con:
+                _insert_layers(con, batch)
+            written += [layer.layer for layer in batch]
+            _report(batch, run, on_layer)
+        with _commit(writer) as con:
             con.execute("UPDATE models SET complete = true, extracted_at = ? WHERE model = ?",
                         [record["extracted_at"], name])
-            write_summaries(con, name, opts.resamples, opts.seed)
+            write_summaries(con, name, plan.opts.resamples, plan.opts.seed)
+            _record_cost(con, ckpt)
     except FetchError:  # the network gave out: keep the committed layers, the same command resumes
-        _record_cost(con, ckpt)
+        with _commit(writer) as con:
+            _record_cost(con, ckpt)
         raise
     except Exception:
-        with transaction(con):  # undo this run only; an interruption (Ctrl-C, kill) keeps its layers
-            if created:
+        with _commit(writer) as con:  # undo this run only; an interruption (Ctrl-C, kill) keeps its layers
+            if plan.created:
                 _delete_model(con, name)
             elif written:
                 for table in TABLES:
                     con.execute(f"DELETE FROM {table} WHERE model = ? AND list_contains(?, layer)", [name, written])
         raise
-    _record_cost(con, ckpt)
-    status = "resumed" if done or not created else "extracted"
-    return LoadResult(name, status, len(written), len(written) * spec.n_heads, time.perf_counter() - start)
+    return LoadResult(name, plan.status, len(written), len(written) * ckpt.spec.n_heads, time.perf_counter() - start)
+
+
+@contextmanager
+def _commit(writer: Writer):
+    """One transaction on the writer's connection: the file is held for this commit alone."""
+    with writer.connection() as con, transaction(con):
+        yield con
+
+
+def _report(layers: list[LayerRows], run: RunProgress, on_layer) -> None:
+    """Committed layers: into the progress file, and to the caller's callback."""
+    run.layers(len(layers), sum(layer.heads for layer in layers), sum(layer.bytes_fetched for layer in layers))
+    for layer in layers:
+        if on_layer:
+            on_layer(layer.layer, layer.heads)
+
+
+def _insert_layers(con, layers: list[LayerRows]) -> None:
+    """Every table's rows of these layers, one INSERT per table (the caller holds the transaction)."""
+    for table in layers[0].tables:
+        insert(con, table, pa.concat_tables([layer.tables[table] for layer in layers]))
+
+
+def _delete_model(con, name: str) -> None:
+    for table in (*TABLES, *MODEL_TABLES, "models"):
+        con.execute(f"DELETE FROM {table} WHERE model = ?", [name])
 
 
 def deltas(spec, opts: LoadOptions) -> tuple[int, ...] | None:
@@ -139,32 +251,21 @@ def deltas(spec, opts: LoadOptions) -> tuple[int, ...] | None:
         raise ExtractError(f"RoPE beyond distance 0 is not computed for this {spec.architecture} checkpoint: "
                            f"{spec.rope.refusal}; pass --distances 0")
     return (0,)
+
+
 def _record_cost(con, ckpt: Checkpoint) -> None:
     """Add this run's hub bytes to the model's bytes_fetched (runs that resume add up)."""
     if ckpt.bytes_fetched is not None:
-        with transaction(con):
-            con.execute("UPDATE models SET bytes_fetched = coalesce(bytes_fetched, 0) + ? WHERE model = ?",
-                        [ckpt.bytes_fetched, ckpt.name])
+        con.execute("UPDATE models SET bytes_fetched = coalesce(bytes_fetched, 0) + ? WHERE model = ?",
+                    [ckpt.bytes_fetched, ckpt.name])
 
 
-def _write_model(con, ckpt, opts, record, on_layer) -> None:
-    """Every layer of a model, inside the caller's transaction."""
-    insert(con, "models", pl.DataFrame([record | {"complete": True}]))
-    for layer in range(ckpt.spec.n_layers):
-        _write_layer(con, ckpt, opts, layer)
-        if on_layer:
-            on_layer(layer, ckpt.spec.n_heads)
-    write_summaries(con, ckpt.name, opts.resamples, opts.seed)
+def layer_rows(ckpt: Checkpoint, opts: LoadOptions, layer: int) -> LayerRows:
+    """Read and analyse one layer into its rows, the `layers` progress row included; no warehouse access.
 
-
-def _delete_model(con, name: str) -> None:
-    for table in (*TABLES, "intervals", "head_types", "models"):
-        con.execute(f"DELETE FROM {table} WHERE model = ?", [name])
-
-
-def _write_layer(con, ckpt: Checkpoint, opts: LoadOptions, layer: int) -> None:
-    """Read, analyse and insert one layer with its progress row (the caller holds the transaction)."""
+    The unit of work of every executor (this process, worker processes, Ray tasks)."""
     t0 = time.perf_counter()
+    fetched = ckpt.bytes_fetched or 0
     wq, wk = ckpt.read_layer(layer)
     spec = ckpt.spec
     rotation = Rotation.of(spec.rope.pairing, spec.rope.frequencies) if spec.rope is not None else None
@@ -172,12 +273,13 @@ def _write_layer(con, ckpt: Checkpoint, opts: LoadOptions, layer: int) -> None:
                              parity_tolerance=opts.parity_tolerance, device=opts.device,
                              rotation=rotation, deltas=deltas(spec, opts))
     del wq, wk
-    for table, frame in layer_frames(ckpt.name, layer, spec.kv_index, spec.head_dim, analysis).items():
-        insert(con, table, frame)
-    insert(con, "layers", pl.DataFrame({
+    frames = layer_frames(ckpt.name, layer, spec.kv_index, spec.head_dim, analysis)
+    frames["layers"] = pl.DataFrame({
         "model": [ckpt.name], "layer": [layer], "heads": [spec.n_heads],
         "seconds": [time.perf_counter() - t0], "written_at": [datetime.now(timezone.utc).replace(tzinfo=None)],
-    }))
+    })
+    return LayerRows(layer, spec.n_heads, {table: frame.to_arrow() for table, frame in frames.items()},
+                     (ckpt.bytes_fetched or 0) - fetched)
 
 
 def _model_record(ckpt: Checkpoint, opts: LoadOptions) -> dict:
@@ -219,23 +321,27 @@ def layer_frames(model: str, layer: int, kv_index: np.ndarray, head_dim: int,
         "S": sp.eig_S, "S_pos": _lobe(plus, stats["n_pos"]), "S_neg": _lobe(minus, stats["n_neg"]),
         "T_sv": sp.sv_T, "T_sigma": sp.sigma_T, "L": sp.eig_L[:, :rank], "L_sv": sp.sv_L[:, :rank],
     }
+    # Whole columns built in numpy and handed over once (a polars frame per spectrum or per fit costs
+    # more than the rows in it): codes are repeated by index, never broadcast per part.
     parts = []
-    for code, values in spectra.items():
+    for values in spectra.values():
         keep = ~np.isnan(values.real) if np.isrealobj(values) else np.ones(values.shape, bool)
         head_idx, idx = np.nonzero(keep)
-        parts.append(pl.DataFrame({
-            "head": head_idx.astype(np.int32), "spectrum": code, "idx": idx.astype(np.int32),
-            "value": values.real[keep].astype(np.float64),
-            "imag": values.imag[keep].astype(np.float64) if np.iscomplexobj(values) else 0.0,
-        }))
-    eigen = pl.concat(parts).with_columns(pl.lit(model).alias("model"), pl.lit(layer).alias("layer"))
+        parts.append((head_idx, idx, values.real[keep], values.imag[keep] if np.iscomplexobj(values)
+                      else np.zeros(len(idx))))
+    head_idx, idx, value, imag = (np.concatenate(column) for column in zip(*parts))
+    eigen = pl.DataFrame({
+        "head": head_idx.astype(np.int32), "spectrum": _repeat(list(spectra), [len(p[0]) for p in parts]),
+        "idx": idx.astype(np.int32), "value": value.astype(np.float64), "imag": imag.astype(np.float64),
+    }).with_columns(pl.lit(model).alias("model"), pl.lit(layer).alias("layer"))
 
-    fit_parts = [
-        _frame({"head": heads, "sample": sample, "family": family, **cols})
-        for sample, families in analysis.fits.items() for family, cols in families.items()
-    ]
-    fits = pl.concat(fit_parts).with_columns(pl.lit(model).alias("model"), pl.lit(layer).alias("layer"),
-                                             pl.col("n").cast(pl.Int32))
+    combos = [(sample, family, cols) for sample, families in analysis.fits.items() for family, cols in families.items()]
+    fits = _frame({
+        "head": np.tile(heads, len(combos)),
+        "sample": _repeat([sample for sample, _, _ in combos], [n_heads] * len(combos)),
+        "family": _repeat([family for _, family, _ in combos], [n_heads] * len(combos)),
+        **{column: np.concatenate([cols[column] for _, _, cols in combos]) for column in combos[0][2]},
+    }).with_columns(pl.lit(model).alias("model"), pl.lit(layer).alias("layer"), pl.col("n").cast(pl.Int32))
     frames = {"heads": _frame(head_cols), "eigenvalues": eigen, "fits": fits}
     if analysis.distances is not None:
         dist = analysis.distances
@@ -245,6 +351,11 @@ def layer_frames(model: str, layer: int, kv_index: np.ndarray, head_dim: int,
             **{k: pl.Series(k, dist[k].ravel(), dtype=pl.Utf8) if k == "parity" else dist[k].ravel()
                for k in PROFILE_COLUMNS}})
     return frames
+
+
+def _repeat(labels: list[str], counts: list[int]) -> pl.Series:
+    """labels[0] counts[0] times, then labels[1] counts[1] times, ... (a string column, without a Python loop)."""
+    return pl.Series(labels, dtype=pl.Utf8).gather(np.repeat(np.arange(len(labels)), counts))
 
 
 def _lobe(values: np.ndarray, count: np.ndarray) -> np.ndarray:

