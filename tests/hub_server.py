@@ -39,32 +39,36 @@ class HubHandler(BaseHTTPRequestHandler):
         info = re.fullmatch(r"/api/models/(.+?)(?:/revision/([^/]+))?", path)
         if info:
             repo_id, revision = info.groups()
-            if repo_id not in hub.repos:
+            if repo_id not in hub.repos and repo_id not in hub.revisions:
                 return self._reply(404, b'{"error": "not found"}', {"X-Error-Code": "RepoNotFound"})
-            if revision not in (None, "main", COMMIT):
+            found = hub.checkout(repo_id, revision)
+            if found is None:
                 return self._reply(404, b'{"error": "no revision"}', {"X-Error-Code": "RevisionNotFound"})
-            siblings = [{"rfilename": name, "size": hub.size(repo_id, name), "blobId": hub.blob_id(repo_id, name)}
-                        for name in hub.repos[repo_id]]
-            body = json.dumps({"id": repo_id, "sha": COMMIT, "siblings": siblings}).encode()
+            commit, files = found
+            siblings = [{"rfilename": name, "size": hub.size(data), "blobId": hub.blob_id(data)}
+                        for name, data in files.items()]
+            body = json.dumps({"id": repo_id, "sha": commit, "siblings": siblings}).encode()
             return self._reply(200, body, {"Content-Type": "application/json"})
         resolve = re.fullmatch(r"/(.+?)/resolve/([^/]+)/(.+)", path)
-        if not resolve or resolve[1] not in hub.repos or resolve[3] not in hub.repos[resolve[1]]:
+        found = resolve and hub.checkout(resolve[1], resolve[2])
+        if not found or resolve[3] not in found[1]:
             return self._reply(404, b"not found", {"X-Error-Code": "EntryNotFound"})
-        repo_id, _, name = resolve.groups()
+        name = resolve[3]
+        commit, data = found[0], found[1][name]
         fault = hub.faults.pop(0) if hub.faults and self.command == "GET" else None
         if fault in ("503", "429"):
             return self._reply(int(fault), b"busy", {"Retry-After": str(hub.retry_after)} if fault == "429" else {})
-        size = hub.size(repo_id, name)
+        size = hub.size(data)
         start, end, status = 0, size, 200
         if self.headers.get("Range"):
             a, b = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers["Range"]).groups()
             start, end, status = int(a), min(size, int(b) + 1 if b else size), 206
         if hub.refuse is not None and hub.refuse(name, start, end):
             return self._reply(503, b"unavailable")
-        headers = {"X-Repo-Commit": COMMIT, "ETag": f'"{hub.blob_id(repo_id, name)}"', "Accept-Ranges": "bytes"}
+        headers = {"X-Repo-Commit": commit, "ETag": f'"{hub.blob_id(data)}"', "Accept-Ranges": "bytes"}
         if status == 206:
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
-        body = hub.read(repo_id, name, start, end)
+        body = hub.read(data, start, end)
         if fault == "short":  # a body that ends early but says so in its length: the client must notice
             body = body[:len(body) // 2]
         self.send_response(status)
@@ -86,13 +90,15 @@ class HubHandler(BaseHTTPRequestHandler):
 
 
 class HubServer(ThreadingHTTPServer):
-    """The hub on a local port: fill .repos (repo -> file -> bytes or Path), read .served (file -> body bytes)."""
+    """The hub on a local port: fill .repos (repo -> file -> bytes or Path, main at COMMIT) or .revisions
+    (repo -> revision -> (commit, files)), read .served (file -> body bytes)."""
 
     daemon_threads = True
 
     def __init__(self, bandwidth: float | None = None):
         super().__init__(("127.0.0.1", 0), HubHandler)
         self.repos: dict[str, dict[str, bytes | Path]] = {}
+        self.revisions: dict[str, dict[str, tuple[str, dict[str, bytes | Path]]]] = {}
         self.served: dict[str, int] = {}
         self.requests: list[tuple[str, str, str | None]] = []
         self.faults: list[str] = []   # "drop", "short", "503", "429": applied to the next file GETs, in order
@@ -111,16 +117,23 @@ class HubServer(ThreadingHTTPServer):
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.server_port}"
 
-    def size(self, repo_id: str, name: str) -> int:
-        data = self.repos[repo_id][name]
+    def checkout(self, repo_id: str, revision: str | None) -> tuple[str, dict[str, bytes | Path]] | None:
+        """(commit, files) of a repo at a revision, named or by its commit (None: main); None when unknown."""
+        revisions = self.revisions.get(repo_id, {})
+        if repo_id in self.repos:
+            revisions = revisions | {"main": (COMMIT, self.repos[repo_id])}
+        return next((found for name, found in revisions.items() if (revision or "main") in (name, found[0])), None)
+
+    @staticmethod
+    def size(data: bytes | Path) -> int:
         return data.stat().st_size if isinstance(data, Path) else len(data)
 
-    def blob_id(self, repo_id: str, name: str) -> str:
-        data = self.repos[repo_id][name]
+    @staticmethod
+    def blob_id(data: bytes | Path) -> str:
         return hashlib.sha1(str(data).encode() if isinstance(data, Path) else data).hexdigest()
 
-    def read(self, repo_id: str, name: str, start: int, end: int) -> bytes:
-        data = self.repos[repo_id][name]
+    @staticmethod
+    def read(data: bytes | Path, start: int, end: int) -> bytes:
         if not isinstance(data, Path):
             return data[start:end]
         with open(data, "rb") as f:

@@ -3,10 +3,6 @@ that serves several revisions of a tiny GPT-NeoX; models.base_model, training_st
 from __future__ import annotations
 
 import hashlib
-import json
-import threading
-from contextlib import contextmanager
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import duckdb
@@ -25,7 +21,8 @@ from headforms.warehouse.export import export
 from tests import tiny_models
 from tests.dense import dense_reference
 from tests.test_export import assert_real_image
-from tests.test_sources import FakeHub, go_online, hub_cache  # noqa: F401  (hub_cache is a fixture)
+from tests.hub_server import HubServer
+from tests.test_hub import hub  # noqa: F401  (a fixture: the local hub, online, an empty headforms cache)
 
 REPO = "org/tiny-neox"
 STEPS = {"step0": 0, "step1000": 1000, "step143000": 143000}
@@ -36,68 +33,24 @@ def commit(repo_id: str, revision: str) -> str:
     return hashlib.sha1(f"{repo_id}@{revision}".encode()).hexdigest()
 
 
-class RevisionHub(FakeHub):
-    """FakeHub with revisions: repos[repo][revision] = files; a revision or its commit selects the files,
-    main is the first revision."""
-
-    def do_GET(self):
-        self.log.append((self.command, self.path))
-        path = self.path.split("?")[0].removeprefix("/api/models/").lstrip("/")
-        for marker in ("/revision/", "/tree/", "/resolve/"):
-            repo_id, found, rest = path.partition(marker)
-            if found and repo_id in self.repos:
-                break
-        else:
-            return self.reply(b'{"error": "not found"}', {"X-Error-Code": "RepoNotFound"}, 404)
-        wanted = rest.split("/", 1)[0]
-        if wanted == "main":  # the default branch: the first revision listed
-            wanted = next(iter(self.repos[repo_id]))
-        for revision, files in self.repos[repo_id].items():
-            sha = commit(repo_id, revision)
-            if wanted in (revision, sha):
-                break
-        else:
-            return self.reply(b'{"error": "no revision"}', {"X-Error-Code": "RevisionNotFound"}, 404)
-        if marker == "/revision/":
-            info = {"id": repo_id, "sha": sha, "siblings": [{"rfilename": f} for f in files]}
-            return self.reply(json.dumps(info).encode(), {"Content-Type": "application/json"})
-        if marker == "/tree/":
-            tree = [{"type": "file", "path": f, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
-                    for f, b in files.items()]
-            return self.reply(json.dumps(tree).encode(), {"Content-Type": "application/json"})
-        body = files[rest.split("/", 1)[1]]
-        return self.reply(body, {"X-Repo-Commit": sha, "ETag": f'"{hashlib.sha1(body).hexdigest()}"'})
-
-    do_HEAD = do_GET
-
-
 def neox_files(tmp_path, seed: int) -> dict[str, bytes]:
     """config.json + model.safetensors of the tiny GPT-NeoX with weights drawn from `seed`."""
     folder = tiny_models.save(tiny_models.build("gpt_neox", seed=seed), tmp_path / f"neox-{seed}")
     return {f.name: f.read_bytes() for f in folder.iterdir()}
 
 
-@contextmanager
-def serving(monkeypatch, repos: dict[str, dict[str, dict[str, bytes]]]):
-    """RevisionHub on a local port serving `repos`, huggingface_hub online and pointed at it; yields its URL."""
-    monkeypatch.setattr(RevisionHub, "repos", repos)
-    monkeypatch.setattr(RevisionHub, "log", [])
-    server = ThreadingHTTPServer(("127.0.0.1", 0), RevisionHub)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    endpoint = f"http://127.0.0.1:{server.server_port}"
-    go_online(monkeypatch, endpoint)
-    try:
-        yield endpoint
-    finally:
-        server.shutdown()
-        server.server_close()
+def serve_revisions(server: HubServer, repo_id: str, revisions: dict[str, dict[str, bytes]]) -> None:
+    """Serve each revision (revision -> files) of a repo at its own commit; main is the first revision."""
+    first = next(iter(revisions))
+    server.revisions[repo_id] = {revision: (commit(repo_id, revision), files) for revision, files in revisions.items()}
+    server.revisions[repo_id]["main"] = server.revisions[repo_id][first]
 
 
 @pytest.fixture
-def revision_hub(hub_cache, monkeypatch, tmp_path):  # noqa: F811
+def revision_hub(hub, tmp_path):  # noqa: F811
     """A local hub serving REPO at the revisions of STEPS, each a different tiny GPT-NeoX (seed = position)."""
-    with serving(monkeypatch, {REPO: {revision: neox_files(tmp_path, seed) for seed, revision in enumerate(STEPS)}}):
-        yield RevisionHub
+    serve_revisions(hub, REPO, {revision: neox_files(tmp_path, seed) for seed, revision in enumerate(STEPS)})
+    return hub
 
 
 def test_revisions_extract_one_model_per_checkpoint(revision_hub, tmp_path):
@@ -284,11 +237,11 @@ def test_models_lists_the_dynamics_set():
     assert f"revisions: {','.join(REVISION_SETS['pythia-dynamics'][2])}" in output
 
 
-def test_pythia_dynamics_set_end_to_end(hub_cache, monkeypatch, tmp_path):  # noqa: F811
+def test_pythia_dynamics_set_end_to_end(hub, tmp_path):  # noqa: F811
     """Every revision of the set served (one tiny GPT-NeoX at each) and extracted as its own model."""
     files = neox_files(tmp_path, 0)
-    with serving(monkeypatch, {"EleutherAI/pythia-70m-deduped": {f"step{s}": files for s in PYTHIA_STEPS}}):
-        summary = api.extract("pythia-dynamics", db=tmp_path / "w.duckdb")
+    serve_revisions(hub, "EleutherAI/pythia-70m-deduped", {f"step{s}": files for s in PYTHIA_STEPS})
+    summary = api.extract("pythia-dynamics", db=tmp_path / "w.duckdb")
     assert summary["model"].to_list() == [f"pythia-70m-deduped@step{s}" for s in PYTHIA_STEPS]
     assert api.table(tmp_path / "w.duckdb", "dynamics_by_step")["training_step"].to_list() == PYTHIA_STEPS
 

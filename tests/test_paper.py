@@ -14,8 +14,7 @@ import pytest
 from headforms import api
 from headforms.extract import MODEL_SETS
 from tests import tiny_models
-from tests.test_dynamics import serving
-from tests.test_sources import hub_cache  # noqa: F401  (a fixture)
+from tests.test_hub import hub, serve  # noqa: F401  (hub is a fixture: the local hub, an empty headforms cache)
 from tests.test_views import fit_ratios, percent
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -164,21 +163,18 @@ def test_paper_comparison_without_paper_models(paper_db, tmp_path):
     assert view["headforms"].is_null().all() and view["agrees"].is_null().all()
 
 
-def test_make_paper_against_a_local_hub(hub_cache, monkeypatch, tmp_path):  # noqa: F811
+def test_make_paper_against_a_local_hub(hub, tmp_path):  # noqa: F811
     """`make paper`'s own recipe, with the paper set's fourteen hub ids served by a local hub (tiny models
     of each architecture), writes the warehouse and the export with paper_comparison."""
-    repos = {}
     for seed, (_, hub_id) in enumerate(MODEL_SETS["paper"]):
         layout = next(layout for prefix, layout in HUB_STAND_INS.items() if hub_id.startswith(prefix))
-        folder = tiny_models.save(tiny_models.build(layout, seed=seed), tmp_path / "models" / hub_id)
-        repos[hub_id] = {"main": {f.name: f.read_bytes() for f in folder.iterdir()}}
+        serve(hub, hub_id, tiny_models.save(tiny_models.build(layout, seed=seed), tmp_path / "models" / hub_id))
     db, out = tmp_path / "paper.duckdb", tmp_path / "paper"
-    with serving(monkeypatch, repos) as endpoint:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")} | {
-            "HF_ENDPOINT": endpoint, "HF_HUB_CACHE": str(hub_cache), "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
-        result = subprocess.run(["make", "--no-print-directory", "-o", ".venv/.installed", "paper",
-                                 f"PAPER_DB={db}", f"PAPER_OUT={out}"],
-                                cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    # the recipe's extract, online, against the local hub; HEADFORMS_CACHE (the fixture's) comes along
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")} | {"HF_ENDPOINT": hub.endpoint}
+    result = subprocess.run(["make", "--no-print-directory", "-o", ".venv/.installed", "paper",
+                             f"PAPER_DB={db}", f"PAPER_OUT={out}"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.splitlines()[-1].endswith(f"files written to {out} (index.csv lists what each one is)")
     comparison = pl.read_csv(out / "paper_comparison.csv")
