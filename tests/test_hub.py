@@ -26,6 +26,7 @@ from headforms.extract import hub as hub_module
 from headforms.extract.checkpoint import ExtractError
 from headforms.extract.hub import FetchError
 from headforms.extract.sources import open_checkpoint
+from headforms.warehouse import load as load_module
 from tests.hub_server import COMMIT, HubServer
 from tests.test_gguf import write_gguf
 
@@ -275,8 +276,9 @@ def test_cli_error_line_when_the_hub_keeps_failing(hub, tmp_path, monkeypatch):
     assert not db.exists()
 
 
-def test_killed_mid_model_resumes_without_refetching_committed_layers(hub, tmp_path):
-    """Ctrl-C after layer 0; even with the cache cleared, the rerun fetches layer 1's Q/K only."""
+def test_killed_mid_model_resumes_without_refetching_committed_layers(hub, tmp_path, monkeypatch):
+    """Ctrl-C after layer 0 (one layer a commit); even with the cache cleared, the rerun fetches layer 1's Q/K only."""
+    monkeypatch.setattr(load_module, "COMMIT_SECONDS", 0)
     folder = llama(tmp_path, "safetensors")
     serve(hub, "org/tiny", folder)
     db = tmp_path / "w.duckdb"

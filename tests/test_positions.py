@@ -77,9 +77,9 @@ def test_distance_profiles_equal_dense_forms(pairing, N):
             assert got["parity"][t, h] == parity_of(ref)
     # the reduced forms themselves: U l_delta U^T = L_delta with U = A R^-1, A = [W_K^T | W_Q^T]
     if N >= 2 * n:  # then [W_K^T | W_Q^T] = U R with R invertible
-        l = distance_forms(factors, n, rotation, np.array([7])).numpy()[0]
+        l = distance_forms(factors, n, rotation, np.array([7]))[0]
         A = np.concatenate([wk[kv[1]], wq[1]]).T
-        U = np.linalg.solve(factors[1].numpy().T, A.T).T
+        U = np.linalg.solve(factors[1].T, A.T).T
         np.testing.assert_allclose(U @ l[1] @ U.T, wk[kv[1]].T @ dense_rotation(pairing, freq, 7, n) @ wq[1],
                                    atol=1e-10)
 
@@ -123,9 +123,9 @@ def logit_error_at_positions(ckpt, inputs, probs, layer: int) -> float:
     rotation = Rotation.of(spec.rope.pairing, spec.rope.frequencies)
     deltas = np.unique(POSITIONS[:, None] - POSITIONS[None, :])
     deltas = deltas[deltas >= 0]
-    l = distance_forms(factors, spec.head_dim, rotation, deltas).numpy()      # (D, H, r, r)
+    l = distance_forms(factors, spec.head_dim, rotation, deltas)              # (D, H, r, r)
     x = inputs[layer]                                                           # (B, T, N)
-    coords = np.stack([np.linalg.solve(factors[h].numpy().T,                    # U^T x = R^-T A^T x
+    coords = np.stack([np.linalg.solve(factors[h].T,                    # U^T x = R^-T A^T x
                                        np.concatenate([w_k[kv[h]], w_q[h]]) @ x.reshape(-1, x.shape[-1]).T)
                        for h in range(spec.n_heads)]).reshape(spec.n_heads, -1, *x.shape[:2])  # (H, r, B, T)
     T = x.shape[1]

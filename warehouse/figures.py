@@ -223,7 +223,7 @@ def theta_accumulation(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
     shown = {(model, figure): text for model, figure, text in _frame(
         con, "SELECT model, figure, shown FROM model_intervals WHERE view = 'theta_accumulation'").iter_rows()}
     models = _by_model(data)
-    fig, axes = _panel_grid(len(models), 2, (5.2, 4.6))
+    fig, axes = _panel_grid(max(len(models), 1), 2, (5.2, 4.6))
     for ax, (model, rows) in zip(axes, models):
         ax.scatter(rows["random_theta_position"], rows["random_theta_distance"], s=10, color="0.55", marker=".",
                    label=f"random baseline ({rows.height})")
@@ -260,7 +260,9 @@ def head_types(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
         FROM head_types t JOIN heads h USING (model, layer, head) JOIN head_types_by_model v USING (model)
         ORDER BY t.model, t.layer, t.head""")
     models = _by_model(data)
-    fig = Figure(figsize=(10.4, 4.8 * len(models)), layout="constrained", dpi=DPI)
+    fig = Figure(figsize=(10.4, 4.8 * max(len(models), 1)), layout="constrained", dpi=DPI)
+    if not models:  # no complete model yet (types are computed when a model's last layer is in)
+        fig.text(0.5, 0.5, "no complete model with head types in the warehouse", ha="center", va="center")
     colours = matplotlib.colormaps["Dark2"].colors
     for row, (model, rows) in enumerate(models):
         left = fig.add_subplot(len(models), 2, 2 * row + 1, projection="3d")

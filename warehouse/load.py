@@ -186,14 +186,19 @@ def _load(writer: Writer, plan: _Plan, rows, run: RunProgress, on_layer) -> Load
     written: list[int] = []
     try:
         while len(written) < len(plan.todo):
-            batch, started = [next(rows)], time.perf_counter()
-            while len(written) + len(batch) < len(plan.todo) and (
-                    rows.ready() or time.perf_counter() - started < COMMIT_SECONDS):
-                batch.append(next(rows))
+            batch, started, failure = [next(rows)], time.perf_counter(), None
+            try:
+                while len(written) + len(batch) < len(plan.todo) and (
+                        rows.ready() or time.perf_counter() - started < COMMIT_SECONDS):
+                    batch.append(next(rows))
+            except BaseException as exc:  # the layers already computed are committed before it is raised
+                failure = exc
             with _commit(writer) as con:
                 _insert_layers(con, batch)
             written += [layer.layer for layer in batch]
             _report(batch, run, on_layer)
+            if failure is not None:
+                raise failure
         with _commit(writer) as con:
             con.execute("UPDATE models SET complete = true, extracted_at = ? WHERE model = ?",
                         [record["extracted_at"], name])
