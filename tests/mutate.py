@@ -15,6 +15,7 @@ name the view (or test_check.py). The demo warehouse is built once and reused (H
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import os
 import re
 import shutil
@@ -37,7 +38,7 @@ TARGETS = {
     "headforms/warehouse/check.py": ["test_check.py"],
     "headforms/warehouse/load.py": ["test_cli.py", "test_api.py", "test_views.py", "test_wiring.py", "test_export.py"],
 }
-PACKAGE_PARTS = ["__init__.py", "api.py", "cli.py", "extract", "compute", "warehouse", "sql"]
+PACKAGE_PARTS = ["__init__.py", "api.py", "cli.py", "extract", "compute", "warehouse", "sql", "README.md"]
 # Tests that judge the repository rather than the package (a wheel of the checkout): not run on mutants.
 DESELECT = ["tests/test_api.py::test_wheel_holds_only_the_headforms_package"]
 KILLED = {"killed", "timeout", "segfault", "caught by type check"}
@@ -77,8 +78,10 @@ def demo_warehouse() -> dict:
 
 def run_python(max_children: int, env: dict, targets: list[str]) -> dict[str, Counter]:
     """mutmut run in the stage; returns status counts per module."""
-    tests = sorted({f"tests/{t}" for target in targets for t in TARGETS.get(target, ["."])})
-    stage(targets, [t.replace("tests/.", "tests") for t in tests])
+    judges = [TARGETS[key] for target in targets for key in TARGETS if fnmatch.fnmatch(target, key)]
+    if len(judges) < len(targets):
+        raise SystemExit(f"every target must fall under one of {', '.join(TARGETS)}")
+    stage(targets, sorted({f"tests/{test}" for tests in judges for test in tests}))
     subprocess.run([str(BIN / "mutmut"), "run", "--max-children", str(max_children)], cwd=STAGE, env=env, check=False)
     listing = subprocess.run([str(BIN / "mutmut"), "results", "--all", "true"], cwd=STAGE, capture_output=True,
                              text=True, check=True).stdout
