@@ -112,7 +112,7 @@ def view_mutants(text: str) -> list[tuple[str, str]]:
     """(description, mutated text) for every single swap in a view; count(*) becomes count of the
     first nullable statistic the view names (pairing / loglik), as a wrong denominator would."""
     column = "loglik" if re.search(r"\bfits\b", text) else "pairing"
-    body = "\n".join(line.split("--")[0] for line in text.splitlines())  # comments are not mutated
+    body = re.sub(r"--[^\n]*", lambda m: " " * len(m.group()), text)  # comments blanked, offsets kept
     out = []
     for pattern, replacement in VIEW_SWAPS:
         for match in re.finditer(pattern, body):
@@ -146,7 +146,7 @@ def run_sql(env: dict) -> dict[str, Counter]:
                                                if re.search(rf"\b{f.stem}\b", t) and p.name not in SQL_NOT_JUDGES])
             for f in sorted((ROOT / "sql").glob("*.sql"))]
     check = ROOT / "warehouse" / "check.py"
-    jobs.append((check, check_mutants(check.read_text()), [str(ROOT / "tests" / "test_check.py")]))
+    jobs.insert(0, (check, check_mutants(check.read_text()), [str(ROOT / "tests" / "test_check.py")]))
     counts: dict[str, Counter] = defaultdict(Counter)
     survivors = []
     for path, mutants, files in jobs:

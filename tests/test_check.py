@@ -192,3 +192,22 @@ def test_finding_lines_name_the_place(con):
     ]
     assert str(Finding("violation", "orphan_rows", "x", None, None, "2 heads rows of a model not in models")) == \
         "violation: orphan_rows: model 'x': 2 heads rows of a model not in models"
+
+
+def test_a_finding_without_a_place_names_none(con):
+    """A finding of the whole warehouse (no model, layer or head) prints no empty place."""
+    assert str(Finding("violation", "unreadable", None, None, None, "table heads: bad block")) == \
+        "violation: unreadable: table heads: bad block"
+    assert str(Finding("warning", "incomplete", "m", None, 3, "x")) == "warning: incomplete: model 'm' head 3: x"
+
+
+def test_quick_check_does_not_read_every_value(con, monkeypatch):
+    """check_warehouse(full=False) runs the invariants only; full=True reads every table first."""
+    import headforms.warehouse.check as check_module
+
+    scanned = []
+    monkeypatch.setattr(check_module, "scan_tables", lambda c: scanned.append(c) or [])
+    check_warehouse(con, full=False)
+    assert scanned == []
+    check_warehouse(con, full=True)
+    assert scanned == [con]

@@ -43,7 +43,7 @@ EXPECTED = {
     "phi3": (4, 2, 8, 32, "rope", 8**-0.5, None),
     "falcon": (4, 1, 8, 32, "rope", 8**-0.5, None),
     "falcon_mha": (4, 4, 8, 32, "rope", 8**-0.5, None),
-    "falcon_gqa": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "falcon_gqa": (6, 2, 8, 48, "rope", 8**-0.5, None),
     "gpt_neo": (4, 4, 8, 32, "learned", 1.0, None),
     "gptj": (4, 4, 8, 32, "rope", 8**-0.5, None),
     "gpt_bigcode": (4, 1, 8, 32, "learned", 8**-0.5, None),

@@ -113,8 +113,9 @@ TINY |= {
     "falcon_mha": Tiny("FalconForCausalLM", "FalconConfig",
                        dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=VOCAB,
                             multi_query=False), rope=True),
-    "falcon_gqa": Tiny("FalconForCausalLM", "FalconConfig",  # new decoder architecture (falcon-40b/180b)
-                       dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=VOCAB,
+    "falcon_gqa": Tiny("FalconForCausalLM", "FalconConfig",  # new decoder architecture (falcon-40b/180b);
+                       # 3 queries a group: a group's q rows, k row and v row are told apart by position
+                       dict(num_hidden_layers=2, hidden_size=48, num_attention_heads=6, vocab_size=VOCAB,
                             new_decoder_architecture=True, num_kv_heads=2), rope=True),
     "gpt_neo": Tiny("GPTNeoForCausalLM", "GPTNeoConfig",  # one global and one local attention layer
                     dict(num_layers=2, hidden_size=32, num_heads=4, vocab_size=VOCAB, max_position_embeddings=32,
