@@ -8,7 +8,9 @@ in build/mutate/, where headforms/ links to the checkout's parts.
 SQL: mutmut does not look inside SQL text, so a small mutator of our own swaps one operator at a
 time in each view of sql/ (count(*) <-> count(col), median <-> avg, <= <-> <, >= <-> >) and drops
 one OR clause at a time from each invariant of warehouse/check.py, then runs the test files that
-name the view (or test_check.py). The demo warehouse is built once and reused (HEADFORMS_TEST_DEMO_DB).
+name the view (or test_check.py). For these the demo warehouse is built once and reused
+(HEADFORMS_TEST_DEMO_DB: its views are recreated from sql/ on every connection); Python mutants
+build their own, since the stored numbers depend on the mutated code.
 
     .venv/bin/python tests/mutate.py [--only python|sql] [--max-children N] [--targets GLOB...]
 """
@@ -35,7 +37,7 @@ TARGETS = {
                             "test_bootstrap.py", "test_head_types.py", "test_positions.py", "test_norm_gains.py",
                             "test_api.py", "test_real_models.py"],
     "headforms/extract/layouts.py": ["test_layouts.py", "test_architectures.py", "test_gguf.py"],
-    "headforms/warehouse/check.py": ["test_check.py"],
+    "headforms/warehouse/check.py": ["test_check.py", "test_concurrency.py"],  # the latter: damaged blocks
     "headforms/warehouse/load.py": ["test_cli.py", "test_api.py", "test_views.py", "test_wiring.py", "test_export.py"],
 }
 PACKAGE_PARTS = ["__init__.py", "api.py", "cli.py", "extract", "compute", "warehouse", "sql", "README.md"]
@@ -198,12 +200,12 @@ def main() -> None:
     parser.add_argument("--targets", nargs="+", default=list(TARGETS), help="globs of the files to mutate (under headforms/)")
     args = parser.parse_args()
     started = time.perf_counter()
-    env, results = ({} if args.report else demo_warehouse()), {}
-    if args.only != "sql":
+    results = {}
+    if args.only != "sql":  # the demo warehouse is built by each mutant's own code here (a prebuilt one hides it)
         results["Python (mutmut; survivors in build/mutate/survivors.txt)"] = run_python(
-            args.max_children, env, args.targets, args.report)
-    if args.only != "python" and not args.report:
-        results["SQL (views and check.py; survivors in build/mutate/sql-survivors.txt)"] = run_sql(env)
+            args.max_children, dict(os.environ), args.targets, args.report)
+    if args.only != "python" and not args.report:  # views are recreated from sql/: a prebuilt demo serves
+        results["SQL (views and check.py; survivors in build/mutate/sql-survivors.txt)"] = run_sql(demo_warehouse())
     for title, counts in results.items():
         report(title, counts)
     print(f"\nmutation run: {time.perf_counter() - started:.0f} s")

@@ -157,6 +157,32 @@ DAMAGE = {
         ["INSERT INTO fits SELECT * REPLACE ('pareto' AS family) FROM fits WHERE model = {G} AND layer = 1 AND head = 0 "
          "AND sample = 'T' AND family = 'gamma'"],
         [("violation", "fits", G, 1, 0)]),
+    "eigenvalue idx below 0, count and last idx kept": (  # only the first-idx clause sees it
+        ["UPDATE eigenvalues SET idx = -1 WHERE model = {M} AND layer = 1 AND head = 1 AND spectrum = 'L_sv' AND idx = 0"],
+        [("violation", "eigenvalue_rows", M, 1, 1)]),
+    "eigenvalue idx with a gap at the end, first idx and count kept": (  # only the last-idx clause sees it
+        ["UPDATE eigenvalues SET idx = 99 WHERE model = {M} AND layer = 1 AND head = 2 AND spectrum = 'L_sv' "
+         "AND idx = (SELECT max(idx) FROM eigenvalues WHERE model = {M} AND layer = 1 AND head = 2 AND spectrum = 'L_sv')"],
+        [("violation", "eigenvalue_rows", M, 1, 2)]),
+    "a distance profile missing": (
+        ["DELETE FROM distance_profiles WHERE model = {G} AND layer = 1 AND head = 2 AND delta = 4"],
+        [("violation", "distance_profiles", G, 1, 2)]),
+    "a distance profile off the simplex": (
+        ["UPDATE distance_profiles SET symmetric_energy = symmetric_energy + 1e-6 "
+         "WHERE model = {G} AND layer = 0 AND head = 1 AND delta = 16"],
+        [("violation", "distance_profiles", G, 0, 1)]),
+    "a boundary fit with a shape2": (
+        ["UPDATE fits SET shape2 = 1 WHERE model = {M} AND layer = 0 AND head = 2 AND sample = 'S_pos' "
+         "AND family = 'gengamma' AND status = 'boundary'"],
+        [("violation", "fit_status", M, 0, 2)]),
+    "a boundary fit with a scale": (
+        ["UPDATE fits SET scale = 1 WHERE model = {M} AND layer = 0 AND head = 2 AND sample = 'S_pos' "
+         "AND family = 'gengamma' AND status = 'boundary'"],
+        [("violation", "fit_status", M, 0, 2)]),
+    "a bic that does not follow from loglik": (
+        ["UPDATE fits SET bic = bic + 1 WHERE model = {G} AND layer = 1 AND head = 0 AND sample = 'T' "
+         "AND family = 'gamma'"],
+        [("violation", "fit_status", G, 1, 0)]),
     "a partial layer": (
         ["UPDATE models SET complete = false WHERE model = {G}", "DELETE FROM layers WHERE model = {G} AND layer = 1"],
         [("warning", "incomplete", G, None, None), ("violation", "uncommitted_rows", G, 1, None)]),
