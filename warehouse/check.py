@@ -24,6 +24,8 @@ SPECTRUM_ROWS = {
     "L": "least(head_dim, r)", "L_sv": "least(head_dim, r)",
 }
 PROFILE_TOLERANCE = 1e-9
+# Tables whose rows belong to a model: a row of a model not in `models` is an orphan.
+MODEL_ROW_TABLES = ("layers", "heads", "eigenvalues", "fits", "intervals", "head_types")
 ORDER_TOLERANCE = 1e-12  # relative: a value may exceed its predecessor by rounding only
 
 
@@ -40,6 +42,9 @@ PLACEHOLDERS = {
     "families": _values("family", FAMILIES),
     "statuses": ", ".join(f"'{status}'" for status in STATUSES),
     "n_params": " ".join(f"WHEN '{family}' THEN {k}" for family, k in N_PARAMS.items()),
+    "model_orphans": " UNION ALL ".join(
+        f"SELECT model, NULL, NULL, format('{{}} {table} rows of a model not in models', count(*)) "
+        f"FROM {table} ANTI JOIN models USING (model) GROUP BY model" for table in MODEL_ROW_TABLES),
     "profile_tolerance": PROFILE_TOLERANCE,
     "order_tolerance": ORDER_TOLERANCE,
 }
@@ -76,23 +81,7 @@ CHECKS: tuple[tuple[str, str, str], ...] = (
         SELECT h.model, h.layer, h.head, format('head index outside 0..{}', m.n_heads - 1)
         FROM heads h JOIN models m USING (model) WHERE h.head NOT BETWEEN 0 AND m.n_heads - 1"""),
     ("orphan_rows", "violation", """
-        SELECT model, NULL, NULL, format('{} layers rows of a model not in models', count(*))
-        FROM layers ANTI JOIN models USING (model) GROUP BY model
-        UNION ALL
-        SELECT model, NULL, NULL, format('{} heads rows of a model not in models', count(*))
-        FROM heads ANTI JOIN models USING (model) GROUP BY model
-        UNION ALL
-        SELECT model, NULL, NULL, format('{} eigenvalues rows of a model not in models', count(*))
-        FROM eigenvalues ANTI JOIN models USING (model) GROUP BY model
-        UNION ALL
-        SELECT model, NULL, NULL, format('{} fits rows of a model not in models', count(*))
-        FROM fits ANTI JOIN models USING (model) GROUP BY model
-        UNION ALL
-        SELECT model, NULL, NULL, format('{} intervals rows of a model not in models', count(*))
-        FROM intervals ANTI JOIN models USING (model) GROUP BY model
-        UNION ALL
-        SELECT model, NULL, NULL, format('{} head_types rows of a model not in models', count(*))
-        FROM head_types ANTI JOIN models USING (model) GROUP BY model
+        $model_orphans
         UNION ALL
         SELECT model, layer, head, format('{} eigenvalues rows without a heads row', count(*))
         FROM eigenvalues SEMI JOIN models USING (model) ANTI JOIN heads USING (model, layer, head)
