@@ -90,9 +90,11 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
                 with interruptible():
                     con.close()
             work = make_executor(jobs, executor, ray_address)
-            for ckpt, result in load_models(Writer(db), ckpts, opts, work, progress.model_started, progress.layer_done):
-                _summary(rows, ckpt, result)
-                progress.model_done(ckpt, result)
+            with Writer(db) as writer:
+                for ckpt, result in load_models(writer, ckpts, opts, work, progress.model_started,
+                                                progress.layer_done):
+                    _summary(rows, ckpt, result)
+                    progress.model_done(ckpt, result)
     except Exception as error:  # an interruption (Ctrl-C, a lost network) keeps committed layers, and so the file
         if created and opened and not rows and not isinstance(error, FetchError):  # rows undone: the file too
             remove_warehouse(db)
@@ -212,7 +214,9 @@ def analyse(w_q, w_k, *, kv_index=None, parity_tolerance: float | None = None, s
     `layer` select the random baseline heads as an extraction would."""
     from headforms.compute.analysis import analyse_layer
     from headforms.compute.statistics import PARITY_TOLERANCE
-    from headforms.warehouse.load import layer_frames
+    import polars as pl
+
+    from headforms.warehouse.load import layer_tables
 
     w_q, w_k = (np.asarray(_as_numpy(w), dtype=np.float64) for w in (w_q, w_k))
     w_q, w_k = (w[None] if w.ndim == 2 else w for w in (w_q, w_k))
@@ -227,8 +231,10 @@ def analyse(w_q, w_k, *, kv_index=None, parity_tolerance: float | None = None, s
     kv_index = np.asarray(kv_index)
     result = analyse_layer(w_q, w_k, kv_index, layer=layer, seed=seed,
                            parity_tolerance=PARITY_TOLERANCE if parity_tolerance is None else parity_tolerance)
-    frames = layer_frames(model, layer, kv_index, w_q.shape[1], result)
-    return Analysis(heads=frames["heads"], eigenvalues=frames["eigenvalues"], fits=frames["fits"])
+    tables = layer_tables(model, layer, kv_index, w_q.shape[1], result)
+    frames = {name: pl.from_arrow(tables[name]).with_columns(pl.col(pl.Categorical).cast(pl.Utf8))
+              for name in ("heads", "eigenvalues", "fits")}
+    return Analysis(**frames)
 
 
 def _as_numpy(w):

