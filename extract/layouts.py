@@ -129,15 +129,20 @@ def _softcap_refusal(config: dict) -> str | None:
     return None
 
 
-def _flag_refusal(key: str, why: str) -> Callable[[dict], str | None]:
+@dataclass(frozen=True)
+class FlagRefusal:
     """A refusal of configs that set `key` (QK LayerNorms, clipped q/k): why the score is then not bilinear."""
 
-    def refusal(config: dict) -> str | None:
-        value = config.get(key)
-        return f"{key}={value}: {why}, not bilinear in x" if value else None
+    key: str
+    why: str
 
-    refusal.__doc__ = f"{key} is set ({why})"
-    return refusal
+    def __call__(self, config: dict) -> str | None:
+        value = config.get(self.key)
+        return f"{self.key}={value}: {self.why}, not bilinear in x" if value else None
+
+    @property
+    def __doc__(self) -> str:  # the condition, as the architectures listing shows it
+        return f"{self.key} is set ({self.why})"
 
 
 _QK_LAYERNORM = "q and k pass through a LayerNorm"
@@ -242,6 +247,10 @@ _GEMMA2_DEFAULTS = {"head_dim": 256, "query_pre_attn_scalar": 256, "attn_logit_s
 _GEMMA3_DEFAULTS = {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "query_pre_attn_scalar": 256}
 
 
+# The factories below run once, at import, to build LAYOUTS: they are data shorthand, and mutation
+# testing (which switches a mutant on during a test's calls) cannot reach them. What they build is
+# proven row by row by the logit tests of every family (tests/MUTANTS.md).
+# pragma: no mutate start
 def _llama_like(prefixes: tuple[str, ...] = _LLAMA_PREFIXES, **kw) -> Layout:
     """The q_proj/k_proj rotary decoders (llama, mistral, qwen, gemma, olmo2)."""
     return Layout(**{"positional": "rope", "prefixes": prefixes, "tensors": _LLAMA_TENSORS, "packing": SEPARATE,
@@ -280,6 +289,7 @@ def _whisper(stack: str) -> Layout:
                   tensors=_named_qk("layers.{i}.self_attn.{proj}.weight", "q_proj", "k_proj"), packing=SEPARATE,
                   config_keys={"n_layers": (f"{stack}_layers",), "n_heads": (f"{stack}_attention_heads",),
                                "d_model": ("d_model",)})
+# pragma: no mutate end
 
 
 _MULTI_QUERY = Variant("multi_query", lambda c: c["multi_query"], {"packing": STACKED_QKV, "kv_heads": lambda c, h: 1})
@@ -322,10 +332,10 @@ LAYOUTS: dict[str, Layout] = {
     "qwen2_moe": _llama_like(),
     "qwen3_moe": _llama_like(qk_norm="head"),
     "granite": _llama_like(scale=ATTENTION_MULTIPLIER),
-    "olmo": _llama_like(refusal=_flag_refusal("clip_qkv", _CLIPPED)),
+    "olmo": _llama_like(refusal=FlagRefusal("clip_qkv", _CLIPPED)),
     "cohere": _llama_like(rope_pairing="interleaved",
                           variants=(Variant("use_qk_norm", lambda c: c.get("use_qk_norm"), {"qk_norm": "centred"}),)),
-    "phi": _llama_like(refusal=_flag_refusal("qk_layernorm", _QK_LAYERNORM + " with a bias")),
+    "phi": _llama_like(refusal=FlagRefusal("qk_layernorm", _QK_LAYERNORM + " with a bias")),
     "stablelm": _llama_like(defaults={"partial_rotary_factor": 0.25}, variants=(
         Variant("qk_layernorm", lambda c: c.get("qk_layernorm"), {"qk_norm": "centred", "tensors": _STABLELM_TENSORS}),)),
     "phi3": _llama_like(tensors={"qkv": "layers.{i}.self_attn.qkv_proj.weight"}, packing=STACKED_QKV),

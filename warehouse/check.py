@@ -34,20 +34,22 @@ def _values(name: str, items) -> str:
     return "(VALUES " + ", ".join(f"('{item}')" for item in items) + f") AS {name}_list({name})"
 
 
-# What the queries' $placeholders stand for: the codes the loader writes, and the tolerances.
-PLACEHOLDERS = {
-    "spectrum_rows": " ".join(f"WHEN '{code}' THEN {rows}" for code, rows in SPECTRUM_ROWS.items()),
-    "spectra": _values("spectrum", SPECTRUM_ROWS),
-    "samples": _values("sample", SAMPLES),
-    "families": _values("family", FAMILIES),
-    "statuses": ", ".join(f"'{status}'" for status in STATUSES),
-    "n_params": " ".join(f"WHEN '{family}' THEN {k}" for family, k in N_PARAMS.items()),
-    "model_orphans": " UNION ALL ".join(
-        f"SELECT model, NULL, NULL, format('{{}} {table} rows of a model not in models', count(*)) "
-        f"FROM {table} ANTI JOIN models USING (model) GROUP BY model" for table in MODEL_ROW_TABLES),
-    "profile_tolerance": PROFILE_TOLERANCE,
-    "order_tolerance": ORDER_TOLERANCE,
-}
+def placeholders() -> dict[str, object]:
+    """What the queries' $placeholders stand for: the codes the loader writes, and the tolerances."""
+    return {
+        "spectrum_rows": " ".join(f"WHEN '{code}' THEN {rows}" for code, rows in SPECTRUM_ROWS.items()),
+        "spectra": _values("spectrum", SPECTRUM_ROWS),
+        "samples": _values("sample", SAMPLES),
+        "families": _values("family", FAMILIES),
+        "statuses": ", ".join(f"'{status}'" for status in STATUSES),
+        "n_params": " ".join(f"WHEN '{family}' THEN {k}" for family, k in N_PARAMS.items()),
+        "model_orphans": " UNION ALL ".join(
+            f"SELECT model, NULL, NULL, format('{{}} {table} rows of a model not in models', count(*)) "
+            f"FROM {table} ANTI JOIN models USING (model) GROUP BY model" for table in MODEL_ROW_TABLES),
+        "profile_tolerance": PROFILE_TOLERANCE,
+        "order_tolerance": ORDER_TOLERANCE,
+    }
+
 
 # (name, level, query). Every query returns model, layer, head (NULL where not applicable) and detail.
 CHECKS: tuple[tuple[str, str, str], ...] = (
@@ -205,8 +207,9 @@ def check_warehouse(con: duckdb.DuckDBPyConnection, full: bool = True) -> list[F
     """Every finding: unreadable tables (when `full`), then every check's warnings and violations, ordered
     by check and then location. A check that cannot run on a damaged file is itself a violation."""
     findings = scan_tables(con) if full else []
+    values = placeholders()
     for name, level, sql in CHECKS:
-        sql = Template(sql).substitute(PLACEHOLDERS)
+        sql = Template(sql).substitute(values)
         try:
             rows = con.sql(f"SELECT * FROM ({sql}) AS found(model, layer, head, detail) ORDER BY ALL").fetchall()
         except (duckdb.CatalogException, duckdb.BinderException):  # a warehouse of an earlier version: its tables lack what this reads
