@@ -137,16 +137,22 @@ class Timers:
 
     def __init__(self):
         self.total = defaultdict(float)
+        self.running = defaultdict(int)  # calls in progress per bucket (heads run in threads: not thread-local)
         self._undo = []
 
-    def wrap(self, owner, name: str, bucket: str) -> None:
+    def wrap(self, owner, name: str, bucket: str, unless: str | None = None) -> None:
+        """Time owner.name into `bucket`, except for calls made while bucket `unless` is running."""
         original = getattr(owner, name)
 
         def timed(*args, **kwargs):
+            if unless and self.running[unless]:
+                return original(*args, **kwargs)
             t0 = time.perf_counter()
+            self.running[bucket] += 1
             try:
                 return original(*args, **kwargs)
             finally:
+                self.running[bucket] -= 1
                 self.total[bucket] += time.perf_counter() - t0
 
         setattr(owner, name, timed)
@@ -177,7 +183,8 @@ def run_cli(args: list[str], *, io_stats: bool = False) -> dict:
     text = out.read().decode(errors="replace")
     if proc.returncode != 0:
         raise RuntimeError(f"headforms {' '.join(args)} failed ({proc.returncode}):\n{text[-3000:]}")
-    return {"wall": wall, "rss_bytes": usage.ru_maxrss * 1024, "io": counters, "output": text}
+    return {"wall": wall, "rss_bytes": usage.ru_maxrss * 1024, "io": counters, "output": text,
+            "cpu": usage.ru_utime + usage.ru_stime}
 
 
 def evict(paths) -> None:
@@ -269,7 +276,7 @@ def _demo_run(db: Path) -> dict:
     timers.wrap(ca, "spectra", "spectra")
     timers.wrap(ca, "head_statistics", "stats")
     timers.wrap(ca, "random_forms", "baseline")
-    timers.wrap(np.linalg, "eigvalsh", "baseline")  # analysis.py's baseline is its only caller here
+    timers.wrap(np.linalg, "eigvalsh", "baseline", unless="distances")  # else only analysis.py's baseline calls it
     timers.wrap(su, "model_intervals", "summaries")
     timers.wrap(su, "model_head_types", "summaries")
     try:
@@ -1072,12 +1079,15 @@ def concurrency(tmp: Path, proj: dict, read_gbps: float | None) -> dict:
     folder.mkdir()
     files = write_survey(folder)
     heads = SURVEY_MODELS * SURVEY_LAYERS * SURVEY_SHAPE["n_heads"]
-    serial = run_cli(["extract", *files, "--db", str(folder / "serial.duckdb")])["wall"]
+    serial_run = run_cli(["extract", *files, "--db", str(folder / "serial.duckdb")])
+    serial, cores = serial_run["wall"], serial_run["cpu"] / serial_run["wall"]
     jobs = run_cli(["extract", *files, "--db", str(folder / "jobs.duckdb"), "--jobs", "2"])["wall"]
     ray_run = subprocess.run([str(BIN / "python"), "-c", RAY_DRIVER, str(folder / "ray.duckdb"), *files], cwd=ROOT,
                              capture_output=True, text=True)
     ray = json.loads(ray_run.stdout.splitlines()[-1]) if ray_run.returncode == 0 else None
-    print(f"serial            {serial:7.2f} s  ({heads / serial:.0f} heads/s, whole process)")
+    print(f"serial            {serial:7.2f} s  ({heads / serial:.0f} heads/s, whole process; {cores:.2f} cores busy on "
+          f"average: its linear algebra is threaded over the cores, so no executor on {os.cpu_count()} cores can "
+          f"beat it by more than {os.cpu_count() / cores:.2f}x)")
     print(f"--jobs 2          {jobs:7.2f} s  speed-up {serial / jobs:.2f}x (whole process, workers' start included)")
     if ray:
         print(f"Ray, 2 CPUs       {ray['extract']:7.2f} s  speed-up {serial / ray['extract']:.2f}x "
@@ -1103,7 +1113,7 @@ def concurrency(tmp: Path, proj: dict, read_gbps: float | None) -> dict:
         eff = 1.0 if workers == 1 else efficiency
         print(f"{workers:>8}{heads_1k * per_head / 3600 / workers / eff:>11.2f}{read_h / workers:>38.2f}")
     return {"jobs_speedup": serial / jobs, "ray_speedup": serial / ray["extract"] if ray else 0.0,
-            "reader_max": max(latencies)}
+            "reader_max": max(latencies), "bound": os.cpu_count() / cores}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1152,8 +1162,11 @@ def targets_table(r: dict) -> bool:
     add("writes, share of the demo build (in process)", f"{fc['writes_share']:.1%}", "<= 10%",
         fc["writes_share"] <= 0.10)
     add("SmolLM2 end to end vs the dense way (processes)", f"{fc['smol_ratio']:.0f}x", ">= 20x", fc["smol_ratio"] >= 20)
-    add("survey speed-up, --jobs 2 over serial", f"{cc['jobs_speedup']:.2f}x", ">= 1.6x", cc["jobs_speedup"] >= 1.6)
-    add("survey speed-up, Ray (2 CPUs) over serial", f"{cc['ray_speedup']:.2f}x", ">= 1.6x", cc["ray_speedup"] >= 1.6)
+    bound = f" (bound {cc['bound']:.2f}x)"
+    add("survey speed-up, --jobs 2 over serial" + bound, f"{cc['jobs_speedup']:.2f}x", ">= 1.6x",
+        cc["jobs_speedup"] >= 1.6)
+    add("survey speed-up, Ray (2 CPUs) over serial" + bound, f"{cc['ray_speedup']:.2f}x", ">= 1.6x",
+        cc["ray_speedup"] >= 1.6)
     add("reader latency during a run (max)", f"{cc['reader_max']:.2f} s", "< 2 s", cc["reader_max"] < 2)
     width = max(len(row[0]) for row in rows)
     for name, value, target, verdict in rows:

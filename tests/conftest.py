@@ -8,6 +8,11 @@ from click.testing import CliRunner
 from headforms import cli
 from headforms.warehouse.store import connect
 
+if os.environ.get("MUTANT_UNDER_TEST") == "stats":
+    # tests/mutate.py: mutmut's stats run records in this process which tests reach which function (it keeps
+    # that setting in-process as well); CLI subprocesses could not record, so they do not inherit it.
+    del os.environ["MUTANT_UNDER_TEST"]
+
 
 @pytest.fixture(scope="session")
 def demo_db(tmp_path_factory):
@@ -29,3 +34,45 @@ def demo_con(demo_db):
     con = connect(demo_db, read_only=True)
     yield con
     con.close()
+
+
+# Statistics moved onto the thresholds the views compare them with, where only a tie tells `<` from `<=`
+# (and `>` from `>=`), plus participation ratios below 2 so that shares are neither 0 nor 1 (avg and
+# median then differ). The views' tests recompute each view from the same tables, ties included.
+NESTED_CRITICAL = 6.634896601021214  # chi-square(1)'s 99% quantile, as nested_fit_tests.sql writes it
+TIES = """
+UPDATE heads SET participation_ratio = 2.0 WHERE layer = 1 AND head IN (0, 1);
+UPDATE heads SET participation_ratio = 1.5 WHERE layer = 2 AND head = 0;
+UPDATE heads SET symmetric_energy = random_symmetric_energy WHERE layer = 3 AND head IN (0, 1);
+UPDATE heads SET symmetric_energy = (SELECT (d_model + 1) / (2.0 * d_model) FROM models m WHERE m.model = heads.model)
+    WHERE layer = 4 AND head IN (0, 1);
+UPDATE heads SET theta_distance = theta_position WHERE layer = 5 AND head IN (0, 1);
+UPDATE heads SET random_theta_distance = random_theta_position WHERE layer = 5 AND head IN (2, 3);
+-- parity_sensitivity's tolerances; parity as the extraction's tolerance (0.02) classifies them
+UPDATE heads SET c_sym = 0.03, d_sym = 0.0, parity = 'I+' WHERE layer = 1 AND head = 2;     -- on 0.03
+UPDATE heads SET c_sym = 0.025, d_sym = 0.025, parity = 'I-' WHERE layer = 1 AND head = 3;  -- on 0.05, c_sym = d_sym
+UPDATE heads SET c_sym = 0.2, d_sym = 0.2, parity = 'I-' WHERE layer = 1 AND head = 4;      -- c_sym = d_sym
+"""
+
+
+@pytest.fixture(scope="session")
+def ties_db(demo_db, tmp_path_factory):
+    """A copy of the demo warehouse with heads and fits on the views' thresholds (TIES), and, in each model's
+    first head and sample whose three nested fits are 'ok', 2 (loglik_gengamma - loglik_nested) equal to the
+    critical value for both gamma and Weibull."""
+    import duckdb
+
+    path = tmp_path_factory.mktemp("ties") / "ties.duckdb"
+    shutil.copy(demo_db, path)
+    with duckdb.connect(str(path)) as con:
+        con.execute(TIES)
+        chosen = con.execute("""
+            SELECT model, arg_min(struct_pack(layer, head, sample), (layer, head, sample)) FROM (
+                SELECT model, layer, head, sample FROM fits WHERE family IN ('gengamma', 'gamma', 'weibull')
+                GROUP BY ALL HAVING count(*) FILTER (WHERE status = 'ok') = 3)
+            GROUP BY model""").fetchall()
+        for model, where in chosen:
+            for family, loglik in (("gamma", 0.0), ("weibull", 0.0), ("gengamma", NESTED_CRITICAL / 2)):
+                con.execute("UPDATE fits SET loglik = ? WHERE model = ? AND layer = ? AND head = ? AND sample = ? "
+                            "AND family = ?", [loglik, model, where["layer"], where["head"], where["sample"], family])
+    return path

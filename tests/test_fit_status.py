@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from polars.testing import assert_frame_equal
 from scipy import stats
 
+from conftest import NESTED_CRITICAL
 from headforms import cli
 from headforms.warehouse.store import connect, create_schema
 
@@ -77,10 +78,16 @@ def test_aic_and_bic_by_formula(fits):
     assert_frame_equal(fits.select("aic", "bic"), expected, abs_tol=1e-9, rel_tol=1e-12)
 
 
-def test_nested_fit_tests(demo_con, fits):
-    """Shares recomputed with scipy's chi-square(1) survival function, over heads with both fits 'ok'."""
+@pytest.mark.parametrize("ties", [False, True], ids=["demo", "with ties at the thresholds"])
+def test_nested_fit_tests(demo_con, ties_db, ties):
+    """Shares recomputed over heads with both fits 'ok', against scipy's chi-square(1) 99% quantile; on the
+    demo and on its copy where 2 (loglik_gengamma - loglik_nested) is that quantile exactly (not better)."""
+    critical = stats.chi2.ppf(0.99, 1)
+    assert critical == pytest.approx(NESTED_CRITICAL, rel=1e-15)  # the view's literal is scipy's quantile
+    con = connect(ties_db, read_only=True) if ties else demo_con
+    fits = con.sql("select * from fits").pl()
     wide = fits.pivot(on="family", index=["model", "layer", "head", "sample"], values=["loglik", "status"])
-    rows = []
+    rows, on_critical = [], 0
     for (model, sample), group in wide.group_by("model", "sample"):
         row = {"model": model, "sample": sample, "heads": group.height,
                "gengamma_boundary": (group["status_gengamma"] == "boundary").sum()}
@@ -88,10 +95,12 @@ def test_nested_fit_tests(demo_con, fits):
             both = group.filter((pl.col("status_gengamma") == "ok") & (pl.col(f"status_{nested}") == "ok"))
             d = 2 * (both["loglik_gengamma"] - both[f"loglik_{nested}"]).to_numpy()
             row[f"tested_vs_{nested}"] = len(d)
-            row[f"share_better_than_{nested}"] = np.mean(stats.chi2.sf(d, 1) < 0.01)
+            row[f"share_better_than_{nested}"] = np.mean(d > NESTED_CRITICAL)
+            on_critical += int((d == NESTED_CRITICAL).sum())
         rows.append(row)
+    assert on_critical == (4 if ties else 0)  # each model's tied head, against gamma and against Weibull
     expected = pl.DataFrame(rows).sort("model", "sample")
-    actual = demo_con.sql("select * from nested_fit_tests order by model, sample").pl()
+    actual = con.sql("select * from nested_fit_tests order by model, sample").pl()
     assert_frame_equal(actual, expected.select(actual.columns), check_dtypes=False, abs_tol=1e-12)
     assert (actual["tested_vs_gamma"] == actual["heads"] - actual["gengamma_boundary"]).all()
 

@@ -152,6 +152,19 @@ def test_histogram_errors_are_the_papers_three_families(paper_db, tmp_path):
     assert view.filter(pl.col("figure") == "max_median_hist_error")["headforms"][0] < 100
 
 
+def test_paper_comparison_at_the_participation_threshold(paper_db, tmp_path):
+    """Participation ratios of exactly 2 (not below 2) and below 2 in the paper's models: the share is
+    neither 0 nor 1, and the view still equals the polars recomputation."""
+    db = tmp_path / "ties.duckdb"
+    db.write_bytes(paper_db.read_bytes())
+    with duckdb.connect(str(db)) as con:
+        con.execute("UPDATE heads SET participation_ratio = 2.0 WHERE layer = 0 AND head IN (0, 1)")
+        con.execute("UPDATE heads SET participation_ratio = 1.5 WHERE layer = 1 AND head = 0")
+    view = check_comparison(db, present=4)
+    share = view.filter(pl.col("figure") == "share_participation_below_2")["headforms"][0]
+    assert 0 < share < 0.5
+
+
 def test_paper_comparison_without_paper_models(paper_db, tmp_path):
     """A warehouse of other models: every headforms value NULL, nothing made up."""
     db = tmp_path / "other.duckdb"

@@ -144,7 +144,8 @@ def test_gamma_goodness_of_fit(exported, warehouse):
 
 
 def test_gamma_goodness_of_fit_summary(exported, warehouse):
-    """Per model and component: numpy's median and linear quartiles (pandas' default) of the gengamma KS."""
+    """The view paper_gamma_goodness_of_fit_summary as exported, per model and component: numpy's median and
+    linear quartiles (pandas' default) of the gengamma KS, and the best-fit shares."""
     gof = goodness_of_fit(warehouse[1])
     rows = []
     for (model, component), group in gof.group_by("model", "component", maintain_order=True):

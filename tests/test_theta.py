@@ -3,11 +3,13 @@ statistics.md sections 5 and 7, dense profiles of the random baseline heads, and
 import duckdb
 import numpy as np
 import polars as pl
+import pytest
 from scipy.optimize import minimize_scalar
 
 from headforms.compute.analysis import analyse_layer
 from headforms.compute.baseline import random_forms
 from headforms.compute.statistics import theta
+from headforms.warehouse.store import connect
 
 MIDPOINT = np.array([0.5, 0.5, 0.0, 0.0])
 SEGMENTS = (np.array([1.0, 1.0, -2.0, 0.0]), np.array([1.0, 1.0, 0.0, -2.0]))
@@ -99,8 +101,14 @@ def test_stored_theta_of_every_head(demo_con):
     np.testing.assert_allclose(heads["theta_position"].to_numpy(), expected[:, 1], atol=1e-6)
 
 
-def test_theta_accumulation_view(demo_con):
-    heads = demo_con.sql("select * from heads").pl()
+@pytest.mark.parametrize("ties", [False, True], ids=["demo", "with ties at the thresholds"])
+def test_theta_accumulation_view(demo_con, ties_db, ties):
+    """The view against polars, on the demo and on its copy with theta_distance = theta_position for some heads
+    (a tie counts as not closer)."""
+    con = connect(ties_db, read_only=True) if ties else demo_con
+    heads = con.sql("select * from heads").pl()
+    if ties:
+        assert heads.filter(pl.col("theta_distance") == pl.col("theta_position")).height >= 4
     expected = heads.group_by("model").agg(
         heads=pl.len(),
         **{f"median_{c}": pl.col(c).median() for c in
@@ -108,7 +116,7 @@ def test_theta_accumulation_view(demo_con):
         share_closer_to_theta=(pl.col("theta_distance") < pl.col("theta_position")).mean(),
         random_share_closer_to_theta=(pl.col("random_theta_distance") < pl.col("random_theta_position")).mean(),
     ).sort("model")
-    actual = demo_con.sql("select * from theta_accumulation order by model").pl()
+    actual = con.sql("select * from theta_accumulation order by model").pl()
     assert actual.columns == expected.columns
     for column in expected.columns[1:]:
         np.testing.assert_allclose(actual[column].to_numpy(), expected[column].to_numpy(), rtol=1e-12, atol=0)

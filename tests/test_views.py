@@ -38,11 +38,17 @@ def nulls_db(demo_db, tmp_path_factory):
     return path
 
 
-@pytest.fixture(params=["demo", "with NULL statistics"])
-def con(request, demo_con, nulls_db):
-    """Each view test runs on the demo warehouse and on its copy holding NULL statistics."""
+@pytest.fixture(params=["demo", "with NULL statistics", "with ties at the thresholds"])
+def con(request, demo_con, nulls_db, ties_db):
+    """Each view test runs on the demo warehouse, on its copy holding NULL statistics, and on its copy with
+    statistics on the views' thresholds (conftest.TIES)."""
     if request.param == "demo":
         yield demo_con
+        return
+    if request.param.startswith("with ties"):
+        with connect(ties_db, read_only=True) as ties:
+            assert ties.execute("SELECT count(*) FROM heads WHERE participation_ratio = 2").fetchall() == [(4,)]
+            yield ties
         return
     with connect(nulls_db, read_only=True) as nulls:
         assert nulls.execute("SELECT count(*) FROM heads WHERE parity IS NULL").fetchall() == [(len(ZERO_HEADS),)]
