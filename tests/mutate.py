@@ -35,7 +35,7 @@ BIN = Path(sys.executable).parent
 TARGETS = {
     "headforms/compute/*": ["test_compute.py", "test_fits.py", "test_fit_status.py", "test_wiring.py", "test_theta.py",
                             "test_bootstrap.py", "test_head_types.py", "test_positions.py", "test_norm_gains.py",
-                            "test_api.py", "test_real_models.py"],
+                            "test_api.py", "test_real_models.py", "test_device_path.py"],
     "headforms/extract/layouts.py": ["test_layouts.py", "test_architectures.py", "test_gguf.py"],
     "headforms/warehouse/check.py": ["test_check.py", "test_concurrency.py"],  # the latter: damaged blocks
     "headforms/warehouse/load.py": ["test_cli.py", "test_api.py", "test_views.py", "test_wiring.py", "test_export.py"],

@@ -1,0 +1,84 @@
+"""The `--device cuda` path's mathematics, run here on the CPU's torch: it equals the numpy path.
+
+CI has no GPU, so the torch branches (batched QR, spectra, RoPE distance profiles) would otherwise
+run only in tests/gpu_check.py. They take any torch device; on the CPU they are the same code."""
+import numpy as np
+import pytest
+import torch
+
+from headforms.compute import analysis, reduction, spectra
+from headforms.compute.rotary import Rotation, distance_profiles
+
+H, H_KV, N, n = 6, 2, 40, 8
+
+
+@pytest.fixture
+def weights():
+    rng = np.random.default_rng(3)
+    return rng.standard_normal((H, n, N)), rng.standard_normal((H_KV, n, N)), np.repeat(np.arange(H_KV), H // H_KV)
+
+
+@pytest.fixture
+def device_path(monkeypatch):
+    """Every `on_cpu` check answers no: the device branches run, with torch tensors on the CPU."""
+    monkeypatch.setattr(reduction, "on_cpu", lambda device: False)
+    monkeypatch.setattr(analysis, "on_cpu", lambda device: False)
+
+
+def test_factors_equal_up_to_row_signs(weights, device_path):
+    """torch's batched QR of the whole layer gives numpy's per-head R up to the sign of each row."""
+    wq, wk, kv = weights
+    ours = reduction.reduce_factors(wq, wk, kv, device="cpu")
+    assert isinstance(ours, torch.Tensor) and ours.shape == (H, 2 * n, 2 * n)
+    numpy = np.stack([np.linalg.qr(np.concatenate([wk[kv[h]], wq[h]]).T, mode="r") for h in range(H)])
+    signs = np.sign(np.diagonal(ours.numpy(), axis1=1, axis2=2) * np.diagonal(numpy, axis1=1, axis2=2))
+    np.testing.assert_allclose(ours.numpy(), signs[..., None] * numpy, atol=1e-10)
+
+
+def test_spectra_on_torch_equal_numpy(weights):
+    wq, wk, kv = weights
+    forms = reduction.reduce_forms(wq, wk, kv)
+    forms[-1] = 0.0  # a zero head: the nonzero-rows cut and the zero padding
+    for torch_part, numpy_part in zip(spectra._spectra_torch(torch.from_numpy(forms)), spectra._spectra(forms)):
+        np.testing.assert_allclose(torch_part, numpy_part, atol=1e-10)
+    rank_deficient = forms[:, :, :].copy()
+    rank_deficient[:, n:, :] = 0.0  # only the first n rows nonzero, as the reduction's l always has
+    for torch_part, numpy_part in zip(spectra._spectra_torch(torch.from_numpy(rank_deficient)),
+                                      spectra._spectra(rank_deficient)):
+        np.testing.assert_allclose(torch_part, numpy_part, atol=1e-10)
+
+
+@pytest.mark.parametrize("pairing", ["split-half", "interleaved"])
+def test_analysis_on_the_device_path_equals_the_cpu_path(weights, device_path, pairing, monkeypatch):
+    """A whole layer (statistics, fits, RoPE distance profiles) through the device branches equals the CPU run."""
+    wq, wk, kv = weights
+    rotation = Rotation.of(pairing, 10000.0 ** (-np.arange(n // 2) / (n // 2)))
+    kwargs = dict(layer=1, seed=0, rotation=rotation, deltas=(0, 1, 7, 100))
+    on_device = analysis.analyse_layer(wq, wk, kv, device="cpu", **kwargs)
+    monkeypatch.undo()
+    on_cpu = analysis.analyse_layer(wq, wk, kv, device="cpu", **kwargs)
+    for key, value in on_cpu.statistics.items():
+        if value.dtype.kind in "fc":
+            np.testing.assert_allclose(on_device.statistics[key], value, rtol=1e-9, atol=1e-12, err_msg=key)
+        else:
+            np.testing.assert_array_equal(on_device.statistics[key], value, err_msg=key)
+    for key in on_cpu.distances:
+        if on_cpu.distances[key].dtype.kind in "fc":
+            np.testing.assert_allclose(on_device.distances[key], on_cpu.distances[key], rtol=1e-9, atol=1e-12)
+        else:
+            np.testing.assert_array_equal(on_device.distances[key], on_cpu.distances[key])
+
+
+def test_distance_profiles_take_torch_factors(weights):
+    """distance_profiles of torch factors (one batched call) equal those of the same numpy factors."""
+    wq, wk, kv = weights
+    factors = reduction.reduce_factors(wq, wk, kv)
+    rotation = Rotation.of("split-half", 500.0 ** (-np.arange(n // 2) / (n // 2)))
+    deltas = np.array([0, 3, 64])
+    ours = distance_profiles(torch.from_numpy(factors), n, rotation, deltas)
+    expected = distance_profiles(factors, n, rotation, deltas)
+    for key, value in expected.items():
+        if value.dtype.kind in "fc":
+            np.testing.assert_allclose(ours[key], value, rtol=1e-9, atol=1e-12, err_msg=key)
+        else:
+            np.testing.assert_array_equal(ours[key], value, err_msg=key)
