@@ -162,7 +162,8 @@ def test_gamma_goodness_of_fit_summary(exported, warehouse):
 
 
 def test_best_fit_ties_and_failures(tmp_path):
-    """A tie goes to generalized_gamma (the published rule); a failed generalized gamma loses."""
+    """A tie goes to generalized_gamma (the published rule); a failed generalized gamma loses; the summary view
+    paper_gamma_goodness_of_fit_summary counts each family's share of wins (2 of 3 heads, 1 of 3)."""
     con = connect(tmp_path / "w.duckdb")
     create_schema(con)
     con.execute("INSERT INTO models (model, source, revision, architecture, n_layers, n_heads, n_kv_heads, d_model, "
@@ -170,9 +171,14 @@ def test_best_fit_ties_and_failures(tmp_path):
                 "VALUES ('m', 's', 'r', 'a', 1, 2, 2, 8, 2, 0.02, 0, 'v', now(), true)")
     con.execute("""INSERT INTO fits (model, layer, head, sample, family, loglik, ks, n, status) VALUES
         ('m', 0, 0, 'T', 'gengamma', -3.0, 0.1, 4, 'ok'), ('m', 0, 0, 'T', 'lognormal', -3.0, 0.2, 4, 'ok'),
-        ('m', 0, 1, 'T', 'gengamma', NULL, NULL, 4, 'failed'), ('m', 0, 1, 'T', 'lognormal', -5.0, 0.2, 4, 'ok')""")
+        ('m', 0, 1, 'T', 'gengamma', NULL, NULL, 4, 'failed'), ('m', 0, 1, 'T', 'lognormal', -5.0, 0.2, 4, 'ok'),
+        ('m', 0, 2, 'T', 'gengamma', -2.0, 0.3, 4, 'ok'), ('m', 0, 2, 'T', 'lognormal', -4.0, 0.4, 4, 'ok')""")
     rows = con.sql("select head_index, family, fit_gap, best_fit from paper_gamma_goodness_of_fit "
                    "order by head_index, family").fetchall()
+    summary = con.sql("select heads, generalized_gamma_best_fit_share, lognormal_best_fit_share "
+                      "from paper_gamma_goodness_of_fit_summary").fetchall()
     con.close()
     assert rows == [(0, "generalized_gamma", 0.0, True), (0, "lognormal", 0.0, False),
-                    (1, "generalized_gamma", None, False), (1, "lognormal", 0.0, True)]
+                    (1, "generalized_gamma", None, False), (1, "lognormal", 0.0, True),
+                    (2, "generalized_gamma", 0.0, True), (2, "lognormal", 2.0, False)]
+    assert summary == [(3, pytest.approx(2 / 3, rel=1e-15), pytest.approx(1 / 3, rel=1e-15))]

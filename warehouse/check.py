@@ -102,7 +102,8 @@ CHECKS: tuple[tuple[str, str, str], ...] = (
                format('n_pos {} + n_neg {} + n_zero {} <> min(N, 2n) = {}, or n_zero_ambient {} <> N - n_pos - n_neg = {}',
                       n_pos, n_neg, n_zero, least(d_model, 2 * head_dim), n_zero_ambient, d_model - n_pos - n_neg)
         FROM heads h JOIN models m USING (model)
-        WHERE n_pos + n_neg + n_zero <> least(d_model, 2 * head_dim) OR n_zero_ambient <> d_model - n_pos - n_neg"""),
+        WHERE n_pos + n_neg + n_zero <> least(d_model, 2 * head_dim) OR n_zero_ambient <> d_model - n_pos - n_neg
+           OR least(n_pos, n_neg, n_zero) < 0"""),
     ("balanced", "violation", """
         SELECT h.model, h.layer, h.head, format('balanced is {} with n_pos {}, n_neg {}, n = {}',
                                                 balanced, n_pos, n_neg, head_dim)
