@@ -2,6 +2,7 @@
 import os
 import shutil
 
+import duckdb
 import pytest
 from click.testing import CliRunner
 
@@ -60,8 +61,6 @@ def ties_db(demo_db, tmp_path_factory):
     """A copy of the demo warehouse with heads and fits on the views' thresholds (TIES), and, in each model's
     first head and sample whose three nested fits are 'ok', 2 (loglik_gengamma - loglik_nested) equal to the
     critical value for both gamma and Weibull."""
-    import duckdb
-
     path = tmp_path_factory.mktemp("ties") / "ties.duckdb"
     shutil.copy(demo_db, path)
     with duckdb.connect(str(path)) as con:
@@ -75,4 +74,30 @@ def ties_db(demo_db, tmp_path_factory):
             for family, loglik in (("gamma", 0.0), ("weibull", 0.0), ("gengamma", NESTED_CRITICAL / 2)):
                 con.execute("UPDATE fits SET loglik = ? WHERE model = ? AND layer = ? AND head = ? AND sample = ? "
                             "AND family = ?", [loglik, model, where["layer"], where["head"], where["sample"], family])
+    return path
+
+
+# Heads stored as a zero form is stored (every statistic and fit NULL), in the copy `with NULL statistics`:
+# a view whose denominator or filter mishandles NULL differs from the recomputation there.
+ZERO_HEADS = [("SmolLM2-135M", 0, 0), ("SmolLM2-135M", 7, 3), ("SmolLM2-135M", 29, 8), ("all-MiniLM-L6-v2", 2, 5)]
+
+
+@pytest.fixture(scope="session")
+def nulls_db(demo_db, tmp_path_factory):
+    """A copy of the demo warehouse in which ZERO_HEADS look like zero heads: NULL statistics and fits."""
+    path = tmp_path_factory.mktemp("nulls") / "nulls.duckdb"
+    shutil.copy(demo_db, path)
+    where = " OR ".join(f"(model = '{m}' AND layer = {layer} AND head = {h})" for m, layer, h in ZERO_HEADS)
+    with duckdb.connect(str(path)) as con:
+        doubles = [c for (c,) in con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'heads' AND data_type = 'DOUBLE' "
+            "AND column_name NOT IN ('frobenius', 'random_symmetric_energy', 'random_pairing')").fetchall()]
+        con.execute(f"""UPDATE heads SET {', '.join(f'{c} = NULL' for c in doubles)}, parity = NULL, frobenius = 0,
+                            n_pos = 0, n_neg = 0, balanced = false,
+                            n_zero = (SELECT least(d_model, 2 * head_dim) FROM models m WHERE m.model = heads.model),
+                            n_zero_ambient = (SELECT d_model FROM models m WHERE m.model = heads.model)
+                        WHERE {where}""")
+        con.execute(f"""UPDATE fits SET shape = NULL, shape2 = NULL, scale = NULL, mode = NULL, loglik = NULL,
+                            ks = NULL, hist_error = NULL, aic = NULL, bic = NULL, n = 0, status = 'failed'
+                        WHERE {where}""")
     return path

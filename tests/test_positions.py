@@ -302,10 +302,23 @@ def test_distance_profiles_rows_and_values(tiny_warehouse):
         assert row["parity"] == parity_of(ref)
 
 
-def test_parity_by_distance_view(tiny_warehouse):
-    with duckdb.connect(str(tiny_warehouse / "w.duckdb"), read_only=True) as con:
+@pytest.mark.parametrize("zero_head", [False, True], ids=["as extracted", "with a zero head"])
+def test_parity_by_distance_view(tiny_warehouse, tmp_path, zero_head):
+    """The view against polars; also where one head's profiles are those of a zero form (NULL statistics and
+    parity, as stored for S = 0): it counts in `heads` and in every percentage's denominator."""
+    db = tmp_path / "w.duckdb"
+    db.write_bytes((tiny_warehouse / "w.duckdb").read_bytes())
+    if zero_head:
+        with duckdb.connect(str(db)) as con:
+            doubles = [c for (c,) in con.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = 'distance_profiles' "
+                "AND data_type = 'DOUBLE'").fetchall()]
+            con.execute(f"UPDATE distance_profiles SET {', '.join(f'{c} = NULL' for c in doubles)}, parity = NULL "
+                        "WHERE layer = 0 AND head = 1")
+    with duckdb.connect(str(db), read_only=True) as con:
         view = con.sql("select * from parity_by_distance order by model, delta").pl()
         base = con.sql("select * from distance_profiles").pl()
+    assert base["parity"].null_count() == (4 if zero_head else 0)
     expected = base.group_by("model", "delta").agg(
         heads=pl.len(),
         **{out: (100 * (pl.col("parity") == kind).sum() / pl.len()).round(1, mode="half_away_from_zero")

@@ -101,14 +101,17 @@ def test_stored_theta_of_every_head(demo_con):
     np.testing.assert_allclose(heads["theta_position"].to_numpy(), expected[:, 1], atol=1e-6)
 
 
-@pytest.mark.parametrize("ties", [False, True], ids=["demo", "with ties at the thresholds"])
-def test_theta_accumulation_view(demo_con, ties_db, ties):
-    """The view against polars, on the demo and on its copy with theta_distance = theta_position for some heads
-    (a tie counts as not closer)."""
-    con = connect(ties_db, read_only=True) if ties else demo_con
+@pytest.mark.parametrize("copy", [None, "nulls_db", "ties_db"],
+                         ids=["demo", "with NULL statistics", "with ties at the thresholds"])
+def test_theta_accumulation_view(demo_con, request, copy):
+    """The view against polars: on the demo, on its copy where some heads are zero forms (NULL statistics: they
+    count in `heads`), and on its copy with theta_distance = theta_position for some heads (not closer)."""
+    con = connect(request.getfixturevalue(copy), read_only=True) if copy else demo_con
     heads = con.sql("select * from heads").pl()
-    if ties:
+    if copy == "ties_db":
         assert heads.filter(pl.col("theta_distance") == pl.col("theta_position")).height >= 4
+    if copy == "nulls_db":
+        assert heads["theta_distance"].null_count() == 4
     expected = heads.group_by("model").agg(
         heads=pl.len(),
         **{f"median_{c}": pl.col(c).median() for c in

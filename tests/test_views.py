@@ -6,36 +6,11 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
+from conftest import ZERO_HEADS
 from headforms.warehouse.store import connect
 
 TOLERANCES = [0.01, 0.02, 0.03, 0.05, 0.10]   # parity_sensitivity's tolerances
 TYPES = {"pct_type_I_plus": "I+", "pct_type_II": "II", "pct_type_I_minus": "I-"}
-
-
-# Heads stored as a zero form is stored (every statistic and fit NULL), in the copy `with NULL statistics`:
-# a view whose denominator or filter mishandles NULL differs from the recomputation there.
-ZERO_HEADS = [("SmolLM2-135M", 0, 0), ("SmolLM2-135M", 7, 3), ("SmolLM2-135M", 29, 8), ("all-MiniLM-L6-v2", 2, 5)]
-
-
-@pytest.fixture(scope="module")
-def nulls_db(demo_db, tmp_path_factory):
-    """A copy of the demo warehouse in which ZERO_HEADS look like zero heads: NULL statistics and fits."""
-    path = tmp_path_factory.mktemp("nulls") / "nulls.duckdb"
-    shutil.copy(demo_db, path)
-    where = " OR ".join(f"(model = '{m}' AND layer = {layer} AND head = {h})" for m, layer, h in ZERO_HEADS)
-    with duckdb.connect(str(path)) as con:
-        doubles = [c for (c,) in con.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_name = 'heads' AND data_type = 'DOUBLE' "
-            "AND column_name NOT IN ('frobenius', 'random_symmetric_energy', 'random_pairing')").fetchall()]
-        con.execute(f"""UPDATE heads SET {', '.join(f'{c} = NULL' for c in doubles)}, parity = NULL, frobenius = 0,
-                            n_pos = 0, n_neg = 0, balanced = false,
-                            n_zero = (SELECT least(d_model, 2 * head_dim) FROM models m WHERE m.model = heads.model),
-                            n_zero_ambient = (SELECT d_model FROM models m WHERE m.model = heads.model)
-                        WHERE {where}""")
-        con.execute(f"""UPDATE fits SET shape = NULL, shape2 = NULL, scale = NULL, mode = NULL, loglik = NULL,
-                            ks = NULL, hist_error = NULL, aic = NULL, bic = NULL, n = 0, status = 'failed'
-                        WHERE {where}""")
-    return path
 
 
 @pytest.fixture(params=["demo", "with NULL statistics", "with ties at the thresholds"])
