@@ -48,6 +48,26 @@ def test_spectra_on_torch_equal_numpy(weights):
         np.testing.assert_allclose(torch_part, numpy_part, atol=1e-10)
 
 
+def test_spectra_on_torch_of_an_all_zero_batch():
+    """A batch of zero forms (no nonzero row): L's spectra are zeros of the numpy path's shapes and dtypes."""
+    zeros = np.zeros((3, 2 * n, 2 * n))
+    for torch_part, numpy_part in zip(spectra._spectra_torch(torch.from_numpy(zeros)), spectra._spectra(zeros)):
+        assert torch_part.shape == numpy_part.shape and torch_part.dtype == numpy_part.dtype
+        assert not torch_part.any()
+
+
+def test_reduce_forms_stays_on_the_device(weights, device_path):
+    """reduce_forms on a device returns its torch tensor, with the numpy forms' spectrum of S."""
+    wq, wk, kv = weights
+    forms = reduction.reduce_forms(wq, wk, kv, device="cpu")
+    assert isinstance(forms, torch.Tensor)
+    dense = np.stack([wk[kv[h]].T @ wq[h] for h in range(H)])  # L itself, N x N
+    expected = np.linalg.eigvalsh((dense + dense.transpose(0, 2, 1)) / 2)[:, ::-1]
+    ours = spectra._spectra_torch(forms)[0]
+    np.testing.assert_allclose(ours[:, :n], expected[:, :n], atol=1e-10)
+    np.testing.assert_allclose(ours[:, n:], expected[:, -n:], atol=1e-10)
+
+
 @pytest.mark.parametrize("pairing", ["split-half", "interleaved"])
 def test_analysis_on_the_device_path_equals_the_cpu_path(weights, device_path, pairing, monkeypatch):
     """A whole layer (statistics, fits, RoPE distance profiles) through the device branches equals the CPU run."""
