@@ -69,3 +69,18 @@ def test_eigenvalues_at_the_zero_tolerance_count_as_zero():
     stats = head_statistics(sp, 6)
     assert stats["n_pos"].tolist() == [1, 2] and stats["n_neg"].tolist() == [2, 3]
     assert stats["n_zero"].tolist() == [3, 1]
+
+
+def test_analyse_layer_classifies_at_the_tolerance_it_is_given():
+    """analyse_layer hands its parity_tolerance to the statistics: at a tolerance above every head's c_sym + d_sym
+    all heads are Type II, at zero none is, each as parity() says of the same c_sym and d_sym."""
+    from headforms.compute.analysis import analyse_layer
+
+    rng = np.random.default_rng(5)
+    wq, wk = rng.standard_normal((4, 8, 32)), rng.standard_normal((2, 8, 32))
+    kv = np.array([0, 0, 1, 1])
+    for tolerance in (0.0, 0.3, 2.0):
+        stats = analyse_layer(wq, wk, kv, layer=0, seed=0, parity_tolerance=tolerance).statistics
+        assert stats["parity"].tolist() == parity(stats["c_sym"], stats["d_sym"], tolerance).tolist()
+    assert set(analyse_layer(wq, wk, kv, layer=0, seed=0, parity_tolerance=2.0).statistics["parity"]) == {"II"}
+    assert "II" not in set(analyse_layer(wq, wk, kv, layer=0, seed=0, parity_tolerance=0.0).statistics["parity"])
