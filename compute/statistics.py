@@ -91,9 +91,7 @@ def head_statistics(sp: Spectra, d_model: int, parity_tolerance: float = PARITY_
     r = eig_S.shape[1]
     tol = ZERO_TOLERANCE * np.abs(eig_S).max(axis=1)
     n_pos = (eig_S > tol[:, None]).sum(axis=1)
-    n_neg = (eig_S < -tol[:, None]).sum(axis=1)
-    zero_form = np.abs(eig_S).max(axis=1) == 0
-    n_pos, n_neg = np.where(zero_form, 0, n_pos), np.where(zero_form, 0, n_neg)
+    n_neg = (eig_S < -tol[:, None]).sum(axis=1)  # a zero form (tol = 0) has neither
 
     l2 = (sv_L**2).sum(axis=1)          # ||L||^2
     shared = profile_statistics(eig_S, l2, (sp.sv_T**2).sum(axis=1), parity_tolerance)

@@ -59,11 +59,12 @@ def test_parity_at_its_tolerance_is_type_II():
     assert list(parity(np.array([0.25, 0.25]), np.array([0.125, 0.25]), 0.375)) == ["II", "I-"]
 
 
-def test_eigenvalues_at_the_zero_tolerance_count_as_zero():
-    """An eigenvalue of S exactly at ZERO_TOLERANCE x max|eig| is a zero, one just above it is not."""
-    top = 1.0
+@pytest.mark.parametrize("top", [1.0, 1e6, 0.25])
+def test_eigenvalues_at_the_zero_tolerance_count_as_zero(top):
+    """An eigenvalue of S exactly at ZERO_TOLERANCE x max|eig| is a zero, one just above it is not (the tolerance
+    scales with the largest eigenvalue: checked at three scales)."""
     at, above = ZERO_TOLERANCE * top, np.nextafter(ZERO_TOLERANCE * top, 1)
-    eig_S = np.array([[top, at, 0.0, -at, -0.5, -top / 4], [top, above, 0.0, -above, -0.5, -top / 4]])
+    eig_S = np.array([[top, at, 0.0, -at, -top / 2, -top / 4], [top, above, 0.0, -above, -top / 2, -top / 4]])
     sp = Spectra(eig_S=eig_S, sv_T=np.zeros((2, 6)), sigma_T=np.zeros((2, 3)),
                  eig_L=np.zeros((2, 6), complex), sv_L=np.tile([1.0, 0.5, 0, 0, 0, 0], (2, 1)))
     stats = head_statistics(sp, 6)
