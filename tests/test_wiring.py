@@ -73,16 +73,22 @@ def test_eigenvalues_at_the_zero_tolerance_count_as_zero(top):
 
 
 def test_analyse_layer_classifies_at_the_tolerance_it_is_given():
-    """analyse_layer hands its parity_tolerance to the statistics: at a tolerance above every head's c_sym + d_sym
-    all heads are Type II, at zero none is, each as parity() says of the same c_sym and d_sym."""
+    """analyse_layer hands its parity_tolerance to the statistics and to the distance profiles: at a tolerance
+    above every head's c_sym + d_sym all heads are Type II, at zero none is, each as parity() says of the same
+    c_sym and d_sym, and the profiles at delta 0 agree."""
     from headforms.compute.analysis import analyse_layer
+    from headforms.compute.rotary import Rotation
 
     rng = np.random.default_rng(5)
     wq, wk = rng.standard_normal((4, 8, 32)), rng.standard_normal((2, 8, 32))
     kv = np.array([0, 0, 1, 1])
+    rotation = Rotation.of("split-half", 10000.0 ** (-np.arange(4) / 4))
     for tolerance in (0.0, 0.3, 2.0):
-        stats = analyse_layer(wq, wk, kv, layer=0, seed=0, parity_tolerance=tolerance).statistics
+        result = analyse_layer(wq, wk, kv, layer=0, seed=0, parity_tolerance=tolerance, rotation=rotation,
+                               deltas=(0, 3))
+        stats = result.statistics
         assert stats["parity"].tolist() == parity(stats["c_sym"], stats["d_sym"], tolerance).tolist()
+        assert result.distances["parity"][0].tolist() == stats["parity"].tolist()  # delta 0: the heads themselves
     assert set(analyse_layer(wq, wk, kv, layer=0, seed=0, parity_tolerance=2.0).statistics["parity"]) == {"II"}
     assert "II" not in set(analyse_layer(wq, wk, kv, layer=0, seed=0, parity_tolerance=0.0).statistics["parity"])
 
