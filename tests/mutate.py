@@ -13,6 +13,7 @@ name the view (or test_check.py). For these the demo warehouse is built once and
 build their own, since the stored numbers depend on the mutated code.
 
     .venv/bin/python tests/mutate.py [--only python|sql] [--max-children N] [--targets GLOB...]
+                                     [--mutants GLOB...] [--sample FRACTION] [--report]
 """
 from __future__ import annotations
 
@@ -82,22 +83,51 @@ def demo_warehouse() -> dict:
     return {**os.environ, "HEADFORMS_TEST_DEMO_DB": str(demo)}
 
 
-def run_python(max_children: int, env: dict, targets: list[str], report_only: bool = False) -> dict[str, Counter]:
-    """mutmut run in the stage (or, report_only, the last run's results); returns status counts per module."""
+def _listing() -> list[tuple[str, str]]:
+    """(mutant, status) of every mutant mutmut has generated in the stage."""
+    listing = subprocess.run([str(BIN / "mutmut"), "results", "--all", "true"], cwd=STAGE, capture_output=True,
+                             text=True, check=True).stdout
+    return re.findall(r"^\s*(\S+__mutmut_\d+): (.+?)\s*$", listing, flags=re.M)
+
+
+def _module(mutant: str) -> str:
+    return re.split(r"\.x[_ǁ]", mutant, maxsplit=1)[0]
+
+
+def sample(names: list[str], fraction: float, seed: int = 0) -> list[str]:
+    """A seeded random `fraction` of each module's mutants (at least one each): a kill-rate estimate per module
+    in a fraction of the time."""
+    import random
+
+    by_module = defaultdict(list)
+    for name in sorted(names):
+        by_module[_module(name)].append(name)
+    rng = random.Random(seed)
+    return [name for group in by_module.values() for name in rng.sample(group, max(1, round(fraction * len(group))))]
+
+
+def run_python(max_children: int, env: dict, targets: list[str], report_only: bool = False,
+               fraction: float = 1.0, mutants: list[str] | None = None) -> dict[str, Counter]:
+    """mutmut run in the stage (or, report_only, the last run's results); returns status counts per module.
+
+    `mutants` (globs of mutant names) or a `fraction` below 1 run only those (a sample: seeded, per module)."""
     judges = [TARGETS[key] for target in targets for key in TARGETS if fnmatch.fnmatch(target, key)]
     if len(judges) < len(targets):
         raise SystemExit(f"every target must fall under one of {', '.join(TARGETS)}")
     if not report_only:
         stage(targets, sorted({f"tests/{test}" for tests in judges for test in tests}))
-        subprocess.run([str(BIN / "mutmut"), "run", "--max-children", str(max_children)], cwd=STAGE, env=env,
-                       check=False)
-    listing = subprocess.run([str(BIN / "mutmut"), "results", "--all", "true"], cwd=STAGE, capture_output=True,
-                             text=True, check=True).stdout
+        run = [str(BIN / "mutmut"), "run", "--max-children", str(max_children)]
+        chosen = list(mutants or [])
+        if fraction < 1:  # generate the mutants (and the stats) without running one, then draw the sample
+            subprocess.run(run + ["headforms.none_of_these"], cwd=STAGE, env=env, check=False)
+            chosen = sample([name for name, _ in _listing()
+                             if not mutants or any(fnmatch.fnmatch(name, glob) for glob in mutants)], fraction)
+        subprocess.run(run + chosen, cwd=STAGE, env=env, check=False)
+    listing = _listing()
     counts: dict[str, Counter] = defaultdict(Counter)
-    for name, status in re.findall(r"^\s*(\S+__mutmut_\d+): (.+?)\s*$", listing, flags=re.M):
-        module = re.split(r"\.x[_ǁ]", name, maxsplit=1)[0]
-        counts[module][status] += 1
-    survivors = [line.strip() for line in listing.splitlines() if line.strip().endswith(("survived", "no tests"))]
+    for name, status in listing:
+        counts[_module(name)][status] += 1
+    survivors = [f"{name}: {status}" for name, status in listing if status in ("survived", "no tests")]
     (STAGE / "survivors.txt").write_text("\n".join(survivors) + "\n")
     return counts
 
@@ -240,12 +270,15 @@ def main() -> None:
     parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--report", action="store_true", help="print the last run's results, run nothing")
     parser.add_argument("--targets", nargs="+", default=list(TARGETS), help="globs of the files to mutate (under headforms/)")
+    parser.add_argument("--mutants", nargs="+", help="globs of mutant names to run, e.g. 'headforms.compute.statistics*'")
+    parser.add_argument("--sample", type=float, default=1.0,
+                        help="run a seeded random fraction of each module's mutants (e.g. 0.2), not all")
     args = parser.parse_args()
     started = time.perf_counter()
     results = {}
     if args.only != "sql":  # the demo warehouse is built by each mutant's own code here (a prebuilt one hides it)
         results["Python (mutmut; survivors in build/mutate/survivors.txt)"] = run_python(
-            args.max_children, dict(os.environ), args.targets, args.report)
+            args.max_children, dict(os.environ), args.targets, args.report, args.sample, args.mutants)
     if args.only != "python" and not args.report:  # views are recreated from sql/: a prebuilt demo serves
         results["SQL (views and check.py; survivors in build/mutate/sql-survivors.txt)"] = run_sql(demo_warehouse())
     for title, counts in results.items():

@@ -95,14 +95,14 @@ def test_analyse_layer_classifies_at_the_tolerance_it_is_given():
 
 @pytest.mark.parametrize("norm", [1e6, 0.5])
 def test_fit_samples_drop_values_within_the_zero_tolerance_of_the_norm(norm):
-    """A sample's value is missing when it is at most ZERO_TOLERANCE ||L||_2 (statistics.md section 4), kept
-    above: for a large ||L||_2 (where an absolute tolerance would keep noise) and one below 1."""
+    """A sample's value is missing when it is at most ZERO_TOLERANCE ||L||_2 (statistics.md section 4; exactly at
+    it included), kept above: for a large ||L||_2 (where an absolute tolerance would keep noise) and one below 1."""
     from headforms.compute.statistics import fit_samples
 
     tol = ZERO_TOLERANCE * norm
     sp = Spectra(eig_S=np.array([[norm, norm / 2, -norm / 2, -norm]]), sv_T=np.array([[norm, norm, tol, tol]]),
                  sigma_T=np.array([[norm / 2, 0.5 * tol]]),
-                 eig_L=np.array([[norm, 0.5 * tol, 2 * tol, 0.0]], dtype=complex),
+                 eig_L=np.array([[norm, 0.5 * tol, 2 * tol, tol]], dtype=complex),
                  sv_L=np.array([[norm, norm / 2, 2 * tol, 0.0]]))
     samples = fit_samples(sp, head_dim=4)
     np.testing.assert_array_equal(samples["L_abs"], [[norm, np.nan, 2 * tol, np.nan]])
