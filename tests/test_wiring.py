@@ -107,3 +107,27 @@ def test_fit_samples_drop_values_within_the_zero_tolerance_of_the_norm(norm):
     samples = fit_samples(sp, head_dim=4)
     np.testing.assert_array_equal(samples["L_abs"], [[norm, np.nan, 2 * tol, np.nan]])
     np.testing.assert_array_equal(samples["T"], [[norm / 2, np.nan]])
+
+
+def test_lobes_drop_eigenvalues_within_each_heads_own_tolerance():
+    """lobes() keeps an eigenvalue of S only beyond ZERO_TOLERANCE x that head's max |eig| (exactly at it: dropped),
+    with heads of very different scales in one batch (a batch-wide tolerance would drop the small head's)."""
+    from headforms.compute.statistics import lobes
+
+    big, small = 1e6, 0.25
+    eig_S = np.array([
+        [big, ZERO_TOLERANCE * big, 1e-7, -ZERO_TOLERANCE * big, -big / 2, -big],
+        [small, small * 1e-3, ZERO_TOLERANCE * small, -ZERO_TOLERANCE * small, -small * 1e-3, -small],
+    ])
+    plus, minus = lobes(eig_S)
+    np.testing.assert_array_equal(plus, [[big, 0, 0, 0, 0, 0], [small, small * 1e-3, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(minus, [[big, big / 2, 0, 0, 0, 0], [small, small * 1e-3, 0, 0, 0, 0]])
+
+
+def test_ratio_divides_by_denominators_below_one():
+    """The NaN-safe ratio behind every normalised statistic: NaN for a zero denominator, plain division otherwise
+    (denominators below 1 included)."""
+    from headforms.compute.statistics import _ratio
+
+    np.testing.assert_array_equal(_ratio(np.array([1.0, 1.0, 0.3, 0.0]), np.array([0.5, 0.0, 2.0, 0.25])),
+                                  [2.0, np.nan, 0.15, 0.0])
