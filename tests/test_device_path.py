@@ -102,3 +102,22 @@ def test_distance_profiles_take_torch_factors(weights):
             np.testing.assert_allclose(ours[key], value, rtol=1e-9, atol=1e-12, err_msg=key)
         else:
             np.testing.assert_array_equal(ours[key], value, err_msg=key)
+
+
+def test_on_cpu_reads_torch_device_names():
+    assert reduction.on_cpu("cpu") and reduction.on_cpu("cpu:0")
+    assert not reduction.on_cpu("cuda") and not reduction.on_cpu("cuda:1") and not reduction.on_cpu("mps")
+
+
+@pytest.mark.parametrize("path", ["numpy", "device"])
+def test_reduction_computes_in_float64_from_float32_weights(weights, path, monkeypatch):
+    """float32 weights (as a checkpoint may hold) are reduced in float64 on both paths: the factors equal those of
+    the same values given as float64."""
+    if path == "device":
+        monkeypatch.setattr(reduction, "on_cpu", lambda device: False)
+    wq, wk, kv = (w.astype(np.float32) if w.dtype.kind == "f" else w for w in weights)
+    ours = reduction.reduce_factors(wq, wk, kv)
+    reference = reduction.reduce_factors(wq.astype(np.float64), wk.astype(np.float64), kv)
+    ours, reference = (np.asarray(x) for x in (ours, reference))
+    assert ours.dtype == np.float64
+    np.testing.assert_array_equal(ours, reference)
