@@ -24,7 +24,10 @@ $(STAMP): pyproject.toml constraints.txt
 warehouse: $(STAMP)
 	$(BIN)/headforms extract demo --db $(DB)
 
+# The report's browser test needs headless Chromium: Debian's package, installed when missing.
 test: $(STAMP)
+	command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

@@ -67,7 +67,8 @@ def smol():
 @pytest.fixture(scope="module")
 def hf_smol():
     """The same file as transformers loads it (it un-permutes llama.cpp's Q/K rows): ~11 s, 1.1 GiB."""
-    transformers = pytest.importorskip("transformers")
+    import transformers
+
     model = transformers.AutoModelForCausalLM.from_pretrained(SMOL.parent, gguf_file=SMOL.name, dtype=torch.float32)
     yield model
     del model
