@@ -28,7 +28,6 @@ from headforms.extract.norms import HF_NORMS, norm_for
 
 _DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}  # safetensors -> torch names
 _FLOAT_DTYPES = frozenset(_DTYPES.values())
-_ITEMSIZE = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8}
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}  # bytes per value of each float dtype name
 _NUMPY_DTYPES = {"F16": "<f2", "F32": "<f4", "F64": "<f8"}  # BF16: see span_array
 
@@ -100,7 +99,7 @@ def safetensors_spans(read_at: Callable[[int, int], bytes], size: int,
             ok = isinstance(start, int) and isinstance(end, int) and 0 <= start <= end <= size - base
         except (TypeError, KeyError, ValueError):
             ok = False
-        itemsize = _ITEMSIZE.get(dtype) if ok else None
+        itemsize = _ITEMSIZE.get(_DTYPES.get(dtype)) if ok else None
         if not ok or (itemsize is not None and end - start != math.prod(shape) * itemsize):
             raise ExtractError(f"cannot read {label}: tensor '{name}' has a bad extent in the safetensors header")
         spans[name] = (dtype, shape, base + start, base + end)

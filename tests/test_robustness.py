@@ -584,3 +584,19 @@ def test_sql_is_read_only_unless_write(statement, base_db, tmp_path):
     assert_same(snapshot(db), before)
     assert invoke("sql", statement, "--db", db, "--write").exit_code == 0
     assert any(f.startswith("violation") for f in findings(db))  # the statement ran
+
+
+@pytest.mark.parametrize("dtype, shape", [("F16", [4, 3]), ("BF16", [4, 3]), ("F32", [2, 3]), ("F64", [3, 1])])
+def test_safetensors_spans_refuse_an_extent_that_does_not_fit_the_shape(dtype, shape):
+    """The header reader of hub files (read by range, where safetensors' own validation does not run) checks
+    each tensor's byte extent against its shape and dtype: a lying shape is one error line."""
+    from headforms.extract.hf import safetensors_spans
+
+    header = json.dumps({"t": {"dtype": dtype, "shape": shape, "data_offsets": [0, 24]}}).encode()
+    data = len(header).to_bytes(8, "little") + header + bytes(24)
+    read_at = lambda offset, size: data[offset:offset + size]  # noqa: E731
+    assert safetensors_spans(read_at, len(data), "f")["t"][1] == tuple(shape)  # each shape fills the 24 bytes
+    lying = json.dumps({"t": {"dtype": dtype, "shape": [5, 5], "data_offsets": [0, 24]}}).encode()
+    data = len(lying).to_bytes(8, "little") + lying + bytes(24)
+    with pytest.raises(ExtractError, match="tensor 't' has a bad extent"):
+        safetensors_spans(lambda offset, size: data[offset:offset + size], len(data), "f")
