@@ -68,28 +68,43 @@ def _shadow_added_columns(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(f'CREATE TEMP VIEW {table} AS SELECT *, {", ".join(columns)} FROM "{database}".main.{table}')
 
 
+class _Busy(Exception):
+    """Another process holds the warehouse; args[0] names it (" (process N)") when known, else ""."""
+
+
+def _when_free(path: Path, wait: float, attempt, announce_after: float = 0.0):
+    """attempt() until it stops raising _Busy: up to `wait` seconds, saying once after `announce_after` that
+    we wait; then one WarehouseError line."""
+    start, announced = time.monotonic(), False
+    while True:
+        try:
+            return attempt()
+        except _Busy as busy:
+            who = busy.args[0]
+            if time.monotonic() - start >= wait:
+                raise WarehouseError(f"{path} is in use by another process{who}; "
+                                     f"retry when it finishes, or pass --wait SECONDS") from None
+            if not announced and time.monotonic() - start >= announce_after:
+                print(f"waiting for {path}, in use by another process{who} ...", file=sys.stderr, flush=True)
+                announced = True
+            time.sleep(POLL)
+
+
 def _open_when_free(path: Path, read_only: bool, wait: float, opener=None):
     """opener() (default: duckdb.connect of the file), retried while another process holds the file."""
-    start = time.monotonic()
-    deadline = start + wait
-    announced = False
-    while True:
+
+    def attempt():
         try:
             return opener() if opener else duckdb.connect(str(path), read_only=read_only)
         except duckdb.IOException as exc:
             if "lock" not in str(exc).lower():
                 raise WarehouseError(f"cannot open {path}: {_first_line(exc)}") from None
             holder = re.search(r"PID (\d+)", str(exc))
-            who = f" (process {holder.group(1)})" if holder else ""
-            if time.monotonic() >= deadline:
-                raise WarehouseError(f"{path} is in use by another process{who}; "
-                                     f"retry when it finishes, or pass --wait SECONDS") from None
-            if not announced and time.monotonic() - start >= min(ANNOUNCE_AFTER, wait / 2):
-                print(f"waiting for {path}, in use by another process{who} ...", file=sys.stderr, flush=True)
-                announced = True
-            time.sleep(POLL)
+            raise _Busy(f" (process {holder.group(1)})" if holder else "") from None
         except duckdb.Error as exc:
             raise WarehouseError(f"cannot open {path} as a DuckDB warehouse: {_first_line(exc)}") from None
+
+    return _when_free(path, wait, attempt, announce_after=min(ANNOUNCE_AFTER, wait / 2))
 
 
 def _refuse_outdated(con: duckdb.DuckDBPyConnection, path: Path) -> None:
@@ -101,6 +116,8 @@ def _refuse_outdated(con: duckdb.DuckDBPyConnection, path: Path) -> None:
         con.close()
         raise WarehouseError(f"{path} was built by an older headforms (its fits have no status): "
                              f"rebuild it (remove the file, then run `headforms extract` again)")
+
+
 class Writer:
     """The warehouse opened for writing only for the length of each transaction, so that readers in
     other processes (status, sql, check, export) get in between two commits of a running extraction.
@@ -157,23 +174,17 @@ def exclusive_run(path: str | Path, wait: float = 0.0):
         lock = open(f"{path}.lock", "a+")
     except OSError as exc:
         raise WarehouseError(f"cannot open {path}: {exc.strerror}") from None
-    deadline, announced = time.monotonic() + wait, False
+
+    def attempt():
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip()
+            raise _Busy(f" (process {holder})" if holder.isdigit() else "") from None
+
     try:
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                lock.seek(0)
-                holder = lock.read().strip()
-                who = f" (process {holder})" if holder.isdigit() else ""
-                if time.monotonic() >= deadline:
-                    raise WarehouseError(f"{path} is in use by another process{who}; "
-                                         f"retry when it finishes, or pass --wait SECONDS") from None
-                if not announced:
-                    print(f"waiting for {path}, in use by another process{who} ...", file=sys.stderr, flush=True)
-                    announced = True
-                time.sleep(POLL)
+        _when_free(Path(path), wait, attempt)
         lock.truncate(0)
         lock.write(str(os.getpid()))
         lock.flush()
