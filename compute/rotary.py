@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from headforms.compute.statistics import PARITY_TOLERANCE, profile_statistics
-from headforms.compute.threads import WORKERS, chunks, map_threads
+from headforms.compute import threads
+from headforms.compute.threads import chunks, map_threads
 
 PAIRINGS = ("split-half", "interleaved")
 DEFAULT_DISTANCES = (0,) + tuple(2**k for k in range(13))  # 0, 1, 2, 4, ..., 4096
@@ -76,12 +77,7 @@ def _top_rows(factors, n: int, rotation: Rotation, deltas: np.ndarray):
 def distance_forms(factors, n: int, rotation: Rotation, deltas: np.ndarray):
     """l_delta = R_K R(delta) R_Q^T, (D, H, r, r), from the reduction's factors [R_K | R_Q] (H, r, 2n)."""
     top = _top_rows(factors, n, rotation, deltas)
-    zeros = top.shape[:-2] + (factors.shape[-2] - n, top.shape[-1])
-    if isinstance(top, np.ndarray):
-        return np.concatenate([top, np.zeros(zeros)], axis=-2)
-    import torch
-
-    return torch.cat([top, top.new_zeros(zeros)], dim=-2)
+    return np.concatenate([top, np.zeros(top.shape[:-2] + (factors.shape[-2] - n, top.shape[-1]))], axis=-2)
 
 
 def _profiles(factors, n: int, rotation: Rotation, deltas: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -120,7 +116,7 @@ def distance_profiles(factors, n: int, rotation: Rotation, deltas, *,
     deltas = np.asarray(deltas, dtype=np.int64)
     H = factors.shape[0]
     if isinstance(factors, np.ndarray):
-        parts = map_threads(lambda part: _profiles(factors[part], n, rotation, deltas), chunks(H, 4 * WORKERS))
+        parts = map_threads(lambda part: _profiles(factors[part], n, rotation, deltas), chunks(H, 4 * threads.WORKERS))
         eig_S, l2, t2 = (np.concatenate([x.reshape(len(deltas), -1, *x.shape[1:]) for x in p], axis=1)
                          for p in zip(*parts))
     else:

@@ -414,7 +414,8 @@ def layout_for(model_type: str | None, raw: dict) -> Layout:
     if model_type in REFUSED:
         raise ExtractError(f"{model_type} is refused: {REFUSED[model_type]}")
     if not isinstance(model_type, str):
-        raise ExtractError(f"unsupported architecture '{model_type}'; supported: {', '.join(SUPPORTED)}")
+        raise ExtractError(f"config.json names no architecture (model_type is {model_type!r}); supported: "
+                           f"{', '.join(SUPPORTED)}")
     from headforms.extract.discover import discover_layout
 
     return discover_layout(raw)

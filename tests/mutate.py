@@ -3,7 +3,8 @@
 Python: mutmut mutates the functions of compute/, extract/layouts.py, warehouse/check.py and
 warehouse/load.py and runs, for each mutant, only the tests that reach the mutated function.
 mutmut expects the package in a folder of its name, and ours is the repository root, so it runs
-in build/mutate/, where headforms/ links to the checkout's parts.
+in build/mutate/, where headforms/ links to the checkout's parts. A run counts a seeded fifth of
+each module's mutants (--sample 1: all of them).
 
 SQL: mutmut does not look inside SQL text, so a small mutator of our own swaps one operator at a
 time in each view of sql/ (count(*) <-> count(col), median <-> avg, <= <-> <, >= <-> >) and drops
@@ -28,22 +29,29 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from scipy.stats import binomtest
+
 ROOT = Path(__file__).resolve().parent.parent
 STAGE = ROOT / "build" / "mutate"
 BIN = Path(sys.executable).parent
 # What is mutated, and the test files that judge it (mutmut then runs, per mutant, those of them that
-# reach the mutated function). The slow end-to-end files (robustness, hub, browser) are left out.
+# reach the mutated function). The slow end-to-end files of the hub and the browser are left out.
 TARGETS = {
     "headforms/compute/*": ["test_compute.py", "test_fits.py", "test_fit_status.py", "test_wiring.py", "test_theta.py",
                             "test_bootstrap.py", "test_head_types.py", "test_positions.py", "test_norm_gains.py",
-                            "test_api.py", "test_real_models.py", "test_device_path.py"],
-    "headforms/extract/layouts.py": ["test_layouts.py", "test_architectures.py", "test_gguf.py"],
-    "headforms/warehouse/check.py": ["test_check.py", "test_concurrency.py"],  # the latter: damaged blocks
-    "headforms/warehouse/load.py": ["test_cli.py", "test_api.py", "test_views.py", "test_wiring.py", "test_export.py"],
+                            "test_api.py", "test_real_models.py", "test_device_path.py", "test_threads.py"],
+    "headforms/extract/layouts.py": ["test_layouts.py", "test_architectures.py", "test_gguf.py", "test_positions.py"],
+    # of test_concurrency.py only the damaged blocks: its --jobs and Ray runs reach load.py too, at seconds a test
+    "headforms/warehouse/check.py": ["test_check.py", "test_concurrency.py::test_check_reports_every_damaged_block"],
+    "headforms/warehouse/load.py": ["test_cli.py", "test_api.py", "test_views.py", "test_wiring.py", "test_export.py",
+                                    "test_robustness.py"],
 }
 PACKAGE_PARTS = ["__init__.py", "api.py", "cli.py", "extract", "compute", "warehouse", "sql", "README.md"]
 # Tests that judge the repository rather than the package (a wheel of the checkout): not run on mutants.
 DESELECT = ["tests/test_api.py::test_wheel_holds_only_the_headforms_package"]
+# The share of each module's mutants a run draws (seeded): all 4,600 take several hours on 2 cores, a fifth about
+# one, and a random sample estimates each module's kill rate (its Wilson interval is printed beside it).
+SAMPLE = 0.2
 KILLED = {"killed", "timeout", "segfault", "caught by type check", "does not bind"}
 # Test files that name views without judging them (end-to-end or browser runs), and one slow test: left out
 # of the SQL mutants' runs.
@@ -66,7 +74,8 @@ source_paths = {quoted(f"headforms/{p}" for p in PACKAGE_PARTS)}
 only_mutate = {quoted(targets)}
 pytest_add_cli_args = {quoted(["-p", "no:cacheprovider", *(a for d in DESELECT for a in ("--deselect", d))])}
 pytest_add_cli_args_test_selection = {quoted(tests)}
-timeout_constant = 30.0
+timeout_constant = 15.0
+timeout_multiplier = 4.0
 process_isolation = "forkserver"
 
 [tool.pytest.ini_options]
@@ -99,6 +108,8 @@ def sample(names: list[str], fraction: float, seed: int = 0) -> list[str]:
     in a fraction of the time."""
     import random
 
+    if fraction >= 1:
+        return sorted(names)
     by_module = defaultdict(list)
     for name in sorted(names):
         by_module[_module(name)].append(name)
@@ -108,26 +119,30 @@ def sample(names: list[str], fraction: float, seed: int = 0) -> list[str]:
 
 def run_python(max_children: int, env: dict, targets: list[str], report_only: bool = False,
                fraction: float = 1.0, mutants: list[str] | None = None) -> dict[str, Counter]:
-    """mutmut run in the stage (or, report_only, the last run's results); returns status counts per module.
+    """mutmut run in the stage (or, report_only, the last run's results); status counts per module.
 
-    `mutants` (globs of mutant names) or a `fraction` below 1 run only those (a sample: seeded, per module)."""
+    Only the mutants matching `mutants` (globs of names) are counted, and of those, for a `fraction` below 1, a
+    seeded sample per module. Of the counted ones, those without a result, or that survived (newer tests may
+    kill them), are run; mutmut keeps the other results while their function and tests are unchanged."""
     judges = [TARGETS[key] for target in targets for key in TARGETS if fnmatch.fnmatch(target, key)]
     if len(judges) < len(targets):
         raise SystemExit(f"every target must fall under one of {', '.join(TARGETS)}")
-    if not report_only:
+    run = [str(BIN / "mutmut"), "run", "--max-children", str(max_children)]
+    if not report_only:  # generate the mutants (and the stats) without running one
         stage(targets, sorted({f"tests/{test}" for tests in judges for test in tests}))
-        run = [str(BIN / "mutmut"), "run", "--max-children", str(max_children)]
-        chosen = list(mutants or [])
-        if fraction < 1:  # generate the mutants (and the stats) without running one, then draw the sample
-            subprocess.run(run + ["headforms.none_of_these"], cwd=STAGE, env=env, check=False)
-            chosen = sample([name for name, _ in _listing()
-                             if not mutants or any(fnmatch.fnmatch(name, glob) for glob in mutants)], fraction)
-        subprocess.run(run + chosen, cwd=STAGE, env=env, check=False)
-    listing = _listing()
+        subprocess.run(run + ["headforms.none_of_these"], cwd=STAGE, env=env, check=False, capture_output=True)
+    counted = sample([name for name, _ in _listing() if not mutants or any(fnmatch.fnmatch(name, g) for g in mutants)],
+                     fraction)
+    if not report_only:
+        status = dict(_listing())
+        pending = [name for name in counted if status[name] in ("not checked", "survived", "no tests")]
+        if pending:
+            subprocess.run(run + pending, cwd=STAGE, env=env, check=False)
+    status = dict(_listing())
     counts: dict[str, Counter] = defaultdict(Counter)
-    for name, status in listing:
-        counts[_module(name)][status] += 1
-    survivors = [f"{name}: {status}" for name, status in listing if status in ("survived", "no tests")]
+    for name in counted:
+        counts[_module(name)][status[name]] += 1
+    survivors = [f"{name}: {status[name]}" for name in counted if status[name] in ("survived", "no tests")]
     (STAGE / "survivors.txt").write_text("\n".join(survivors) + "\n")
     return counts
 
@@ -245,7 +260,7 @@ def run_sql(env: dict) -> dict[str, Counter]:
 def report(title: str, counts: dict[str, Counter]) -> None:
     print(f"\n{title}")
     print(f"{'module':45s} {'checked':>8s} {'killed':>7s} {'survived':>9s} {'no tests':>9s} {'equivalent':>11s} "
-          f"{'kill rate':>10s} {'unchecked':>10s}")
+          f"{'kill rate':>10s} {'95% interval':>14s} {'unchecked':>10s}")
     total = Counter()
     for module in sorted(counts):
         c = counts[module]
@@ -260,8 +275,12 @@ def _row(name: str, c: Counter) -> None:
     killed = sum(c[s] for s in KILLED)
     judged = n - c["equivalent"]
     rate = f"{100 * killed / judged:.1f}%" if judged else "-"
+    interval = "-"
+    if judged:  # Wilson's score interval: what a sample's kill rate says of the whole module's
+        ci = binomtest(killed, judged).proportion_ci(method="wilson")
+        interval = f"{100 * ci.low:.1f}-{100 * ci.high:.1f}%"
     print(f"{name:45s} {n:8d} {killed:7d} {c['survived']:9d} {c['no tests']:9d} {c['equivalent']:11d} {rate:>10s} "
-          f"{c['not checked']:10d}")
+          f"{interval:>14s} {c['not checked']:10d}")
 
 
 def main() -> None:
@@ -271,8 +290,9 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="print the last run's results, run nothing")
     parser.add_argument("--targets", nargs="+", default=list(TARGETS), help="globs of the files to mutate (under headforms/)")
     parser.add_argument("--mutants", nargs="+", help="globs of mutant names to run, e.g. 'headforms.compute.statistics*'")
-    parser.add_argument("--sample", type=float, default=1.0,
-                        help="run a seeded random fraction of each module's mutants (e.g. 0.2), not all")
+    parser.add_argument("--sample", type=float, default=SAMPLE,
+                        help=f"the seeded share of each module's mutants that is run and counted (default {SAMPLE}: "
+                             "about an hour on 2 cores; 1 runs all of them, several hours)")
     args = parser.parse_args()
     started = time.perf_counter()
     results = {}

@@ -157,3 +157,19 @@ def test_analyse_equals_what_extract_stored(tiny_db):
     result = headforms.analyse(w_q, w_k, kv_index=ckpt.spec.kv_index, seed=3, layer=1, model=ckpt.name)
     stored = headforms.heads(db).filter(pl.col("layer") == 1)
     assert_frame_equal(result.heads.select(stored.columns), stored, check_dtypes=False)
+    for name in ("eigenvalues", "fits"):  # the same columns, by name, and the same rows
+        stored = headforms.table(db, name).filter(pl.col("layer") == 1)
+        mine = getattr(result, name)
+        assert mine.columns == stored.columns, name
+        assert_frame_equal(mine.sort(mine.columns[:5]), stored.sort(stored.columns[:5]), check_dtypes=False)
+
+
+def test_balanced_needs_n_positive_and_n_negative_eigenvalues():
+    """W_Q = W_K makes S = W^T W positive semidefinite: n positive eigenvalues and none negative, so the head is
+    not balanced; a generic head has n of each."""
+    rng = np.random.default_rng(4)
+    w = rng.normal(size=(1, 4, 16))
+    same = headforms.analyse(w, w).heads
+    assert same.select("n_pos", "n_neg", "balanced").row(0) == (4, 0, False)
+    generic = headforms.analyse(w, rng.normal(size=(1, 4, 16))).heads
+    assert generic.select("n_pos", "n_neg", "balanced").row(0) == (4, 4, True)

@@ -237,3 +237,16 @@ def test_quick_check_does_not_read_every_value(con, monkeypatch):
     assert scanned == []
     check_warehouse(con, full=True)
     assert scanned == [con]
+
+
+def test_a_catalog_that_cannot_be_listed_is_one_unreadable_finding(tmp_path):
+    """scan_tables on a connection whose catalog cannot be read (here: closed) reports that once, with DuckDB's
+    reason, instead of raising."""
+    from headforms.warehouse.check import scan_tables
+
+    con = connect(tmp_path / "w.duckdb")
+    create_schema(con)
+    con.close()
+    [finding] = scan_tables(con)
+    assert (finding.level, finding.check, finding.model) == ("violation", "unreadable", None)
+    assert finding.detail.startswith("the catalog: ") and "closed" in finding.detail

@@ -327,3 +327,23 @@ def test_boundary_fits():
             assert g[field][i] == res["lognormal"][field][i]
         powers = np.array([-1.0, -0.3, -0.1, 0.1, 0.3, 1.0]) / np.std(np.log(x))
         assert max(profile_loglik(x, c) for c in powers) < g["loglik"][i]
+
+
+def test_histogram_equals_numpy_on_values_at_and_one_ulp_around_every_edge():
+    """The batched histogram bins a value as np.histogram does where rounding puts it a bin too high or too low:
+    rows holding numpy's own bin edges and their neighbours one ulp either side (both corrections occur)."""
+    from headforms.compute.fits import HIST_BINS, _histogram
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for lo, width in zip(rng.uniform(0.01, 1, 40), rng.uniform(0.1, 5, 40)):
+        edges = np.linspace(lo, lo + width, HIST_BINS + 1)
+        inner = edges[1:-1]
+        rows.append(np.concatenate([edges, np.nextafter(inner, -np.inf), np.nextafter(inner, np.inf)]))
+    z = pad(rows)
+    valid = ~np.isnan(z)
+    heights, centres = _histogram(z, valid, valid.sum(1))
+    for row, h, c in zip(rows, heights, centres):
+        expected, edges = np.histogram(row, bins=HIST_BINS, density=True)
+        np.testing.assert_array_equal(h, expected)
+        np.testing.assert_array_equal(c, (edges[:-1] + edges[1:]) / 2)

@@ -64,6 +64,10 @@ def test_adjusted_rand_index_is_the_pair_count_formula():
     # by hand: [0,0,1,1] vs [0,0,1,2] has a=1, b=1, c=0, d=4 pairs: 2*4 / (2*5 + 1*4) = 4/7
     assert adjusted_rand_index(np.array([0, 0, 1, 1]), np.array([0, 0, 1, 2])) == pytest.approx(4 / 7)
     assert adjusted_rand_index(np.array([0, 0, 1, 1]), np.array(["b", "b", "a", "a"])) == 1.0
+    # the degenerate partitions (one cluster, or every item its own) agree perfectly, as sklearn defines it, while
+    # the formula's 0/0 would be NaN
+    assert adjusted_rand_index(np.zeros(5, int), np.full(5, 7)) == 1.0
+    assert adjusted_rand_index(np.arange(5), np.arange(5)[::-1]) == 1.0
 
 
 def test_kmeans_finds_separated_blobs_and_k():

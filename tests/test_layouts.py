@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -160,6 +161,22 @@ def test_rotary_fraction_recorded(tmp_path):
     assert open_folder(folder).spec.config["rotary_fraction"] == 0.25
 
 
+@pytest.mark.parametrize("config, fraction, rotary_dims", [
+    # config.json as older checkpoints on the hub write it (EleutherAI/pythia-160m, microsoft/phi-2, EleutherAI/gpt-j-6b)
+    ({"model_type": "gpt_neox", "num_hidden_layers": 12, "num_attention_heads": 12, "hidden_size": 768,
+      "rotary_pct": 0.25, "rotary_emb_base": 10000}, 0.25, 16),
+    ({"model_type": "phi", "num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": 2560,
+      "partial_rotary_factor": 0.4, "rope_theta": 10000.0}, 0.4, 32),
+    ({"model_type": "gptj", "n_layer": 28, "n_head": 16, "n_embd": 4096, "rotary_dim": 64}, 0.25, 64),
+    ({"model_type": "gptj", "n_layer": 28, "n_head": 16, "n_embd": 4096, "rotary_dim": None}, 1.0, 256),
+])
+def test_rotary_fraction_of_top_level_settings(config, fraction, rotary_dims):
+    """rotary_pct, partial_rotary_factor and rotary_dim outside rope_parameters: the share and the rotated rows."""
+    _, spec = model_spec(config)
+    assert spec.config["rotary_fraction"] == pytest.approx(fraction)
+    assert spec.rope.rotary_dims == rotary_dims
+
+
 @pytest.mark.parametrize("name", ["llama_gqa", "bloom"])
 def test_formats_give_identical_arrays(name, tmp_path):
     layers = {}
@@ -204,6 +221,21 @@ def test_unknown_architecture(tmp_path):
     assert message.startswith(f"unsupported architecture 'not_a_model' (supported: {', '.join(SUPPORTED)})")
     assert "transformers" in message and "\n" not in message
     assert len(SUPPORTED) >= 35 and {"phi3", "falcon", "whisper", "clip", "siglip", "qwen3_moe"} <= set(SUPPORTED)
+
+
+@pytest.mark.parametrize("model_type", [None, 7])
+def test_a_config_without_an_architecture_name(model_type):
+    with pytest.raises(ExtractError) as err:
+        model_spec({"model_type": model_type, "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 32})
+    assert str(err.value) == (f"config.json names no architecture (model_type is {model_type!r}); supported: "
+                              f"{', '.join(SUPPORTED)}")
+
+
+@pytest.mark.parametrize("value", [True, 4.0, "4", 0, -2])
+def test_head_counts_must_be_positive_integers(value):
+    with pytest.raises(ExtractError, match=rf"^config.json: num_attention_heads must be a positive integer, got "
+                                           rf"{re.escape(repr(value))}$"):
+        model_spec({"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": value, "hidden_size": 32})
 
 
 def test_discovery_needs_transformers(monkeypatch):
@@ -253,7 +285,7 @@ def test_towers(tmp_path):
     with pytest.raises(ExtractError, match="whisper has no tower 'vision'; towers: encoder, decoder"):
         open_folder(folder, tower="vision")
     _, llama = saved("llama", tmp_path / "llama")
-    with pytest.raises(ExtractError, match="llama has a single tower"):
+    with pytest.raises(ExtractError, match="^llama has a single tower; --tower applies to clip, siglip, whisper$"):
         open_folder(llama, tower="text")
 
 
@@ -311,9 +343,11 @@ def test_inconsistent_config(config, message):
 @pytest.mark.parametrize("config, reason", [
     ({"model_type": "gemma2"}, "attn_logit_softcapping=50.0"),  # transformers' default when omitted
     ({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
-    ({"model_type": "gpt2", "scale_attn_by_inverse_layer_idx": True}, "differ per layer"),
+    ({"model_type": "gpt2", "scale_attn_by_inverse_layer_idx": True},
+     ": scale_attn_by_inverse_layer_idx makes the score scale differ per layer$"),
     ({"model_type": "bert", "position_embedding_type": "relative_key"}, "position_embedding_type"),
     ({"model_type": "qwen2", "quantization_config": {"quant_method": "gptq"}}, r"quantized checkpoints \(gptq\)"),
+    ({"model_type": "qwen2", "quantization_config": {"bits": 4}}, r"quantized checkpoints \(unknown\)"),
     ({"model_type": "phi", "qk_layernorm": True}, "qk_layernorm=True: q and k pass through a LayerNorm with a bias"),
     ({"model_type": "olmo", "clip_qkv": 8.0}, "clip_qkv=8.0: q and k are clipped elementwise"),
     ({"model_type": "mpt", "attn_config": {"qk_ln": True}}, "attn_config.qk_ln=True: q and k pass through"),

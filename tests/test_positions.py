@@ -150,6 +150,7 @@ HF_CASES = {
     "gpt_neox": {},   # partial rotary: 2 of 8 coordinates
     "qwen2": {},      # grouped-query heads
     "mistral": {},    # explicit head_dim
+    "gptj": {},       # rotary_dim 4 of 8 (a top-level setting), rotate_every_two pairs
     "llama_linear": {"rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0}},
     "llama_llama3": {"rope_parameters": LLAMA3},
 }
@@ -161,7 +162,8 @@ def test_distance_forms_reproduce_model_logits(case, tmp_path):
     model = tm.build(name, **HF_CASES[case])
     tm.save(model, tmp_path)
     ckpt = open_hf_folder(tmp_path, name="tiny", source=str(tmp_path), revision="r")
-    assert ckpt.spec.rope.refusal is None and ckpt.spec.rope.pairing == "split-half"
+    assert ckpt.spec.rope.refusal is None
+    assert ckpt.spec.rope.pairing == ("interleaved" if name == "gptj" else "split-half")
     inputs, probs = rope_trace(model)
     for layer in range(ckpt.spec.n_layers):
         assert logit_error_at_positions(ckpt, inputs, probs, layer) < 1e-5
@@ -373,3 +375,8 @@ def test_warehouse_of_an_earlier_version_opens(tiny_warehouse, tmp_path):
         assert con.execute("select count(*) from distance_profiles").fetchone() == (0,)
         assert con.execute("select model, fold_norm, distances from models order by model").fetchall() == [
             ("gpt2", None, None), ("gpt2-again", None, None), ("llama_gqa", None, None)]
+
+
+def test_an_unknown_pairing_is_refused_naming_the_known_ones():
+    with pytest.raises(ValueError, match=r"^unknown RoPE pairing 'diagonal'; expected one of split-half, interleaved$"):
+        Rotation.of("diagonal", [1.0, 0.5])

@@ -600,3 +600,31 @@ def test_safetensors_spans_refuse_an_extent_that_does_not_fit_the_shape(dtype, s
     data = len(lying).to_bytes(8, "little") + lying + bytes(24)
     with pytest.raises(ExtractError, match="tensor 't' has a bad extent"):
         safetensors_spans(lambda offset, size: data[offset:offset + size], len(data), "f")
+
+
+def test_fetched_bytes_are_recorded_when_the_network_gives_out_and_add_up_on_resume(tmp_path, monkeypatch):
+    """A hub model's bytes_fetched: a run the network stops at layer 1 keeps layer 0 and records what it fetched;
+    the resumed run adds its own. Local models record none (NULL)."""
+    from types import SimpleNamespace
+
+    from headforms.extract.hub import FetchError
+
+    monkeypatch.setattr(load, "COMMIT_SECONDS", 0)
+    local = open_checkpoint(str(tm.save(tm.build("llama"), tmp_path / "m")), name="m")
+
+    def metered(meter):
+        def reader(layer):
+            meter.bytes += 1000
+            return local.reader(layer)
+        return dataclasses.replace(local, reader=reader, meter=meter)
+
+    con = connect(tmp_path / "w.duckdb")
+    create_schema(con)
+    first = metered(SimpleNamespace(bytes=300))  # 300: the header
+    with pytest.raises(FetchError):
+        load_model(con, interrupted_at(first, 1, FetchError("connection reset")), LoadOptions())
+    assert con.sql("SELECT bytes_fetched, complete FROM models").fetchall() == [(1300, False)]
+    assert load_model(con, metered(SimpleNamespace(bytes=300)), LoadOptions()).status == "resumed"
+    assert con.sql("SELECT bytes_fetched, complete FROM models").fetchall() == [(1300 + 1300, True)]
+    load_model(con, dataclasses.replace(local, name="local"), LoadOptions())
+    assert con.sql("SELECT bytes_fetched FROM models WHERE model = 'local'").fetchall() == [(None,)]

@@ -131,3 +131,25 @@ def test_ratio_divides_by_denominators_below_one():
 
     np.testing.assert_array_equal(_ratio(np.array([1.0, 1.0, 0.3, 0.0]), np.array([0.5, 0.0, 2.0, 0.25])),
                                   [2.0, np.nan, 0.15, 0.0])
+
+
+def test_layer_rows_count_the_bytes_their_read_fetched(tmp_path):
+    """A layer's bytes_fetched (summed into the run's progress for `headforms status`) is what reading it added to
+    the checkpoint's meter, as a hub source's ranged reads do; a local checkpoint has no meter and fetches 0."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from headforms.extract import open_checkpoint
+    from headforms.warehouse.load import LoadOptions, layer_rows
+    from tests import tiny_models as tm
+
+    local = open_checkpoint(str(tm.save(tm.build("llama"), tmp_path / "m")), name="m")
+    assert layer_rows(local, LoadOptions(), 0).bytes_fetched == 0
+    meter = SimpleNamespace(bytes=5000)  # the header, fetched before any layer
+
+    def reader(layer):
+        meter.bytes += 100 * (layer + 1)
+        return local.reader(layer)
+
+    remote = replace(local, reader=reader, meter=meter)
+    assert [layer_rows(remote, LoadOptions(), layer).bytes_fetched for layer in (1, 0)] == [200, 100]

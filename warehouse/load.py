@@ -93,12 +93,11 @@ TABLES = ("heads", "eigenvalues", "fits", "distance_profiles", "layers")  # per-
 MODEL_TABLES = ("intervals", "head_types")  # per-model rows, written when a model completes
 
 
-def load_model(target, ckpt: Checkpoint, opts: LoadOptions,
-               on_layer: Callable[[int, int], None] | None = None) -> LoadResult:
+def load_model(target, ckpt: Checkpoint, opts: LoadOptions) -> LoadResult:
     """Extract every missing layer of `ckpt` into the warehouse (a Writer, or an open connection) in
-    this process; on_layer(layer, heads) reports each layer written."""
+    this process."""
     writer = target if isinstance(target, Writer) else Writer(con=target)
-    [(_, result)] = load_models(writer, [ckpt], opts, on_layer=on_layer)
+    [(_, result)] = load_models(writer, [ckpt], opts)
     return result
 
 
