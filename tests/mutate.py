@@ -3,7 +3,7 @@
 Python: mutmut mutates the functions of compute/, extract/layouts.py, warehouse/check.py and
 warehouse/load.py and runs, for each mutant, only the tests that reach the mutated function.
 mutmut expects the package in a folder of its name, and ours is the repository root, so it runs
-in build/mutate/, where headforms/ links to the checkout's parts. A run counts a seeded fifth of
+in build/mutate/, where headforms/ links to the checkout's parts. A run counts a seeded tenth of
 each module's mutants (--sample 1: all of them).
 
 SQL: mutmut does not look inside SQL text, so a small mutator of our own swaps one operator at a
@@ -49,9 +49,9 @@ TARGETS = {
 PACKAGE_PARTS = ["__init__.py", "api.py", "cli.py", "extract", "compute", "warehouse", "sql", "README.md"]
 # Tests that judge the repository rather than the package (a wheel of the checkout): not run on mutants.
 DESELECT = ["tests/test_api.py::test_wheel_holds_only_the_headforms_package"]
-# The share of each module's mutants a run draws (seeded): all 4,600 take several hours on 2 cores, a fifth about
+# The share of each module's mutants a run draws (seeded): all 4,600 take several hours on 2 cores, a tenth about
 # one, and a random sample estimates each module's kill rate (its Wilson interval is printed beside it).
-SAMPLE = 0.2
+SAMPLE = 0.1
 KILLED = {"killed", "timeout", "segfault", "caught by type check", "does not bind"}
 # Test files that name views without judging them (end-to-end or browser runs), and one slow test: left out
 # of the SQL mutants' runs.
@@ -105,7 +105,8 @@ def _module(mutant: str) -> str:
 
 def sample(names: list[str], fraction: float, seed: int = 0) -> list[str]:
     """A seeded random `fraction` of each module's mutants (at least one each): a kill-rate estimate per module
-    in a fraction of the time."""
+    in a fraction of the time. Each module's mutants are shuffled once and the sample is a prefix, so a smaller
+    fraction's sample is part of a larger one's (their results are shared)."""
     import random
 
     if fraction >= 1:
@@ -113,8 +114,11 @@ def sample(names: list[str], fraction: float, seed: int = 0) -> list[str]:
     by_module = defaultdict(list)
     for name in sorted(names):
         by_module[_module(name)].append(name)
-    rng = random.Random(seed)
-    return [name for group in by_module.values() for name in rng.sample(group, max(1, round(fraction * len(group))))]
+    chosen = []
+    for module, group in sorted(by_module.items()):
+        random.Random(f"{seed}:{module}").shuffle(group)
+        chosen += group[:max(1, round(fraction * len(group)))]
+    return chosen
 
 
 def run_python(max_children: int, env: dict, targets: list[str], report_only: bool = False,

@@ -173,3 +173,13 @@ def test_balanced_needs_n_positive_and_n_negative_eigenvalues():
     assert same.select("n_pos", "n_neg", "balanced").row(0) == (4, 0, False)
     generic = headforms.analyse(w, rng.normal(size=(1, 4, 16))).heads
     assert generic.select("n_pos", "n_neg", "balanced").row(0) == (4, 4, True)
+
+
+def test_zero_heads_keep_the_tables_types():
+    """Heads whose L is 0 have no parity or pairing (NULL), yet analyse() gives the same column types as for
+    any other layer, so frames of different layers concatenate."""
+    zero = headforms.analyse(np.zeros((2, 4, 16)), np.zeros((1, 4, 16)))
+    other = headforms.analyse(np.random.default_rng(0).normal(size=(2, 4, 16)), np.ones((1, 4, 16)))
+    assert zero.heads["parity"].to_list() == [None, None]
+    for name in ("heads", "eigenvalues", "fits"):
+        assert getattr(zero, name).schema == getattr(other, name).schema, name

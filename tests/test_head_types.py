@@ -134,3 +134,32 @@ def test_head_types_by_model_view(demo_con):
         for k in range(2, 9):
             other = kmeans(points, k, seed=0)
             assert silhouette_reference(points, other).mean() <= row["silhouette"] + 1e-12
+
+
+def test_kmeans_keeps_the_restart_with_the_least_within_type_sum_of_squares():
+    """On structureless points the seeded k-means++ restarts end in different partitions; kmeans returns the one
+    whose within-type sum of squares is least, recomputed here from scipy's runs with the same seeds."""
+    import warnings
+
+    from scipy.cluster.vq import kmeans2
+
+    from headforms.compute.head_types import RESTARTS
+
+    points, k, seed = np.random.default_rng(5).uniform(size=(60, 3)), 5, 11
+    runs = []
+    for restart in range(RESTARTS):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            centres, labels = kmeans2(points, k, minit="++", seed=np.random.default_rng([seed, k, restart]))
+        runs.append((((points - centres[labels]) ** 2).sum(), labels))
+    assert len({round(inertia, 9) for inertia, _ in runs}) > 1, "the restarts should disagree"
+    best = min(runs, key=lambda run: run[0])[1]
+    assert adjusted_rand_index(kmeans(points, k, seed), best) == 1.0
+
+
+@pytest.mark.parametrize("points", [np.ones((5, 3)), np.eye(3)[:2]])
+def test_too_few_distinct_points_are_one_type(points):
+    """Coinciding points (k-means finds one type) or too few points for two types: all type 0, silhouette 0."""
+    types, scores = head_types(points, seed=0)
+    assert types.tolist() == [0] * len(points) and types.dtype.kind == "i"
+    assert scores.tolist() == [0.0] * len(points)

@@ -1,6 +1,8 @@
 """What unit tests of single functions cannot see: stored columns equal a recomputation from stored
 inputs (the loader passes the right layer and seed), thresholds at their exact boundary, and the
 structure of the reduced form that the spectra rely on for speed."""
+import re
+
 import numpy as np
 import polars as pl
 import pytest
@@ -153,3 +155,33 @@ def test_layer_rows_count_the_bytes_their_read_fetched(tmp_path):
 
     remote = replace(local, reader=reader, meter=meter)
     assert [layer_rows(remote, LoadOptions(), layer).bytes_fetched for layer in (1, 0)] == [200, 100]
+
+
+def test_distances_of_a_rope_refused_beyond_zero_are_zero_only():
+    """deltas(): a RoPE model gets the asked-for distances (sorted, unique) or the defaults; one whose RoPE scaling
+    is not implemented gets (0,), asked for or not, and asking for more is refused; no RoPE, no distances."""
+    from headforms.compute.rotary import DEFAULT_DISTANCES
+    from headforms.extract import ExtractError
+    from headforms.extract.layouts import model_spec
+    from headforms.warehouse.load import LoadOptions, deltas
+
+    base = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 32}
+    _, plain = model_spec(base)
+    _, dynamic = model_spec(base | {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}})
+    _, bert = model_spec(base | {"model_type": "bert"})
+    assert deltas(plain, LoadOptions()) == DEFAULT_DISTANCES
+    assert deltas(plain, LoadOptions(distances=(4, 0, 4))) == (0, 4)
+    assert deltas(dynamic, LoadOptions()) == deltas(dynamic, LoadOptions(distances=(0,))) == (0,)
+    with pytest.raises(ExtractError, match=r"^RoPE beyond distance 0 is not computed for this llama checkpoint: .*"
+                                           r"; pass --distances 0$"):
+        deltas(dynamic, LoadOptions(distances=(0, 4)))
+    assert deltas(bert, LoadOptions(distances=(0, 4))) is None
+
+
+@pytest.mark.parametrize("distances", [(), (-1, 4)])
+def test_distances_must_be_non_negative_and_at_least_one(distances):
+    from headforms.warehouse.load import LoadOptions
+
+    with pytest.raises(ValueError, match=rf"^distances must be non-negative integers, at least one; got "
+                                         rf"{re.escape(repr(distances))}$"):
+        LoadOptions(distances=distances)

@@ -93,11 +93,9 @@ TABLES = ("heads", "eigenvalues", "fits", "distance_profiles", "layers")  # per-
 MODEL_TABLES = ("intervals", "head_types")  # per-model rows, written when a model completes
 
 
-def load_model(target, ckpt: Checkpoint, opts: LoadOptions) -> LoadResult:
-    """Extract every missing layer of `ckpt` into the warehouse (a Writer, or an open connection) in
-    this process."""
-    writer = target if isinstance(target, Writer) else Writer(con=target)
-    [(_, result)] = load_models(writer, [ckpt], opts)
+def load_model(con, ckpt: Checkpoint, opts: LoadOptions) -> LoadResult:
+    """Extract every missing layer of `ckpt` into the warehouse of an open connection, in this process."""
+    [(_, result)] = load_models(Writer(con=con), [ckpt], opts)
     return result
 
 
@@ -337,7 +335,7 @@ def layer_tables(model: str, layer: int, kv_index: np.ndarray, head_dim: int,
     }
     parts = []
     for values in spectra.values():
-        keep = ~np.isnan(values.real) if np.isrealobj(values) else np.ones(values.shape, bool)
+        keep = ~np.isnan(values.real)  # lobes are NaN-padded; complex spectra are never NaN
         head_idx, idx = np.nonzero(keep)
         parts.append((head_idx, idx, values.real[keep], values.imag[keep] if np.iscomplexobj(values)
                       else np.zeros(len(idx))))
