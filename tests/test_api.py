@@ -156,12 +156,12 @@ def test_analyse_equals_what_extract_stored(tiny_db):
     w_q, w_k = ckpt.read_layer(1)
     result = headforms.analyse(w_q, w_k, kv_index=ckpt.spec.kv_index, seed=3, layer=1, model=ckpt.name)
     stored = headforms.heads(db).filter(pl.col("layer") == 1)
-    assert_frame_equal(result.heads.select(stored.columns), stored, check_dtypes=False)
-    for name in ("eigenvalues", "fits"):  # the same columns, by name, and the same rows
+    assert_frame_equal(result.heads.select(stored.columns), stored)
+    for name in ("eigenvalues", "fits"):  # the same columns, by name and type, and the same rows
         stored = headforms.table(db, name).filter(pl.col("layer") == 1)
         mine = getattr(result, name)
-        assert mine.columns == stored.columns, name
-        assert_frame_equal(mine.sort(mine.columns[:5]), stored.sort(stored.columns[:5]), check_dtypes=False)
+        assert mine.schema == stored.schema, name
+        assert_frame_equal(mine.sort(mine.columns[:5]), stored.sort(stored.columns[:5]))
 
 
 def test_balanced_needs_n_positive_and_n_negative_eigenvalues():

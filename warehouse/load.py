@@ -302,7 +302,7 @@ def _model_record(ckpt: Checkpoint, opts: LoadOptions) -> dict:
 
 def _table(columns: dict, rows: int) -> pa.Table:
     """An Arrow table from whole columns: a scalar is repeated (a string dictionary-encoded, one value
-    stored once), a float's NaN becomes NULL (an undefined statistic)."""
+    stored once), integers are 32-bit as in the tables, a float's NaN becomes NULL (an undefined statistic)."""
     arrays = {}
     for name, value in columns.items():
         if isinstance(value, pa.Array):
@@ -312,6 +312,7 @@ def _table(columns: dict, rows: int) -> pa.Table:
         else:
             value = np.asarray(value)
             value = np.broadcast_to(value, (rows,)) if value.ndim == 0 else value
+            value = value.astype(np.int32) if value.dtype.kind in "iu" else value  # the tables' INTEGER
             arrays[name] = pa.array(value, from_pandas=value.dtype.kind == "f")
     return pa.table(arrays)
 
