@@ -121,3 +121,29 @@ def test_reduction_computes_in_float64_from_float32_weights(weights, path, monke
     ours, reference = (np.asarray(x) for x in (ours, reference))
     assert ours.dtype == np.float64
     np.testing.assert_array_equal(ours, reference)
+
+
+def test_spectra_computes_a_device_batch_on_its_device(monkeypatch):
+    """spectra() hands a batch on another device (here torch's shape-only 'meta' device) whole to the torch path,
+    and returns its results; a CPU tensor goes to the numpy thread pool instead."""
+    batch = torch.randn(3, 4, 4, dtype=torch.float64)
+    real, seen = spectra._spectra_torch, []
+    monkeypatch.setattr(spectra, "_spectra_torch", lambda l: seen.append(l) or real(batch))
+    elsewhere = batch.to("meta")
+    result = spectra.spectra(elsewhere)
+    assert len(seen) == 1 and seen[0] is elsewhere
+    expected = spectra.spectra(batch.numpy())
+    for name in ("eig_S", "sv_T", "sigma_T", "eig_L", "sv_L"):
+        np.testing.assert_allclose(getattr(result, name), getattr(expected, name), rtol=1e-10, atol=1e-12)
+    spectra.spectra(batch)
+    assert len(seen) == 1
+
+
+def test_the_layer_is_reduced_on_the_device_asked_for(weights, monkeypatch):
+    """analyse_layer passes its device to the reduction (the QR runs there)."""
+    wq, wk, kv = weights
+    real, devices = analysis.reduce_factors, []
+    monkeypatch.setattr(analysis, "reduce_factors",
+                        lambda *args, device="cpu": devices.append(device) or real(*args, device="cpu"))
+    analysis.analyse_layer(wq, wk, kv, layer=0, seed=0, device="cuda:1")
+    assert devices == ["cuda:1"]
