@@ -116,7 +116,8 @@ def distance_profiles(factors, n: int, rotation: Rotation, deltas, *,
     deltas = np.asarray(deltas, dtype=np.int64)
     H = factors.shape[0]
     if isinstance(factors, np.ndarray):
-        parts = map_threads(lambda part: _profiles(factors[part], n, rotation, deltas), chunks(H, 4 * threads.WORKERS))
+        parts = map_threads(lambda part: _profiles(factors[part], n, rotation, deltas),
+                            chunks(H, 4 * threads.WORKERS))
         eig_S, l2, t2 = (np.concatenate([x.reshape(len(deltas), -1, *x.shape[1:]) for x in p], axis=1)
                          for p in zip(*parts))
     else:
