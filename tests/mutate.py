@@ -127,7 +127,8 @@ def run_python(max_children: int, env: dict, targets: list[str], report_only: bo
 
     Only the mutants matching `mutants` (globs of names) are counted, and of those, for a `fraction` below 1, a
     seeded sample per module. Of the counted ones, those without a result, or that survived (newer tests may
-    kill them), are run; mutmut keeps the other results while their function and tests are unchanged."""
+    kill them) and are not reviewed equivalents, are run; mutmut keeps the other results while their function
+    and tests are unchanged."""
     judges = [TARGETS[key] for target in targets for key in TARGETS if fnmatch.fnmatch(target, key)]
     if len(judges) < len(targets):
         raise SystemExit(f"every target must fall under one of {', '.join(TARGETS)}")
@@ -135,14 +136,15 @@ def run_python(max_children: int, env: dict, targets: list[str], report_only: bo
     if not report_only:  # generate the mutants (and the stats) without running one
         stage(targets, sorted({f"tests/{test}" for tests in judges for test in tests}))
         subprocess.run(run + ["headforms.none_of_these"], cwd=STAGE, env=env, check=False, capture_output=True)
-    counted = sample([name for name, _ in _listing() if not mutants or any(fnmatch.fnmatch(name, g) for g in mutants)],
-                     fraction)
-    if not report_only:
-        status = dict(_listing())
-        pending = [name for name in counted if status[name] in ("not checked", "survived", "no tests")]
-        if pending:
-            subprocess.run(run + pending, cwd=STAGE, env=env, check=False)
     status = dict(_listing())
+    counted = sample([name for name in status if not mutants or any(fnmatch.fnmatch(name, g) for g in mutants)],
+                     fraction)
+    # reviewed equivalents that survived stay so: running them again (all their tests) would change nothing
+    pending = [name for name in counted if status[name] in ("not checked", "survived", "no tests")
+               and not (status[name] == "survived" and name in PY_EQUIVALENT)]
+    if pending and not report_only:
+        subprocess.run(run + pending, cwd=STAGE, env=env, check=False)
+        status = dict(_listing())
     counts: dict[str, Counter] = defaultdict(Counter)
     for name in counted:
         reviewed = status[name] == "survived" and name in PY_EQUIVALENT
