@@ -134,6 +134,22 @@ def test_dynamics_by_step_view(dynamics_db, tmp_path):
     assert_frame_equal(actual, expected, check_dtypes=False, abs_tol=1e-12, rel_tol=0)
 
 
+def test_dynamics_by_step_leaves_out_a_revision_without_a_step(revision_hub, tmp_path):
+    """`--revisions main,step1000`: both models carry base_model, only step1000 a training step, so the view
+    (through the CLI) lists step1000 alone; main is no step of training."""
+    db = tmp_path / "w.duckdb"
+    runner = CliRunner()
+    result = runner.invoke(cli.main, ["extract", REPO, "--revisions", "main,step1000", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    with duckdb.connect(str(db), read_only=True) as con:
+        models = con.execute("select model, base_model, training_step from models order by model").fetchall()
+    assert models == [("tiny-neox@main", "tiny-neox", None), ("tiny-neox@step1000", "tiny-neox", 1000)]
+    result = runner.invoke(cli.main, ["sql", "select model, training_step from dynamics_by_step", "--db", str(db),
+                                      "--format", "csv"])
+    assert result.exit_code == 0, result.output
+    assert result.output == "model,training_step\ntiny-neox@step1000,1000\n"
+
+
 def test_export_draws_the_training_dynamics(dynamics_db, tmp_path):
     """export writes the view (CSV round trip) and draws one row of three panels per base model."""
     with api.connect(dynamics_db) as con:
