@@ -9,6 +9,7 @@ the score not bilinear in x. transformers is needed here only; the table's famil
 from __future__ import annotations
 
 import re
+import sys
 
 from headforms.extract.checkpoint import ExtractError
 from headforms.extract.layouts import SEPARATE, SUPPORTED, Layout, Scale, _softcap_refusal
@@ -46,6 +47,18 @@ def discover_layout(raw: dict) -> Layout:
         detail = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ExtractError(f"{unsupported}; transformers {transformers.__version__} cannot build it: {detail}") from None
     return _layout_from_model(model, config, model_type)
+
+
+def _rope_pairing(module) -> str:
+    """The RoPE pairing of the family's `rotate_half` (in the attention module's source module), probed on
+    (1, 2, 3, 4): (-3, -4, 1, 2) rotates split halves, (-2, 1, -4, 3) adjacent pairs; else 'unrecognised'."""
+    import torch
+
+    rotate = getattr(sys.modules.get(type(module).__module__), "rotate_half", None)
+    if rotate is None:
+        return "unrecognised"
+    probe = tuple(rotate(torch.arange(1.0, 5.0)).tolist())
+    return {(-3.0, -4.0, 1.0, 2.0): "split-half", (-2.0, 1.0, -4.0, 3.0): "interleaved"}.get(probe, "unrecognised")
 
 
 def _refuse(model_type: str, reason: str) -> ExtractError:
@@ -101,4 +114,4 @@ def _layout_from_model(model, config, model_type: str) -> Layout:
     rotary = any(getattr(text, key, None) for key in ("rope_parameters", "rope_scaling", "rope_theta"))
     return Layout(positional="rope" if rotary else "learned", prefixes=prefixes, tensors=tensors, packing=SEPARATE,
                   grouped=True, scale=Scale("from the attention module (scaling)", lambda c, n: scale),
-                  refusal=_softcap_refusal)
+                  refusal=_softcap_refusal, rope_pairing=_rope_pairing(first) if rotary else "split-half")

@@ -14,6 +14,7 @@ import numpy as np
 
 DEFAULT_THETA = 10000.0
 SCALINGS = ("default", "linear", "llama3")
+PAIRINGS = ("split-half", "interleaved")
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,9 @@ def _llama3(freq: np.ndarray, params: dict) -> np.ndarray:
 def rope(theta: float, rotary_dims: int, pairing: str, scaling: str = "default", params: dict | None = None,
          refusal: str | None = None) -> Rope:
     """A Rope with its frequencies, or with a refusal for a scaling not implemented."""
+    if refusal is None and pairing not in PAIRINGS:
+        refusal = "the pairing of the rotated coordinates is not recognised (the family's rotate_half is neither "\
+                  "split-half nor interleaved)"
     if refusal is None and rotary_dims % 2:
         refusal = f"an odd number of rotary dimensions ({rotary_dims})"
     if refusal is None and scaling not in SCALINGS:
