@@ -66,6 +66,7 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     from headforms.extract.hub import FetchError
     from headforms.extract.sources import open_target, plan_targets
     from headforms.warehouse.executors import executor as make_executor
+    from headforms.warehouse import revision as local_revisions
     from headforms.warehouse.load import LoadOptions, load_models
     from headforms.warehouse.store import Writer, connect as open_warehouse, create_schema, default_db, \
         exclusive_run, interruptible, remove_warehouse
@@ -86,6 +87,7 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
             opened = True
             try:
                 create_schema(con)
+                local_revisions.prepare(con, ckpts)  # a local digest: hashed while read, or first to compare
             finally:
                 with interruptible():
                     con.close()
@@ -93,6 +95,7 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
             with Writer(db) as writer:
                 for ckpt, result in load_models(writer, ckpts, opts, work, progress.model_started,
                                                 progress.layer_done):
+                    local_revisions.record(writer, ckpt)
                     _summary(rows, ckpt, result)
                     progress.model_done(ckpt, result)
     except Exception as error:  # an interruption (Ctrl-C, a lost network) keeps committed layers, and so the file

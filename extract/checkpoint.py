@@ -1,7 +1,13 @@
 """The contract between extract/ and the rest: a model's shape and a per-layer Q/K reader."""
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import re
+import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -42,7 +48,7 @@ class Checkpoint:
 
     name: str                  # default model name in the warehouse
     source: str                # what the user asked for
-    revision: str              # hub commit, or "sha256:<hex>" of the local weight files
+    pinned: str | None         # the revision when it needs no hashing: hub or HF-cache commit, or given; else None
     spec: ModelSpec
     reader: Callable[[int], tuple[np.ndarray, np.ndarray]] = field(repr=False)
     close: Callable[[], None] = field(default=lambda: None, repr=False)
@@ -51,6 +57,24 @@ class Checkpoint:
     qk_bytes: int | None = None          # bytes of the Q/K tensors (and gains) the reader reads
     checkpoint_bytes: int | None = None  # bytes of the weight files
     meter: object = field(default=None, repr=False)  # hub sources: a Meter of the bytes fetched over the network
+    revision_kind: str = "given"     # 'hub', 'hf-cache', 'digest' or 'given' (models.revision_kind)
+    digest: Digest | None = field(default=None, repr=False)  # local files without a pinned revision
+
+    @property
+    def revision(self) -> str:
+        """The pinned revision, else the digest: from its cache, pending while deferred, or hashed now."""
+        if self.digest is None:
+            return self.pinned
+        if not self.digest.known and not self.digest.deferred:
+            self.settle_revision()
+        return self.digest.value if self.digest.known else self.digest.pending
+
+    def settle_revision(self) -> str:
+        """Hash the tensors not hashed yet by reading their layers (the reader hashes what it reads); cache it."""
+        for layer in self.digest.missing_layers():
+            self.reader(layer)
+        self.digest.save()
+        return self.digest.value
 
     @property
     def bytes_fetched(self) -> int | None:
@@ -65,18 +89,126 @@ class Checkpoint:
         return self.reader(layer)
 
 
-def sha256_files(paths) -> str:
-    """Provenance of local weights: "sha256:<hex>" of one file, or of the sorted files' digests."""
-    import hashlib
-    from pathlib import Path
+DIGEST_FORMAT = b"headforms revision digest 1\n"  # changes when what the digest covers changes
 
-    digests = []
-    for path in sorted(Path(p) for p in paths):
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 24):
-                h.update(chunk)
-        digests.append(h.hexdigest())
-    if len(digests) == 1:
-        return "sha256:" + digests[0]
-    return "sha256:" + hashlib.sha256("\n".join(digests).encode()).hexdigest()
+
+def hf_cache_commit(path: Path) -> str | None:
+    """The commit of a Hugging Face cache snapshot holding `path` (.../models--org--name/snapshots/<commit>/...)."""
+    for folder in [path, *path.parents]:
+        if (folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--")
+                and re.fullmatch(r"[0-9a-f]{40}", folder.name)):
+            return folder.name
+    return None
+
+
+class Digest:
+    """The revision of local weights without a commit: sha256 over the checkpoint's headers (config, each weight
+    file's tensor table) and the bytes of every tensor the run reads (Q/K, folded gains), by file and name.
+
+    Hashed while the layers are read, so the first extraction reads each byte once: its models row carries
+    `pending` (a digest of the headers and of each file's size and mtime) until the last layer is read, then
+    the digest. Each tensor's sha256 is cached per file, keyed by path, size and mtime, so an up-to-date
+    rerun hashes nothing; a file whose size or mtime changed is hashed again, and is the same revision if and
+    only if its bytes are the same. Compared with hashing before reading, this saves a second pass over the
+    Q/K bytes; compared with whole-file sha256, it never reads the tensors a survey does not use."""
+
+    def __init__(self, headers: dict[Path, bytes], preamble: bytes = b""):
+        self.headers = headers     # weight file -> its tensor table as bytes (what it says each tensor is and where)
+        self.preamble = preamble   # config.json's bytes (folders)
+        self.stats = {path: _stat_key(path) for path in headers}
+        self.layers: list[list[tuple[Path, str]]] = []  # per layer, the (file, tensor) its reader reads
+        self.tensors: dict[tuple[Path, str], str] = {}  # sha256 of each tensor hashed so far (or cached)
+        self.deferred = False
+        self._lock = threading.Lock()
+        for path in headers:
+            cached = _read_cache(path)
+            if cached.get("stat") == list(self.stats[path]):
+                self.tensors |= {(path, name): hexdigest for name, hexdigest in cached.get("tensors", {}).items()}
+
+    def expect(self, layers: list[list[tuple[Path, str]]]) -> None:
+        """The tensors each layer's reader reads: what the digest covers."""
+        self.layers = layers
+
+    def update(self, path: Path, name: str, data) -> None:
+        """A tensor's bytes as the reader read them (hashed unless already known for this size and mtime)."""
+        if (path, name) not in self.tensors:
+            hexdigest = hashlib.sha256(data).hexdigest()
+            with self._lock:
+                self.tensors[(path, name)] = hexdigest
+
+    def missing_layers(self) -> list[int]:
+        return [i for i, layer in enumerate(self.layers) if any(key not in self.tensors for key in layer)]
+
+    @property
+    def known(self) -> bool:
+        return not self.missing_layers()
+
+    @property
+    def value(self) -> str:
+        """"sha256:<hex>" over the headers and every expected tensor's digest (files by name, so a moved
+        folder keeps its revision)."""
+        lines = sorted(f"{path.name}\t{name}\t{self.tensors[path, name]}" for layer in self.layers
+                       for path, name in layer)
+        return "sha256:" + self._hash(("\n".join(lines)).encode()).hexdigest()
+
+    @property
+    def pending(self) -> str:
+        """A models row's revision until the digest is known: the headers, sizes and mtimes (a resumed run of
+        unchanged files matches it; the digest replaces it once every layer is read)."""
+        stats = "\n".join(f"{path.name}\t{size}\t{mtime}" for path, (size, mtime) in sorted(self.stats.items()))
+        return "pending:" + self._hash(stats.encode()).hexdigest()[:32]
+
+    def defer(self) -> None:
+        """Let `Checkpoint.revision` be `pending` instead of hashing now (the caller records the digest later)."""
+        self.deferred = True
+
+    def save(self) -> None:
+        """Cache the tensors' digests of each file under its path, size and mtime (best effort: a cache that
+        cannot be written only means hashing again)."""
+        with self._lock:
+            known = dict(self.tensors)
+        for path, stat in self.stats.items():
+            tensors = {name: hexdigest for (p, name), hexdigest in known.items() if p == path}
+            if tensors:
+                cached = _read_cache(path)
+                if cached.get("stat") == list(stat):
+                    tensors = cached.get("tensors", {}) | tensors
+                try:
+                    _write_cache(path, {"path": str(path), "stat": list(stat), "tensors": tensors})
+                except OSError:
+                    pass
+
+    def _hash(self, tail: bytes):
+        h = hashlib.sha256(DIGEST_FORMAT)
+        h.update(hashlib.sha256(self.preamble).digest())
+        for path in sorted(self.headers):
+            h.update(f"{path.name}\t".encode() + hashlib.sha256(self.headers[path]).digest())
+        h.update(tail)
+        return h
+
+
+def _stat_key(path: Path) -> tuple[int, int]:
+    stat = os.stat(path)
+    return stat.st_size, stat.st_mtime_ns
+
+
+def _cache_file(path: Path) -> Path:
+    from headforms.extract.hub import cache_root
+
+    key = hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:32]
+    return cache_root() / "digests" / f"{key}.json"
+
+
+def _read_cache(path: Path) -> dict:
+    try:
+        return json.loads(_cache_file(path).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_cache(path: Path, entry: dict) -> None:
+    target = _cache_file(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(entry))
+    os.replace(tmp, target)

@@ -14,7 +14,7 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType
 
-from headforms.extract.checkpoint import Checkpoint, ExtractError, ModelSpec, sha256_files
+from headforms.extract.checkpoint import Checkpoint, Digest, ExtractError, ModelSpec, hf_cache_commit
 from headforms.extract.layouts import SEPARATE, Layout
 from headforms.extract.norms import GGUF_NORMS, norm_for
 from headforms.extract.rope import gguf_rope
@@ -235,15 +235,28 @@ def _qk_norm_refusal(arch: str, layout: GGUFArchitecture) -> str:
 
 def open_gguf(path: Path, *, name: str, source: str, revision: str | None, qk_norm: str = "refuse",
               fold_norm: str = "none") -> Checkpoint:
-    """Open a llama.cpp GGUF file; revision None records the file's sha256. qk_norm, fold_norm: see gguf_checkpoint."""
+    """Open a llama.cpp GGUF file; revision None: a Hugging Face cache snapshot's commit, else a Digest of the
+    header and the tensors read. qk_norm, fold_norm: see gguf_checkpoint."""
     path = Path(path)
-    return gguf_checkpoint(_open_reader(path), lambda tensors: [t.data for t in tensors], path, name=name,
-                           source=source, revision=revision or sha256_files([path]),
+    reader = _open_reader(path)
+    commit = None if revision else hf_cache_commit(path.absolute())
+    digest = None if revision or commit else Digest({path: bytes(reader.data[:reader.data_offset])})
+
+    def data_of(tensors) -> list[np.ndarray]:
+        """The tensors' views of the mapped file, hashed as they are first read when a digest is the revision."""
+        if digest is not None:
+            for t in tensors:
+                digest.update(path, t.name, t.data)
+        return [t.data for t in tensors]
+
+    return gguf_checkpoint(reader, data_of, path, name=name, source=source, revision=revision or commit,
+                           revision_kind="given" if revision else "hf-cache" if commit else "digest", digest=digest,
                            checkpoint_bytes=path.stat().st_size, qk_norm=qk_norm, fold_norm=fold_norm)
 
 
-def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source: str, revision: str,
-                    checkpoint_bytes: int, meter=None, qk_norm: str = "refuse", fold_norm: str = "none") -> Checkpoint:
+def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source: str, revision: str | None,
+                    checkpoint_bytes: int, meter=None, qk_norm: str = "refuse", fold_norm: str = "none",
+                    revision_kind: str = "hub", digest: Digest | None = None) -> Checkpoint:
     """A Checkpoint over a parsed GGUF header; data_of(tensors) gives those tensors' raw data arrays
     (local: views of the mapped file; hub: fetched by range). `path` names the file in errors.
 
@@ -336,7 +349,15 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
             return w_q, w_k
         return norm.fold(w_q, w_k, _weight(gains[layer], fetched[-1], layer), fold_norm)
 
-    return Checkpoint(name=name, source=source, revision=revision, spec=spec, reader=read, close=layers.clear,
+    if digest is not None:
+        digest.expect([[(path, t.name) for t in [*layer.values(), *gains[i:i + 1]]] for i, layer in enumerate(layers)])
+
+    def close() -> None:
+        if digest is not None:
+            digest.save()
+        layers.clear()
+
+    return Checkpoint(name=name, source=source, pinned=revision, spec=spec, reader=read, close=close,
                       qk_bytes=sum(int(t.n_bytes) for layer in layers for t in [*layer.values()])
                       + sum(int(t.n_bytes) for t in gains),
-                      checkpoint_bytes=checkpoint_bytes, meter=meter)
+                      checkpoint_bytes=checkpoint_bytes, meter=meter, revision_kind=revision_kind, digest=digest)

@@ -16,13 +16,14 @@ import sys
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 from safetensors import safe_open
 
-from headforms.extract.checkpoint import Checkpoint, ExtractError, ModelSpec, sha256_files
+from headforms.extract.checkpoint import Checkpoint, Digest, ExtractError, ModelSpec, hf_cache_commit
 from headforms.extract.layouts import Layout, model_spec
 from headforms.extract.norms import HF_NORMS, norm_for
 
@@ -136,8 +137,9 @@ def span_array(raw: bytearray, dtype: str, shape: tuple[int, ...]) -> np.ndarray
         return values.astype(np.float64).reshape(shape)
 
 
-def _safetensors_fetch(path: Path, names: list[str], spans: dict) -> dict[str, np.ndarray]:
-    """Named tensors as float64, read with positioned reads of exactly their bytes (no mapping, no readahead)."""
+def _safetensors_fetch(path: Path, names: list[str], spans: dict, digest: Digest | None = None) -> dict[str, np.ndarray]:
+    """Named tensors as float64, read with positioned reads of exactly their bytes (no mapping, no readahead);
+    a digest hashes the bytes as read."""
     if sys.byteorder != "little":  # safetensors is little-endian: let the library convert
         with _safetensors_open(path, framework="pt") as f:
             try:
@@ -149,6 +151,8 @@ def _safetensors_fetch(path: Path, names: list[str], spans: dict) -> dict[str, n
         for name in sorted(names, key=lambda n: spans[n][2]):  # in file order
             dtype, shape, start, end = spans[name]
             raw = _read_at(f, start, end - start, path) if end > start else bytearray()
+            if digest is not None:
+                digest.update(path, name, raw)
             out[name] = span_array(raw, dtype, shape)
     return out
 
@@ -177,8 +181,13 @@ def _torch_header(path: Path) -> tuple[dict[str, tuple[tuple[int, ...], str]], d
     return {name: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in torch_state_dict(path).items()}, {}
 
 
-def _torch_fetch(path: Path, names: list[str], spans: dict) -> dict[str, np.ndarray]:
+def _torch_fetch(path: Path, names: list[str], spans: dict, digest: Digest | None = None) -> dict[str, np.ndarray]:
+    import torch
+
     state = torch_state_dict(path)
+    if digest is not None:  # the tensor's elements in order (its storage may hold more than them)
+        for name in names:
+            digest.update(path, name, state[name].contiguous().view(torch.uint8).numpy())
     return {name: _float64(state[name]) for name in names}
 
 
@@ -204,11 +213,12 @@ class Weights:
     pool: ThreadPoolExecutor | None = field(default=None, repr=False)
 
     def prefetch(self, names) -> None:
-        """Start fetching tensors in the background (hub: into the range cache); read() waits for them."""
+        """Start fetching tensors in the background into the hub's range cache, decoding nothing (the read
+        decodes them: a layer ahead holds no float64 copy); read() waits for them."""
         todo = [n for n in names if n not in self.pending]
         if todo:
             self.pool = self.pool or ThreadPoolExecutor(1, thread_name_prefix="headforms-prefetch")
-            self.pending |= dict.fromkeys(todo, self.pool.submit(self._fetch, todo))
+            self.pending |= dict.fromkeys(todo, self.pool.submit(self._fetch, todo, False))
 
     def close(self) -> None:
         """Stop fetching ahead."""
@@ -232,10 +242,11 @@ class Weights:
             future.result()  # fetched ahead: now in the cache (or its error raised here)
         return self._fetch(names)
 
-    def _fetch(self, names: list[str]) -> dict[str, np.ndarray]:
+    def _fetch(self, names: list[str], decode: bool = True) -> dict[str, np.ndarray]:
         out = {}
         for path in dict.fromkeys(self.where[n] for n in names):
-            out |= self.fetch(path, [n for n in names if self.where[n] == path], self.spans)
+            out |= self.fetch(path, [n for n in names if self.where[n] == path], self.spans,
+                              **({} if decode else {"decode": False}))
         return out
 
 
@@ -309,20 +320,35 @@ def open_hf_folder(folder: Path, *, name: str, source: str, revision: str | None
                    tower: str | None = None, fold_norm: str = "none") -> Checkpoint:
     """A Checkpoint over a local Hugging Face folder; validates config and every layer's Q/K tensors up front.
 
-    revision=None records "sha256:<hex>" of the weight files. qk_norm, tower, fold_norm: see hf_checkpoint.
+    revision=None: a folder inside a Hugging Face cache snapshot is its commit; any other folder a Digest of
+    config.json, the weight files' headers and the tensors read. qk_norm, tower, fold_norm: see hf_checkpoint.
     """
     folder = Path(folder)
     config = _read_config(folder)
     model_spec(config, qk_norm=qk_norm, tower=tower)  # an unsupported config is refused before the weights are read
     weights = _find_weights(folder)
+    commit = None if revision else hf_cache_commit(folder.absolute())
+    digest = None
+    if not (revision or commit):
+        digest = Digest({path: _header_bytes(weights, path) for path in weights.files},
+                        preamble=(folder / "config.json").read_bytes())
+        weights.fetch = partial(weights.fetch, digest=digest)
     return hf_checkpoint(config, weights, name=name, source=source, qk_norm=qk_norm, tower=tower, fold_norm=fold_norm,
-                         revision=revision or sha256_files(weights.files),
+                         revision=revision or commit, revision_kind="given" if revision else "hf-cache" if commit
+                         else "digest", digest=digest,
                          checkpoint_bytes=sum(os.path.getsize(f) for f in weights.files))
 
 
-def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, revision: str, qk_norm: str,
+def _header_bytes(weights: Weights, path: Path) -> bytes:
+    """What a weight file's header says of each tensor in it (dtype, shape, byte span), as bytes to hash."""
+    table = sorted([name, *weights.meta[name], *weights.spans.get(name, ())[2:]]
+                   for name, where in weights.where.items() if where == path)
+    return json.dumps(table).encode()
+
+
+def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, revision: str | None, qk_norm: str,
                   tower: str | None = None, fold_norm: str = "none", checkpoint_bytes: int | None = None,
-                  meter=None) -> Checkpoint:
+                  meter=None, revision_kind: str = "hub", digest: Digest | None = None) -> Checkpoint:
     """A Checkpoint over a config and its weight files (local or on the hub); checks every layer's Q/K up front.
 
     qk_norm: "refuse" or "fold"; tower: which tower of a multi-tower model (see model_spec); fold_norm:
@@ -360,5 +386,14 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, rev
 
     qk = {t for layer in range(spec.n_layers) for t in tensors(layer).values()}
     qk_bytes = sum(math.prod(weights.meta[t][0]) * _ITEMSIZE[weights.meta[t][1]] for t in qk)
-    return Checkpoint(name=name, source=source, revision=revision, spec=spec, reader=reader, close=weights.close,
-                      qk_bytes=qk_bytes, checkpoint_bytes=checkpoint_bytes, meter=meter)
+    if digest is not None:
+        digest.expect([[(weights.where[t], t) for t in tensors(layer).values()] for layer in range(spec.n_layers)])
+
+    def close() -> None:
+        weights.close()
+        if digest is not None:
+            digest.save()
+
+    return Checkpoint(name=name, source=source, pinned=revision, spec=spec, reader=reader, close=close,
+                      qk_bytes=qk_bytes, checkpoint_bytes=checkpoint_bytes, meter=meter, revision_kind=revision_kind,
+                      digest=digest)

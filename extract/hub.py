@@ -50,10 +50,13 @@ class Meter:
 
 
 def cache_root() -> Path:
-    """$HEADFORMS_CACHE, else headforms/hub under $XDG_CACHE_HOME (default ~/.cache)."""
+    """$HEADFORMS_CACHE, else `headforms` in the Hugging Face cache (HF_HUB_CACHE, else HF_HOME/hub, as
+    huggingface_hub resolves them), so a job given its own HF_HOME gets its own ranges too."""
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "headforms" / "hub"
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE).expanduser() / "headforms"
 
 
 def _repo_dir(repo_id: str) -> Path:
@@ -178,54 +181,81 @@ class RemoteFile:
             self._listing = [tuple(map(int, n.split("-"))) for n in names if re.fullmatch(r"\d+-\d+", n)]
         return self._listing
 
-    def _from_cache(self, start: int, end: int) -> bytes | None:
-        for a, b in self._cached_chunks():
-            if a <= start and end <= b:
-                with open(self.chunks / f"{a}-{b}", "rb") as f:
-                    f.seek(start - a)
-                    return f.read(end - start)
-        return None
+    def _uncovered(self, start: int, end: int) -> list[tuple[int, int]]:
+        """The parts of start..end that no cached chunk holds."""
+        gaps, at = [], start
+        for a, b in sorted(self._cached_chunks()):
+            if a >= end:
+                break
+            if b > at:
+                if a > at:
+                    gaps.append((at, a))
+                at = b
+        return gaps + ([(at, end)] if at < end else [])
+
+    def _from_cache(self, start: int, end: int) -> memoryview:
+        """start..end-1 from the cached chunks covering it (read into one buffer)."""
+        buf, at = bytearray(end - start), start
+        for a, b in sorted(self._cached_chunks()):
+            if a <= at < b:
+                with open(self.chunks / f"{a}-{b}", "rb", buffering=0) as f:
+                    f.seek(at - a)
+                    view = memoryview(buf)[at - start:min(b, end) - start]
+                    while view:
+                        view = view[f.readinto(view):]
+                at = min(b, end)
+                if at == end:
+                    break
+        return memoryview(buf)
 
     def prefix_path(self, size: int) -> Path:
-        """A cached chunk holding the file's first `size` bytes (for readers that want a path), fetched if need be."""
-        self.read_at(0, size)
+        """A cached chunk holding the file's first `size` bytes (for readers that want a path): only the bytes
+        no chunk holds are fetched, and a prefix grown from a shorter one is written whole."""
+        if not any(a == 0 and b >= size for a, b in self._cached_chunks()):
+            data = self.read_at(0, size)
+            if not any(a == 0 and b >= size for a, b in self._cached_chunks()):
+                _write_atomic(self.chunks / f"0-{size}", data)
+                self._cached_chunks().append((0, size))
         return self.chunks / "{}-{}".format(*min(c for c in self._cached_chunks() if c[0] == 0 and c[1] >= size))
 
     # -- reading
 
     def read_at(self, offset: int, size: int) -> bytes:
         """Exactly `size` bytes from `offset`, from the cache or the hub."""
-        return self.read_many([(offset, offset + size)])[(offset, offset + size)]
+        return bytes(self.read_many([(offset, offset + size)])[(offset, offset + size)])
 
-    def read_many(self, spans: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
-        """The bytes of each (start, end) span: cached spans read locally, the rest fetched with adjacent
-        spans coalesced, long ranges split into pieces, several requests in flight; each range cached."""
+    def read_many(self, spans: list[tuple[int, int]]) -> dict[tuple[int, int], memoryview]:
+        """The bytes of each (start, end) span: what the cache holds read locally, the rest fetched with
+        adjacent spans coalesced, long ranges split into pieces, several requests in flight; each range
+        cached. Every byte is held once: a range is fetched into one buffer, and spans are views of it."""
         for start, end in spans:
             if not 0 <= start <= end <= self.size:
                 raise ExtractError(f"cannot read {self}: bytes {start}-{end} lie outside its {self.size} bytes")
-        out = {s: self._from_cache(*s) for s in spans}
-        missing = sorted({s for s, data in out.items() if data is None and s[1] > s[0]})
+        gaps = sorted(gap for start, end in set(spans) if end > start for gap in self._uncovered(start, end))
         ranges: list[list[int]] = []
-        for start, end in missing:
+        for start, end in gaps:
             if ranges and start <= ranges[-1][1]:
                 ranges[-1][1] = max(ranges[-1][1], end)
             else:
                 ranges.append([start, end])
-        pieces = [(a, min(a + PIECE, end)) for start, end in ranges for a in range(start, end, PIECE)]
+        fresh = {(start, end): memoryview(bytearray(end - start)) for start, end in ranges}
+        pieces = [(a, min(a + PIECE, end), fresh[start, end][a - start:min(a + PIECE, end) - start])
+                  for start, end in fresh for a in range(start, end, PIECE)]
         if pieces:
             with ThreadPoolExecutor(min(IN_FLIGHT, len(pieces))) as pool:
-                fetched = dict(zip(pieces, pool.map(lambda p: self._fetch(*p), pieces)))
-            for start, end in ranges:
-                data = b"".join(fetched[p] for p in pieces if start <= p[0] < end)
+                list(pool.map(lambda piece: self._fetch(*piece), pieces))
+            for (start, end), data in fresh.items():
                 _write_atomic(self.chunks / f"{start}-{end}", data)
                 self._cached_chunks().append((start, end))
-                for s in missing:
-                    if start <= s[0] and s[1] <= end:
-                        out[s] = data[s[0] - start:s[1] - start]
-        return {s: b"" if data is None else data for s, data in out.items()}
+        out = {}
+        for start, end in spans:
+            holder = next(((a, b) for a, b in fresh if a <= start and end <= b), None)
+            out[start, end] = (memoryview(b"") if end == start else fresh[holder][start - holder[0]:end - holder[0]]
+                               if holder else self._from_cache(start, end))
+        return out
 
-    def _fetch(self, start: int, end: int) -> bytes:
-        """Bytes start..end-1 from the hub; a drop or short body resumes where it stopped, 429/5xx retry."""
+    def _fetch(self, start: int, end: int, into: memoryview) -> None:
+        """Bytes start..end-1 from the hub, into `into`; a drop or short body resumes where it stopped, 429/5xx retry."""
         from huggingface_hub import constants, hf_hub_url
         from huggingface_hub.utils import hf_raise_for_status
 
@@ -233,13 +263,13 @@ class RemoteFile:
             raise FetchError(f"bytes {start}-{end} of {self} are not in the headforms cache and HF_HUB_OFFLINE is set")
         session, transport_errors = _session_and_errors()
         url = hf_hub_url(self.repo.repo_id, self.path, revision=self.repo.commit, endpoint=constants.ENDPOINT)
-        buf, tries, why = bytearray(), 0, ""
-        while len(buf) < end - start:
+        got, tries, why = 0, 0, ""
+        while got < end - start:
             if tries == RETRIES:
                 raise FetchError(f"cannot fetch bytes {start}-{end} of {self} from the Hugging Face hub after "
                                  f"{RETRIES} tries ({why}); committed layers are kept: run the same command to resume")
             wait, tries = BACKOFF * 2 ** (tries - 1) if tries else 0.0, tries + 1
-            at = start + len(buf)
+            at = start + got
             headers = self.repo.headers | {"Range": f"bytes={at}-{end - 1}", "Accept-Encoding": "identity"}
             try:
                 with session.stream("GET", url, headers=headers, timeout=TIMEOUT) as response:
@@ -259,12 +289,13 @@ class RemoteFile:
                         why = f"Content-Range {response.headers.get('Content-Range')!r}, expected {expected}..."
                         continue
                     for chunk in response.iter_bytes():
-                        buf += chunk
                         self.repo.meter.add(len(chunk))
-                        if len(buf) > end - start:
+                        if got + len(chunk) > end - start:
                             raise FetchError(f"the hub sent more than bytes {start}-{end} of {self}")
-                    if len(buf) < end - start:
-                        why = f"short body: {start + len(buf) - at} bytes of {end - at}"
+                        into[got:got + len(chunk)] = chunk
+                        got += len(chunk)
+                    if got < end - start:
+                        why = f"short body: {start + got - at} bytes of {end - at}"
             except transport_errors as e:
                 why = _one_line(e)
                 time.sleep(wait)
@@ -272,9 +303,8 @@ class RemoteFile:
                 raise
             except Exception as e:  # hf_raise_for_status: 401, 403, 404 ...
                 raise FetchError(f"cannot fetch {self} from the Hugging Face hub: {_one_line(e)}") from None
-            if start + len(buf) > at:  # progress made: the next try resumes, it is no new failure
+            if start + got > at:  # progress made: the next try resumes, it is no new failure
                 tries = 0
-        return bytes(buf)
 
 
 class RangeReader:

@@ -87,11 +87,14 @@ def _safetensors_header(remote: RemoteFile):
     return spans_meta(spans), {name: (remote, span) for name, span in spans.items()}
 
 
-def _safetensors_fetch(remote: RemoteFile, names: list[str], spans: dict) -> dict[str, np.ndarray]:
+def _safetensors_fetch(remote: RemoteFile, names: list[str], spans: dict, decode: bool = True) -> dict[str, np.ndarray]:
+    """Named tensors as float64 (decode=False: only fetched into the range cache, for a layer read ahead)."""
     if sys.byteorder != "little":
         raise ExtractError("reading safetensors from the hub needs a little-endian machine")
     wanted = {name: spans[name][1] for name in names}
     data = remote.read_many([(start, end) for _, _, start, end in wanted.values()])
+    if not decode:
+        return {}
     return {name: span_array(data[(start, end)], dtype, shape) for name, (dtype, shape, start, end) in wanted.items()}
 
 
@@ -186,8 +189,9 @@ def _zip_header(remote: RemoteFile):
     return meta, spans
 
 
-def _zip_fetch(remote: RemoteFile, names: list[str], spans: dict) -> dict[str, np.ndarray]:
-    """Named tensors of a torch checkpoint: the records' local headers, then only the bytes each tensor spans."""
+def _zip_fetch(remote: RemoteFile, names: list[str], spans: dict, decode: bool = True) -> dict[str, np.ndarray]:
+    """Named tensors of a torch checkpoint: the records' local headers, then only the bytes each tensor spans
+    (decode=False: only fetched into the range cache, for a layer read ahead)."""
     kinds = {name: spans[name][1] for name in names}
     whole = {name: kind[1] for name, kind in kinds.items() if kind[0] == "tensor"}
     zipped = {name: kind[1:] for name, kind in kinds.items() if kind[0] == "zip"}
@@ -205,6 +209,8 @@ def _zip_fetch(remote: RemoteFile, names: list[str], spans: dict) -> dict[str, n
             raise ExtractError(f"cannot read {remote}: tensor '{name}' runs past its storage record")
         wanted[name] = (data + first * itemsize, data + last * itemsize)
     got = remote.read_many(list(wanted.values()))
+    if not decode:
+        return {}
     out = dict(whole)
     for name, (ref, _) in zipped.items():
         raw = got[wanted[name]]
@@ -215,7 +221,8 @@ def _zip_fetch(remote: RemoteFile, names: list[str], spans: dict) -> dict[str, n
 
 # GGUF ----------------------------------------------------------------------------------------
 
-_GGUF_PREFIX = 1 << 16  # first read of a hub GGUF file; doubled until the header and tensor table parse
+_GGUF_PREFIX = 1 << 16  # first read of a hub GGUF file; grown until the header and tensor table parse,
+_GGUF_STEP = 1 << 20    # doubling up to this step, then by it: at most 1 MB is fetched past the header
 
 
 class _PrefixReader(_HeaderReader):
@@ -249,7 +256,7 @@ def _remote_gguf_reader(remote: RemoteFile) -> _PrefixReader:
             if prefix == remote.size:
                 detail = (str(e).splitlines() or [type(e).__name__])[0]
                 raise ExtractError(f"corrupt or truncated GGUF file {remote}: {detail}") from None
-            prefix = min(2 * prefix, remote.size)
+            prefix = min(prefix + min(prefix, _GGUF_STEP), remote.size)
 
 
 def _gguf_data(remote: RemoteFile, tensors) -> list[np.ndarray]:

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from headforms.extract.checkpoint import ExtractError, sha256_files
+from headforms.extract.checkpoint import ExtractError
 from headforms.extract.hf import open_hf_folder
 from headforms.extract.layouts import LAYOUTS, SUPPORTED, model_spec
 from tests import tiny_models as tm
@@ -137,7 +137,7 @@ def test_forms_reproduce_model_logits(name, tmp_path):
     assert (spec.architecture in LAYOUTS) != tm.TINY[name].discovered
     assert (spec.n_heads, spec.n_kv_heads, spec.head_dim, spec.d_model, spec.positional,
             spec.score_scale, spec.qk_norm) == pytest.approx(EXPECTED[name])
-    assert spec.n_layers == 2 and ckpt.revision == sha256_files([folder / "model.safetensors"])
+    assert spec.n_layers == 2 and ckpt.revision.startswith("sha256:") and ckpt.revision_kind == "digest"
     trace = tm.trace(name, model)
     for layer in range(spec.n_layers):
         w_q, w_k = ckpt.read_layer(layer)
@@ -194,13 +194,14 @@ def test_formats_give_identical_arrays(name, tmp_path):
 def test_safetensors_preferred_and_revision(tmp_path):
     _, folder = saved("llama", tmp_path)
     torch.save(tm.build("llama", seed=5).state_dict(), folder / "pytorch_model.bin")
-    expected = open_folder(folder).read_layer(0)  # revision from the safetensors file alone
+    safetensors = open_folder(folder)  # the revision is of the safetensors file alone
+    expected = safetensors.read_layer(0)
     ckpt = open_folder(folder, revision="abc123")
     assert ckpt.revision == "abc123"
     np.testing.assert_array_equal(ckpt.read_layer(0)[0], expected[0])
     os.remove(folder / "model.safetensors")
     bin_ckpt = open_folder(folder)
-    assert bin_ckpt.revision == sha256_files([folder / "pytorch_model.bin"])
+    assert bin_ckpt.revision.startswith("sha256:") and bin_ckpt.revision != safetensors.revision
     assert not np.array_equal(bin_ckpt.read_layer(0)[0], expected[0])
 
 

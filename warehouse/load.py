@@ -286,7 +286,7 @@ def layer_rows(ckpt: Checkpoint, opts: LoadOptions, layer: int) -> LayerRows:
 def _model_record(ckpt: Checkpoint, opts: LoadOptions) -> dict:
     spec = ckpt.spec
     return {
-        "model": ckpt.name, "source": ckpt.source, "revision": ckpt.revision,
+        "model": ckpt.name, "source": ckpt.source, "revision": ckpt.revision, "revision_kind": ckpt.revision_kind,
         "architecture": spec.architecture, "positional_encoding": spec.positional,
         "n_layers": spec.n_layers, "n_heads": spec.n_heads, "n_kv_heads": spec.n_kv_heads,
         "d_model": spec.d_model, "head_dim": spec.head_dim, "score_scale": spec.score_scale,

@@ -4,7 +4,7 @@
 CREATE TABLE IF NOT EXISTS models (
     model               VARCHAR PRIMARY KEY,
     source              VARCHAR NOT NULL,   -- what was asked for: hub id, path, pkg:NAME
-    revision            VARCHAR NOT NULL,   -- hub commit, or sha256:<hex> of the weight files
+    revision            VARCHAR NOT NULL,   -- a commit, --revision, or sha256:<hex> (revision_kind)
     architecture        VARCHAR NOT NULL,   -- config model_type / GGUF architecture
     positional_encoding VARCHAR,            -- learned, absolute, rope, alibi
     n_layers            INTEGER NOT NULL,
@@ -27,6 +27,9 @@ ALTER TABLE models ADD COLUMN IF NOT EXISTS training_step BIGINT;    -- from the
 -- What a run cost (added after the first release: a warehouse from before gets the columns, NULL).
 ALTER TABLE models ADD COLUMN IF NOT EXISTS bytes_fetched BIGINT;     -- bytes fetched from the hub, NULL for local files
 ALTER TABLE models ADD COLUMN IF NOT EXISTS checkpoint_bytes BIGINT;  -- bytes of the checkpoint's weight files
+-- What the revision is: 'hub' (commit), 'hf-cache' (a Hugging Face cache snapshot's commit), 'given' (--revision),
+-- 'digest' (sha256:<hex> of the headers and the tensors read; pending:<hex> until a first run has read them all).
+ALTER TABLE models ADD COLUMN IF NOT EXISTS revision_kind VARCHAR;
 
 
 -- Progress: a layer is listed once all its rows are committed (one transaction).
