@@ -199,6 +199,56 @@ def report(db: str | Path | None = None, out: str | Path = "report", *, wait: fl
         con.close()
 
 
+def behaviour(sources: str | Iterable[str], db: str | Path | None = None, *, length: int = 64, sequences: int = 8,
+              seed: int = 0, device: str = "cpu", tower: str | None = None, name: str | None = None,
+              resamples: int = 2000, wait: float = 0.0):
+    """Each head's behaviour beside its form (statistics.md section 8), for models already in the warehouse.
+
+    Runs each model with transformers on `sequences` seeded sequences of `length` random ordinary tokens, each
+    repeated once, and stores per head (`head_behaviour`) its self, previous-token and induction scores and its
+    mean self-logit, with the warehouse form's part, the q/k biases' part and the largest reproduction error;
+    and per parity type the medians' layer-bootstrap intervals (`behaviour_intervals`, `resamples`, seeded by
+    `seed`). Returns one row per model: heads, seconds (all, and the forward pass's), largest reproduction error."""
+    import time
+
+    import polars as pl
+
+    from headforms.extract import behaviour as run_model
+    from headforms.extract.sources import open_target, plan_targets
+    from headforms.warehouse.behaviour import behaviour_rows, stored_model, write_behaviour
+    from headforms.warehouse.store import Writer, default_db, exclusive_run
+
+    if length < 2 or sequences < 1 or resamples < 1:
+        raise ValueError(f"length >= 2, sequences >= 1 and resamples >= 1 (got {length}, {sequences}, {resamples})")
+    db, rows = Path(db or default_db()), []
+    if not db.exists():
+        raise FileNotFoundError(f"no warehouse {db}: run `headforms extract` first")
+    for target in plan_targets(sources, name=name):
+        started, ckpt = time.perf_counter(), open_target(target, tower=tower)
+        try:
+            con = connect(db, wait=wait)
+            try:
+                model = stored_model(con, ckpt)
+            finally:
+                con.close()
+            network, allowed = run_model.load(target.source, ckpt.revision if ckpt.meter is not None else None,
+                                              ckpt.spec, tower=tower, length=length, sequences=sequences,
+                                              device=device)
+            run = run_model.run(network, allowed, length=length, sequences=sequences, seed=seed,
+                                n_layers=ckpt.spec.n_layers, label=ckpt.name)
+            del network
+            frame = behaviour_rows(model, ckpt, run, length=length, sequences=sequences, seed=seed)
+        finally:
+            ckpt.close()
+        with exclusive_run(db, wait), Writer(db) as writer, writer.connection() as con:
+            write_behaviour(con, frame, resamples, seed)
+        rows.append({"model": ckpt.name, "heads": frame.height, "seconds": time.perf_counter() - started,
+                     "forward_seconds": run.seconds,
+                     "reproduction_error": frame["reproduction_error"].max(),
+                     "largest_self_logit": frame["self_logit"].abs().max()})
+    return pl.DataFrame(rows, schema_overrides={"seconds": pl.Float64, "reproduction_error": pl.Float64})
+
+
 @dataclass
 class Analysis:
     """Every number the warehouse would store about some heads, as polars frames."""
@@ -247,5 +297,5 @@ def _as_numpy(w):
     return w
 
 
-__all__ = ["Analysis", "Progress", "analyse", "cache", "connect", "extract", "heads", "plan", "report", "spectra",
-           "table"]
+__all__ = ["Analysis", "Progress", "analyse", "behaviour", "cache", "connect", "extract", "heads", "plan", "report",
+           "spectra", "table"]

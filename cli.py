@@ -180,6 +180,38 @@ class _BarProgress:
 
 
 @main.command()
+@click.argument("sources", nargs=-1, required=True)
+@db_option(read_only=True)
+@click.option("--length", type=click.IntRange(min=2), default=64, show_default=True,
+              help="T: random tokens per sequence; each sequence is repeated once (2T tokens).")
+@click.option("--sequences", type=click.IntRange(min=1), default=8, show_default=True, help="B: sequences per model.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the token draws and of the intervals.")
+@click.option("--device", default="cpu", show_default=True, help="torch device of the forward pass (cpu, cuda).")
+@click.option("--tower", help="Tower of a multi-tower checkpoint, as extracted (text towers only).")
+@click.option("--name", help="The model's name in the warehouse (one source only; default: from the source).")
+@click.option("--resamples", type=click.IntRange(min=1), default=2000, show_default=True,
+              help="B of the layer-bootstrap intervals per parity type.")
+@WAIT
+def behaviour(sources, db, length, sequences, seed, device, tower, name, resamples, wait):
+    """Each head's behaviour beside its form: run SOURCES (models already extracted) on repeated random tokens.
+
+    Stores per head its self, previous-token and induction scores and its self-logit, reproduced by the
+    warehouse's form (table head_behaviour; views behaviour_by_parity, behaviour_correlations).
+    """
+    from headforms import api
+    from headforms.extract.sources import plan_targets
+
+    try:
+        plan_targets(sources, name=name)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    for row in api.behaviour(sources, db=db, length=length, sequences=sequences, seed=seed, device=device,
+                             tower=tower, name=name, resamples=resamples, wait=wait).iter_rows(named=True):
+        click.echo(f"{row['model']}: {row['heads']} heads in {row['seconds']:.1f} s (forward pass "
+                   f"{row['forward_seconds']:.1f} s); the form reproduces the self-logits to "
+                   f"{row['reproduction_error']:.2e} (largest |self-logit| {row['largest_self_logit']:.3g})")
+
+@main.command()
 @click.argument("query")
 @db_option(read_only=True)
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)

@@ -174,3 +174,37 @@ CREATE TABLE IF NOT EXISTS distance_profiles (
 -- Columns added after the first release (old warehouses gain them when opened for writing).
 ALTER TABLE models ADD COLUMN IF NOT EXISTS fold_norm VARCHAR;     -- NULL, 'gain' or 'center' (--fold-norm)
 ALTER TABLE models ADD COLUMN IF NOT EXISTS distances INTEGER[];   -- RoPE: the deltas of distance_profiles
+
+-- Behaviour beside form (statistics.md section 8; `headforms behaviour`): per head, scores from the model's own
+-- forward pass over `sequences` seeded random sequences of `length` tokens, each repeated once, and its mean
+-- pre-softmax self-logit (scale applied) split into the form's part (score_scale * x^T L x from the
+-- warehouse's own W_Q, W_K) and the q/k biases' part. Joined to heads by (model, layer, head).
+CREATE TABLE IF NOT EXISTS head_behaviour (
+    model              VARCHAR NOT NULL,
+    layer              INTEGER NOT NULL,
+    head               INTEGER NOT NULL,
+    self_score         DOUBLE,    -- mean A[i, i], i >= 1
+    previous_score     DOUBLE,    -- mean A[i, i - 1], i >= 1
+    induction_score    DOUBLE,    -- mean A[T + i, i + 1], i in 1 .. T-1
+    self_logit         DOUBLE,    -- the model's mean scale * q_i . k_i over positions and sequences
+    form_self_logit    DOUBLE,    -- the form's mean score_scale * x_i^T L x_i
+    bias_self_logit    DOUBLE,    -- the biases' mean scale * (b_k . W_Q x_i + b_q . W_K x_i + b_q . b_k)
+    reproduction_error DOUBLE,    -- max |model - form - bias| over positions and sequences
+    length             INTEGER NOT NULL,  -- T
+    sequences          INTEGER NOT NULL,  -- B
+    seed               BIGINT NOT NULL,
+    PRIMARY KEY (model, layer, head)
+);
+-- Per model, parity type ('I+', 'II', 'I-', and 'I+ - I-' for the difference of those two medians) and score:
+-- the median over the type's heads with its 95% bootstrap interval resampling layers, as `intervals` does.
+CREATE TABLE IF NOT EXISTS behaviour_intervals (
+    model     VARCHAR NOT NULL,
+    parity    VARCHAR NOT NULL,
+    figure    VARCHAR NOT NULL,   -- median_self_score, median_previous_score, median_induction_score, median_self_logit
+    estimate  DOUBLE,
+    low       DOUBLE,
+    high      DOUBLE,
+    resamples INTEGER NOT NULL,
+    seed      BIGINT NOT NULL,
+    PRIMARY KEY (model, parity, figure)
+);

@@ -1,0 +1,53 @@
+"""Behaviour scores of heads from attention weights and logits (statistics.md section 8): pure array code.
+
+Inputs are one layer's arrays over a batch of B sequences of length 2T (a random sequence repeated
+once). Outputs are per head, averaged over sequences and positions.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def repeated_sequences(allowed: np.ndarray, length: int, sequences: int, seed: int) -> np.ndarray:
+    """(B, 2T) token ids: T ids drawn uniformly (seeded) from `allowed`, then the same T again."""
+    rng = np.random.default_rng(seed)
+    first = allowed[rng.integers(0, len(allowed), size=(sequences, length))]
+    return np.concatenate([first, first], axis=1)
+
+
+def attention_scores(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per head (self, previous-token, induction) scores of attention weights A (B, H, 2T, 2T).
+
+    self: mean A[i, i] over i >= 1; previous: mean A[i, i-1] over i >= 1; induction: mean
+    A[T+i, i+1] over i in 1..T-1 (the token after the query token's first occurrence)."""
+    t = weights.shape[-1] // 2
+    own = np.diagonal(weights, axis1=-2, axis2=-1)[..., 1:]
+    previous = np.diagonal(weights, offset=-1, axis1=-2, axis2=-1)
+    i = np.arange(1, t)
+    induction = weights[..., t + i, i + 1]
+    return own.mean(axis=(0, -1)), previous.mean(axis=(0, -1)), induction.mean(axis=(0, -1))
+
+
+def self_logits(query: np.ndarray, key: np.ndarray, scale: float) -> np.ndarray:
+    """(B, H, P) pre-softmax logits at j = i, scale * q_i . k_i, from the model's own q (B, H, P, n) and
+    k (B, H_kv, P, n); query head h reads key head h // (H / H_kv) (repeat_kv order)."""
+    groups = query.shape[1] // key.shape[1]
+    return scale * np.einsum("bhpn,bhpn->bhp", query, np.repeat(key, groups, axis=1))
+
+
+def form_logits(x: np.ndarray, w_q: np.ndarray, w_k: np.ndarray, kv_index: np.ndarray, scale: float) -> np.ndarray:
+    """(B, H, P) the form's self-logit scale * x^T L x = scale * (W_Q x) . (W_K x), for inputs x (B, P, N)
+    and maps w_q (H, n, N), w_k (H_kv, n, N); never forms the N x N matrix L."""
+    q = np.einsum("bpN,hnN->bhpn", x, w_q)
+    k = np.einsum("bpN,hnN->bhpn", x, w_k[kv_index])
+    return scale * np.einsum("bhpn,bhpn->bhp", q, k)
+
+
+def bias_logits(x: np.ndarray, w_q: np.ndarray, w_k: np.ndarray, b_q: np.ndarray, b_k: np.ndarray,
+                kv_index: np.ndarray, scale: float) -> np.ndarray:
+    """(B, H, P) the query/key biases' part of the self-logit, which the form does not hold:
+    scale * (b_k . W_Q x + b_q . W_K x + b_q . b_k), biases b_q (H, n), b_k (H_kv, n)."""
+    b_k = b_k[kv_index]
+    through_q = np.einsum("bpN,hnN,hn->bhp", x, w_q, b_k)
+    through_k = np.einsum("bpN,hnN,hn->bhp", x, w_k[kv_index], b_q)
+    return scale * (through_q + through_k + np.einsum("hn,hn->h", b_q, b_k)[:, None])

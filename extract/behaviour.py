@@ -1,0 +1,265 @@
+"""Running a checkpoint with transformers on repeated random tokens (statistics.md section 8): per layer, the
+heads' attention scores, their own pre-softmax self-logits, the attention's input x and the q/k biases.
+
+The logits are captured by an attention function registered in transformers' attention-function registry
+(ALL_ATTENTION_FUNCTIONS): every family that dispatches through it (llama, qwen2, mistral and other GQA
+models with RoPE, gpt2, bert, clip's text tower) hands that function its own q and k, after RoPE and the
+biases, and its own scale, so q_i . k_i is the model's diagonal logit whatever the family's layout; the
+function then calls the family's own eager attention, so the weights are the model's. A forward pre-hook on
+the attention module keeps its input x (after the norm that feeds attention, as the model applies it).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from headforms.compute.behaviour import attention_scores, repeated_sequences, self_logits
+from headforms.extract.checkpoint import ExtractError
+
+CAPTURE = "headforms_capture"  # the attention function's name in transformers' registry
+INSTALL = "pip install 'headforms[behaviour]'"
+
+
+@dataclass
+class LayerRun:
+    """One layer of a run: scores (H,), the model's self-logits (B, H, P), inputs x (B, P, N), biases or None."""
+
+    self_score: np.ndarray
+    previous_score: np.ndarray
+    induction_score: np.ndarray
+    logits: np.ndarray
+    inputs: np.ndarray
+    b_q: np.ndarray | None
+    b_k: np.ndarray | None
+
+
+@dataclass
+class Run:
+    """A model's forward pass on B repeated sequences of length 2T: per layer, what LayerRun holds."""
+
+    layers: list[LayerRun]
+    tokens: np.ndarray
+    seconds: float
+
+
+class _Recorder:
+    """What the capture function sees during one forward pass, in layer order."""
+
+    def __init__(self):
+        self.inputs: dict[int, object] = {}
+        self.layers: list[LayerRun] = []
+
+    def record(self, module, query, key, weights, scaling) -> None:
+        x = self.inputs.get(id(module))
+        if x is None:
+            raise ExtractError(f"{type(module).__name__}: its input was not seen (not a self-attention module)")
+        scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+        own, previous, induction = attention_scores(weights.detach().double().cpu().numpy())
+        b_q, b_k = _qk_biases(module, query.shape[1], key.shape[1], query.shape[-1])
+        self.layers.append(LayerRun(
+            own, previous, induction,
+            self_logits(query.detach().double().cpu().numpy(), key.detach().double().cpu().numpy(), scale),
+            x.detach().double().cpu().numpy(), b_q, b_k))
+
+
+_RECORDER: _Recorder | None = None
+
+
+def _capture(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    """The family's own eager attention, recording q, k and the weights on the way (see the module docstring)."""
+    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if eager is None:
+        raise ExtractError(f"{type(module).__name__} has no eager attention in transformers to run")
+    output, weights = eager(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    if _RECORDER is not None:
+        _RECORDER.record(module, query, key, weights, scaling)
+    return output, weights
+
+
+def _qk_biases(module, heads: int, kv_heads: int, n: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The query and key biases of an attention module, (H, n) and (H_kv, n), or None where it has none."""
+    def array(bias, rows):
+        return None if bias is None else bias.detach().double().cpu().numpy().reshape(rows, n)
+
+    for q_name, k_name in (("q_proj", "k_proj"), ("query", "key")):
+        if hasattr(module, q_name) and hasattr(module, k_name):
+            return array(getattr(module, q_name).bias, heads), array(getattr(module, k_name).bias, kv_heads)
+    if hasattr(module, "c_attn"):  # GPT-2's Conv1D [Q | K | V]
+        bias = module.c_attn.bias
+        return array(bias[:heads * n], heads), array(bias[heads * n:(heads + kv_heads) * n], kv_heads)
+    return None, None
+
+
+def _transformers():
+    """transformers with the capture function and its (eager) mask registered, or an ExtractError saying what to install."""
+    try:
+        import transformers
+        from transformers.masking_utils import AttentionMaskInterface, eager_mask
+    except ImportError:
+        raise ExtractError(f"behaviour runs models with transformers, which is not installed: {INSTALL}") from None
+    transformers.logging.set_verbosity_error()  # its load reports (keys of heads not loaded) are not the user's concern
+    transformers.logging.disable_progress_bar()
+    transformers.AttentionInterface.register(CAPTURE, _capture)
+    AttentionMaskInterface.register(CAPTURE, eager_mask)
+    return transformers
+
+
+def where(source: str, revision: str | None) -> tuple[str, dict]:
+    """transformers' from_pretrained arguments for a source as extract resolves it (folder, .gguf, pkg:, hub id)."""
+    from headforms.extract.sources import HF_SCHEME, _package_model
+
+    path = _package_model(source[len("pkg:"):]) if source.startswith("pkg:") else Path(source).expanduser()
+    if path.exists():
+        return (str(path.parent), {"gguf_file": path.name}) if path.suffix == ".gguf" else (str(path), {})
+    hub = source.removeprefix(HF_SCHEME)
+    if hub.endswith(".gguf"):
+        repo, filename = hub.rsplit("/", 1)
+        return repo, {"gguf_file": filename, "revision": revision}
+    return hub, {"revision": revision}
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def forward_bytes(params: int, spec, length: int, sequences: int) -> int:
+    """Estimated peak bytes of a float32 forward pass: the weights, one layer's attention logits and weights
+    (B H P^2, a few copies), the residual stream and MLP activations, and the inputs kept for every layer."""
+    p = 2 * length
+    attention = 4 * sequences * spec.n_heads * p * p * 4
+    activations = 4 * sequences * p * spec.d_model * 16
+    kept = 8 * sequences * p * (spec.d_model + 2 * spec.n_heads) * spec.n_layers
+    return 4 * params + attention + activations + kept
+
+
+def available_bytes(device: str) -> int | None:
+    """Free memory of the device (cuda: torch's free bytes; cpu: MemAvailable), or None where unknown."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.mem_get_info(torch.device(device))[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def load(source: str, revision: str | None, spec, *, tower: str | None, length: int, sequences: int,
+         device: str = "cpu"):
+    """The model (float32, eval, capture attention) and the token ids to draw from, after checking the
+    estimated memory of the forward pass against what the device has free."""
+    transformers = _transformers()
+    import torch
+
+    name, kwargs = where(source, revision)
+    label = source if revision is None else f"{source}@{revision}"
+    try:
+        config = transformers.AutoConfig.from_pretrained(name, **kwargs)
+        with torch.device("meta"):
+            params = sum(p.numel() for p in transformers.AutoModel.from_config(config).parameters())
+    except Exception as error:  # an architecture or file transformers cannot read: one line, its reason
+        raise ExtractError(f"{label}: transformers cannot run it ({_one_line(error)}); behaviour needs a model "
+                           "transformers can load") from None
+    positions = getattr(config.get_text_config(), "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if spec.positional in ("learned", "absolute") and positions and 2 * length > positions:
+        raise ExtractError(f"{label}: --length {length} makes sequences of {2 * length} tokens and the model has "
+                           f"{positions} learned positions: use --length {positions // 2} or less")
+    need, free = forward_bytes(params, spec, length, sequences), available_bytes(device)
+    if free is not None and need > free:
+        raise ExtractError(f"{label}: the forward pass needs about {need / 2**30:.1f} GiB ({params / 1e6:.0f}M "
+                           f"parameters in float32, {sequences} x {2 * length} tokens) and {device} has "
+                           f"{free / 2**30:.1f} GiB free: use fewer --sequences or a smaller --length")
+    try:
+        model = transformers.AutoModel.from_pretrained(name, attn_implementation=CAPTURE, dtype=torch.float32,
+                                                       **kwargs)
+    except Exception as error:
+        raise ExtractError(f"{label}: transformers cannot run it ({_one_line(error)})") from None
+    model = _tower(model.eval().to(device), tower, label)
+    return model, _allowed_ids(transformers, name, kwargs, model.config)
+
+
+def _tower(model, tower: str | None, label: str):
+    """The module that reads token ids: the model, or clip/siglip's text tower; image and audio towers are refused."""
+    if hasattr(model, "text_model") and tower in (None, "text"):
+        return model.text_model
+    if tower is not None or getattr(model, "main_input_name", "input_ids") != "input_ids":
+        raise ExtractError(f"{label}: behaviour runs sequences of token ids; the {tower or 'default'} tower reads "
+                           f"{getattr(model, 'main_input_name', 'other inputs')} (text towers only)")
+    return model
+
+
+def _allowed_ids(transformers, name: str, kwargs: dict, config) -> np.ndarray:
+    """Ids of ordinary tokens: the tokenizer's vocabulary less its special tokens, or where there is no tokenizer
+    holding ordinary tokens, the config's vocabulary less the ids it names; a GGUF file's own token types (its
+    tokenizer takes seconds to build and lists fewer specials)."""
+    if "gguf_file" in kwargs:
+        return _gguf_normal_ids(name, kwargs)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(name, **kwargs)
+        allowed = np.setdiff1d(np.arange(min(text.vocab_size, len(tokenizer))), tokenizer.all_special_ids)
+    except Exception:  # no tokenizer files
+        allowed = np.zeros(0, dtype=np.int64)
+    if len(allowed):
+        return allowed
+    special = [getattr(text, key, None) for key in ("bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
+                                                    "cls_token_id", "decoder_start_token_id")]
+    special = [i for value in special if value is not None for i in np.atleast_1d(value)]
+    return np.setdiff1d(np.arange(text.vocab_size), np.asarray(special, dtype=np.int64))
+
+
+def _gguf_normal_ids(name: str, kwargs: dict) -> np.ndarray:
+    """The ids a GGUF file's tokenizer.ggml.token_type marks NORMAL (not control, user-defined, unused or byte)."""
+    import gguf
+
+    path = Path(name) / kwargs["gguf_file"]
+    if not path.exists():  # a hub file: transformers has just downloaded it into the hub cache
+        from huggingface_hub import hf_hub_download
+
+        path = Path(hf_hub_download(name, kwargs["gguf_file"], revision=kwargs.get("revision")))
+    field = gguf.GGUFReader(path).fields.get("tokenizer.ggml.token_type")
+    if field is None:
+        raise ExtractError(f"{path}: no tokenizer.ggml.token_type to tell ordinary tokens from special ones")
+    types = np.array([field.parts[i][0] for i in field.data])
+    return np.flatnonzero(types == gguf.TokenType.NORMAL)
+
+
+def run(model, allowed: np.ndarray, *, length: int, sequences: int, seed: int, n_layers: int, label: str) -> Run:
+    """One forward pass over `sequences` seeded random sequences of `length` tokens, each repeated once."""
+    global _RECORDER
+    import torch
+
+    if len(allowed) == 0:
+        raise ExtractError(f"{label}: its vocabulary has no ordinary tokens to draw")
+    tokens = repeated_sequences(allowed, length, sequences, seed)
+    recorder, hooks = _Recorder(), []
+    for module in model.modules():
+        if type(module).__name__.endswith("Attention"):
+            hooks.append(module.register_forward_pre_hook(
+                lambda m, args, kwargs: recorder.inputs.__setitem__(id(m), kwargs.get("hidden_states",
+                                                                                     args[0] if args else None)),
+                with_kwargs=True))
+    device = next(model.parameters()).device
+    ids = torch.as_tensor(tokens, device=device)
+    started, _RECORDER = time.perf_counter(), recorder
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    finally:
+        _RECORDER = None
+        for hook in hooks:
+            hook.remove()
+    if len(recorder.layers) != n_layers:
+        raise ExtractError(f"{label}: {len(recorder.layers)} attention calls went through transformers' attention "
+                           f"registry for {n_layers} layers; this family computes attention its own way")
+    return Run(recorder.layers, tokens, time.perf_counter() - started)
+

@@ -1,0 +1,313 @@
+"""headforms behaviour: each head's scores and self-logit from the model's own forward pass, reproduced by the
+warehouse's form (statistics.md section 8), checked against transformers' output_attentions and softmax inputs."""
+from __future__ import annotations
+
+import importlib
+import shutil
+import sys
+
+import duckdb
+import numpy as np
+import polars as pl
+import pytest
+import torch
+from click.testing import CliRunner
+from scipy import stats
+
+import tests.tiny_models as tm
+from headforms import api, cli
+from headforms.extract import behaviour as run_model
+from headforms.extract import hub as hub_module
+from tests.hub_server import HubServer
+
+# llama: RoPE, no biases; qwen2: RoPE, grouped-query (4 query heads, 2 key heads), q/k biases; gpt2: Conv1D
+# c_attn with biases, LayerNorm; bert: bidirectional, post-norm, biases.
+FAMILIES = ("llama", "qwen2", "gpt2", "bert")
+LENGTH, SEQUENCES, SEED = 6, 3, 5
+
+
+def with_biases(family: str, seed: int = 0):
+    """A tiny float32 model whose biases are drawn too (tiny_models zeroes them), so the bias part is not zero."""
+    model = tm.build(family, dtype=torch.float32, seed=seed)
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0.0, 0.3, generator=generator)
+    return model
+
+
+def extracted(tmp_path, family: str, db=None, seed: int = 0):
+    """(folder, db): a tiny model saved and extracted into db (default tmp_path/FAMILY.duckdb)."""
+    folder = tm.save(with_biases(family, seed), tmp_path / family)
+    db = db or tmp_path / f"{family}.duckdb"
+    api.extract(str(folder), db=db, resamples=20)
+    return folder, db
+
+
+def behaviour_rows(db, model: str | None = None) -> pl.DataFrame:
+    with duckdb.connect(str(db), read_only=True) as con:
+        where = f"WHERE model = '{model}'" if model else ""
+        return con.sql(f"SELECT * FROM head_behaviour {where} ORDER BY model, layer, head").pl()
+
+
+class Tokens:
+    """Keeps the token ids behaviour drew (the input to compare the model's own forward pass on)."""
+
+    def __init__(self, monkeypatch):
+        self.drawn = []
+        draw = run_model.repeated_sequences
+        monkeypatch.setattr(run_model, "repeated_sequences", lambda *a: self.drawn.append(draw(*a)) or self.drawn[-1])
+
+
+def reference(folder, tokens: np.ndarray, monkeypatch):
+    """transformers' own eager forward pass: per layer the attentions (B, H, P, P) and the softmax inputs' diagonal
+    (B, H, P), the pre-softmax logits with the mask, which is zero at j = i."""
+    import transformers
+
+    model = transformers.AutoModel.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32).eval()
+    diagonals, softmax = [], torch.nn.functional.softmax
+
+    def spy(logits, *args, **kwargs):
+        if logits.ndim == 4:
+            diagonals.append(torch.diagonal(logits, dim1=-2, dim2=-1).double().numpy())
+        return softmax(logits, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "softmax", spy)
+    ids = torch.as_tensor(tokens)
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), output_attentions=True)
+    monkeypatch.setattr(torch.nn.functional, "softmax", softmax)
+    return [a.double().numpy() for a in out.attentions], diagonals
+
+
+def scores_by_definition(a: np.ndarray, t: int) -> np.ndarray:
+    """(H, 3) self, previous-token and induction scores of one layer's attentions, position by position."""
+    rows = []
+    for h in range(a.shape[1]):
+        own = np.mean([a[b, h, i, i] for b in range(a.shape[0]) for i in range(1, 2 * t)])
+        previous = np.mean([a[b, h, i, i - 1] for b in range(a.shape[0]) for i in range(1, 2 * t)])
+        induction = np.mean([a[b, h, t + i, i + 1] for b in range(a.shape[0]) for i in range(1, t)])
+        rows.append((own, previous, induction))
+    return np.array(rows)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_scores_and_self_logits_are_the_models_own(tmp_path, monkeypatch, family):
+    folder, db = extracted(tmp_path, family)
+    tokens = Tokens(monkeypatch)
+    api.behaviour(str(folder), db=db, length=LENGTH, sequences=SEQUENCES, seed=SEED, resamples=50)
+    (drawn,) = tokens.drawn
+    assert drawn.shape == (SEQUENCES, 2 * LENGTH) and (drawn[:, :LENGTH] == drawn[:, LENGTH:]).all()
+    attentions, diagonals = reference(folder, drawn, monkeypatch)
+    rows = behaviour_rows(db)
+    assert rows.height == sum(a.shape[1] for a in attentions) and len(diagonals) == len(attentions)
+
+    expected = np.concatenate([scores_by_definition(a, LENGTH) for a in attentions])
+    got = rows.select("self_score", "previous_score", "induction_score").to_numpy()
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+    model_logit = np.concatenate([d.mean(axis=(0, 2)) for d in diagonals])
+    np.testing.assert_allclose(rows["self_logit"].to_numpy(), model_logit, atol=1e-5)
+    # the warehouse's form plus the biases' part is the model's diagonal logit, at every position (the error)
+    np.testing.assert_allclose((rows["form_self_logit"] + rows["bias_self_logit"]).to_numpy(), model_logit, atol=1e-5)
+    assert rows["reproduction_error"].max() < 1e-5
+    assert (np.abs(rows["bias_self_logit"].to_numpy()).max() > 1e-2) == (family != "llama")  # biases split off
+    assert np.abs(rows["form_self_logit"].to_numpy()).max() > 1e-2
+
+
+# A two-layer GPT-2 set by hand: residual = one-hot token (dims 0..63) + one-hot position (64..79) + the previous
+# token (80..143, written by layer 0 head 0). Head 0 of layer 0 matches position i with key position i - 1 and
+# copies the key's token into the previous-token block; head 0 of layer 1 matches the current token with a key's
+# previous token (induction). Heads 1 are zero (uniform attention, a zero form of undefined parity); MLPs are zero.
+V, P, N, HEAD = 64, 16, 144, 72
+GAIN = 4.0
+
+
+def planted(folder):
+    """The planted model saved to folder (see above)."""
+    import transformers
+
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=N, vocab_size=V, n_positions=P, resid_pdrop=0.0,
+                                     embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2Model(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if not name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
+                param.zero_()
+        model.wte.weight[np.arange(V), np.arange(V)] = 1.0
+        model.wpe.weight[np.arange(P), V + np.arange(P)] = 1.0
+        first, second = (model.h[i].attn for i in (0, 1))
+        p = np.arange(P - 1)
+        first.c_attn.weight[V + np.arange(P), np.arange(P)] = GAIN           # W_Q^T: position i -> q_i = e_i
+        first.c_attn.weight[V + p, N + p + 1] = 1.0                           # W_K^T: position j -> k_j = e_(j+1)
+        first.c_attn.weight[np.arange(V), 2 * N + np.arange(V)] = 1 / 8        # W_V^T: the token
+        first.c_proj.weight[np.arange(V), V + P + np.arange(V)] = 1.0          # into the previous-token block
+        second.c_attn.weight[np.arange(V), np.arange(V)] = GAIN               # W_Q^T: the current token
+        second.c_attn.weight[V + P + np.arange(V), N + np.arange(V)] = 1.0     # W_K^T: the key's previous token
+    model.save_pretrained(folder)
+    return folder
+
+
+def test_planted_previous_token_and_induction_heads(tmp_path):
+    folder = planted(tmp_path / "planted")
+    db = tmp_path / "planted.duckdb"
+    api.extract(str(folder), db=db, resamples=20)
+    summary = api.behaviour(str(folder), db=db, length=P // 2, sequences=16, seed=0, resamples=50)
+    rows = behaviour_rows(db)
+    score = {(r["layer"], r["head"]): r for r in rows.iter_rows(named=True)}
+    assert score[0, 0]["previous_score"] > 0.95
+    assert score[1, 0]["induction_score"] > 0.8
+    for key, row in score.items():
+        assert key == (0, 0) or row["previous_score"] < 0.3
+        assert key == (1, 0) or row["induction_score"] < 0.3
+    assert summary["reproduction_error"][0] < 1e-5 * max(1.0, summary["largest_self_logit"][0])
+
+
+def test_seeds_reproduce(tmp_path):
+    folder, db = extracted(tmp_path, "llama")
+    api.behaviour(str(folder), db=db, length=5, sequences=2, seed=3, resamples=30)
+    first = behaviour_rows(db)
+    api.behaviour(str(folder), db=db, length=5, sequences=2, seed=3, resamples=30)
+    assert behaviour_rows(db).equals(first)
+    api.behaviour(str(folder), db=db, length=5, sequences=2, seed=4, resamples=30)
+    other = behaviour_rows(db)
+    assert other["seed"].unique().to_list() == [4]
+    assert np.abs(other["self_score"].to_numpy() - first["self_score"].to_numpy()).max() > 1e-4
+
+
+@pytest.fixture(scope="module")
+def views_db(tmp_path_factory):
+    """llama and the planted GPT-2 (two zero heads: parity NULL) with behaviour; bert extracted without it."""
+    tmp_path = tmp_path_factory.mktemp("views")
+    db = tmp_path / "views.duckdb"
+    for family in ("llama", "qwen2"):
+        folder, _ = extracted(tmp_path, family, db=db)
+        api.behaviour(str(folder), db=db, length=5, sequences=2, seed=1, resamples=200)
+    folder = planted(tmp_path / "planted")
+    api.extract(str(folder), db=db, resamples=20)
+    api.behaviour(str(folder), db=db, length=P // 2, sequences=4, seed=1, resamples=200)
+    extracted(tmp_path, "bert", db=db)
+    return db
+
+
+def joined(db) -> pl.DataFrame:
+    with duckdb.connect(str(db), read_only=True) as con:
+        return con.sql("SELECT b.*, h.parity, h.c_sym - h.d_sym AS c_sym_minus_d_sym, h.symmetric_energy, "
+                       "h.pairing FROM head_behaviour b JOIN heads h USING (model, layer, head)").pl()
+
+
+def test_behaviour_by_parity_recomputed(views_db):
+    view = api.table(views_db, "behaviour_by_parity")
+    data = joined(views_db)
+    assert data.filter(pl.col("parity").is_null()).height == 2  # the planted model's zero heads
+    assert "bert" not in view["model"].to_list()                 # no behaviour rows: no row
+    scores = ("self_score", "previous_score", "induction_score", "self_logit")
+    for (model, parity), group in data.filter(pl.col("parity").is_not_null()).group_by("model", "parity"):
+        row = view.filter((pl.col("model") == model) & (pl.col("parity") == parity)).row(0, named=True)
+        assert row["heads"] == group.height
+        for score in scores:
+            assert row[f"median_{score}"] == pytest.approx(float(np.median(group[score].to_numpy())))
+            assert row[f"{score}_low"] <= row[f"median_{score}"] <= row[f"{score}_high"]
+    for row in view.filter(pl.col("parity") == "I+ - I-").iter_rows(named=True):
+        types = {p: data.filter((pl.col("model") == row["model"]) & (pl.col("parity") == p)) for p in ("I+", "I-")}
+        difference = np.median(types["I+"]["self_score"]) - np.median(types["I-"]["self_score"])
+        assert row["median_self_score"] == pytest.approx(difference)
+        assert row["self_score_low"] <= row["median_self_score"] <= row["self_score_high"]
+    with duckdb.connect(str(views_db), read_only=True) as con:  # the stored estimates are the view's medians
+        stored = con.sql("SELECT * FROM behaviour_intervals WHERE parity IN ('I+', 'II', 'I-')").pl()
+    for row in stored.iter_rows(named=True):
+        shown = view.filter((pl.col("model") == row["model"]) & (pl.col("parity") == row["parity"]))
+        if shown.height:
+            assert shown[row["figure"]][0] == pytest.approx(row["estimate"])
+
+
+def test_behaviour_correlations_against_scipy(views_db):
+    view = api.table(views_db, "behaviour_correlations")
+    data = joined(views_db)
+    assert set(view["model"]) == {"llama", "qwen2", "planted"}
+    assert view.height == 3 * 2 * 3
+    for row in view.iter_rows(named=True):
+        pairs = data.filter(pl.col("model") == row["model"]).select(row["score"], row["statistic"]).drop_nulls()
+        assert row["heads"] == pairs.height
+        if pairs.height < 3 or pairs[row["score"]].n_unique() == 1 or pairs[row["statistic"]].n_unique() == 1:
+            assert row["spearman"] is None
+        else:
+            expected = stats.spearmanr(pairs[row["score"]], pairs[row["statistic"]]).statistic
+            assert row["spearman"] == pytest.approx(expected)
+    assert view.filter(pl.col("model") == "planted")["heads"].to_list() == [2] * 6  # zero heads' NULLs left out
+
+
+def test_cli_and_its_refusals(tmp_path, monkeypatch):
+    folder, db = extracted(tmp_path, "gpt2")
+    runner = CliRunner()
+    result = runner.invoke(cli.main, ["behaviour", str(folder), "--db", str(db), "--length", "4", "--sequences", "2"])
+    assert result.exit_code == 0, result.output
+    assert "gpt2: 8 heads" in result.output and "reproduces the self-logits" in result.output
+    before = behaviour_rows(db)
+
+    def refused(args, *words):
+        outcome = runner.invoke(cli.main, ["behaviour", *args, "--db", str(db)])
+        assert outcome.exit_code == 1 and outcome.output.startswith("Error: ") and outcome.output.count("\n") == 1, \
+            outcome.output
+        assert all(word in outcome.output for word in words), outcome.output
+        assert behaviour_rows(db).equals(before)  # the warehouse as it was
+
+    other = tm.save(with_biases("llama"), tmp_path / "not-extracted")
+    refused([str(other)], "not-extracted is not in the warehouse", "headforms extract")
+    refused([str(folder), "--length", "40"], "80 tokens", "32 learned positions", "--length 16")
+    monkeypatch.setattr(run_model, "available_bytes", lambda device: 1000)
+    refused([str(folder), "--length", "4"], "GiB", "--sequences")
+    monkeypatch.undo()
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    refused([str(folder), "--length", "4"], "pip install 'headforms[behaviour]'")
+    monkeypatch.undo()
+    clip = tm.save(tm.build("clip_vision", dtype=torch.float32), tmp_path / "clip")
+    api.extract(str(clip), db=db, tower="vision", resamples=20)
+    refused([str(clip), "--tower", "vision", "--length", "4"], "token ids", "vision")
+
+
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    """The local hub on a port (online); the headforms cache and HF_HOME in tmp_path."""
+    server = HubServer()
+    constants = importlib.import_module("huggingface_hub.constants")
+    monkeypatch.setattr(constants, "ENDPOINT", server.endpoint)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        server.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HEADFORMS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setattr(hub_module, "BACKOFF", 0.01)
+    yield server
+    server.close()
+
+
+def test_hub_id_equals_the_local_folder(hub, tmp_path):
+    folder = tm.save(with_biases("qwen2"), tmp_path / "qwen2")
+    hub.repos["org/tiny-qwen2"] = {f.name: f.read_bytes() for f in folder.iterdir() if f.is_file()}
+    db = tmp_path / "hub.duckdb"
+    api.extract(["org/tiny-qwen2", str(folder)], db=db, resamples=20)
+    for source in ("org/tiny-qwen2", str(folder)):
+        api.behaviour(source, db=db, length=4, sequences=2, seed=2, resamples=20)
+    rows = behaviour_rows(db)
+    hub_rows, local = (rows.filter(pl.col("model") == m).drop("model") for m in ("tiny-qwen2", "qwen2"))
+    assert hub_rows.height == 8 and hub_rows.equals(local)
+
+
+def test_demo_models(demo_db, tmp_path):
+    """The two demo models (SmolLM2's GGUF through transformers' GGUF loading, MiniLM's BERT): every head, the
+    form reproducing the float32 model's self-logits, and both views filled."""
+    db = tmp_path / "demo.duckdb"
+    shutil.copy(demo_db, db)
+    result = CliRunner().invoke(cli.main, ["behaviour", "demo", "--db", str(db), "--length", "16",
+                                           "--sequences", "2", "--resamples", "100"])
+    assert result.exit_code == 0, result.output
+    rows = behaviour_rows(db)
+    assert rows.group_by("model").len().sort("model").rows() == [("SmolLM2-135M", 270), ("all-MiniLM-L6-v2", 72)]
+    for model, group in rows.group_by("model"):
+        assert group["reproduction_error"].max() < 1e-4 * max(1.0, group["self_logit"].abs().max()), model
+    view = api.table(db, "behaviour_by_parity")
+    assert set(view["model"]) == {"SmolLM2-135M", "all-MiniLM-L6-v2"}
+    assert api.table(db, "behaviour_correlations").height == 12

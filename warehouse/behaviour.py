@@ -1,0 +1,104 @@
+"""Each head's behaviour beside its form (statistics.md section 8): rows of `head_behaviour` from a forward
+pass and the warehouse's own forms, their layer-bootstrap intervals (`behaviour_intervals`), and storing both.
+
+The form's self-logit is computed from W_Q, W_K read again through the same extract/ reader that built the
+model's rows (same source, revision and fold_norm, checked against `models`), never from the transformers
+copy of the weights: the model's logit is then reproduced by the warehouse's form plus the bias part.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import polars as pl
+
+from headforms.compute import bootstrap
+from headforms.compute.behaviour import bias_logits, form_logits
+from headforms.extract.checkpoint import ExtractError
+from headforms.warehouse.store import insert, query, transaction
+
+SCORES = ("self_score", "previous_score", "induction_score", "self_logit")
+PARITIES = ("I+", "II", "I-")
+CONTRAST = "I+ - I-"  # the difference of the I+ and I- medians, resampled together
+
+
+def stored_model(con, ckpt) -> dict:
+    """The `models` row of a checkpoint's model, checked to hold this checkpoint's form: same revision, complete,
+    no norm folded into W_Q, W_K (the model's logit reads the attention's input as it is)."""
+    rows = query(con, "SELECT * FROM models WHERE model = ?", [ckpt.name]).to_dicts()
+    if not rows:
+        raise ExtractError(f"{ckpt.name} is not in the warehouse: run `headforms extract {ckpt.source}` on it first")
+    model = rows[0]
+    if not model["complete"]:
+        raise ExtractError(f"{ckpt.name} is incomplete in the warehouse: run `headforms extract {ckpt.source}` "
+                           "to finish it first")
+    if model["revision"] != ckpt.revision:
+        raise ExtractError(f"{ckpt.name} in the warehouse was extracted from revision {model['revision']}, "
+                           f"{ckpt.source} is now {ckpt.revision}: extract it again with --force")
+    if model["fold_norm"] or model["qk_norm"]:
+        raise ExtractError(f"{ckpt.name} was extracted with its norm folded into W_Q, W_K "
+                           f"({model['fold_norm'] or 'qk-norm ' + model['qk_norm']}): behaviour compares the form "
+                           "on the attention's own input; extract it without folding under another --name")
+    return model
+
+
+def behaviour_rows(model: dict, ckpt, run, *, length: int, sequences: int, seed: int) -> pl.DataFrame:
+    """One row per head of `head_behaviour`: the run's scores, the model's mean self-logit, the form's and the
+    biases' parts, and the largest |model - form - bias| over positions and sequences."""
+    scale, kv_index, parts = model["score_scale"], ckpt.spec.kv_index, []
+    for layer, taken in enumerate(run.layers):
+        w_q, w_k = ckpt.read_layer(layer)
+        form = form_logits(taken.inputs, w_q, w_k, kv_index, scale)
+        b_q = np.zeros(w_q.shape[:2]) if taken.b_q is None else taken.b_q
+        b_k = np.zeros(w_k.shape[:2]) if taken.b_k is None else taken.b_k
+        bias = bias_logits(taken.inputs, w_q, w_k, b_q, b_k, kv_index, scale)
+        heads = len(taken.self_score)
+        parts.append(pl.DataFrame({
+            "model": ckpt.name, "layer": np.full(heads, layer, np.int32), "head": np.arange(heads, dtype=np.int32),
+            "self_score": taken.self_score, "previous_score": taken.previous_score,
+            "induction_score": taken.induction_score, "self_logit": taken.logits.mean(axis=(0, 2)),
+            "form_self_logit": form.mean(axis=(0, 2)), "bias_self_logit": bias.mean(axis=(0, 2)),
+            "reproduction_error": np.abs(taken.logits - form - bias).max(axis=(0, 2)),
+            "length": length, "sequences": sequences, "seed": seed}))
+    return pl.concat(parts)
+
+
+def behaviour_intervals(rows: pl.DataFrame, parity: pl.Series, resamples: int, seed: int) -> pl.DataFrame:
+    """Rows of `behaviour_intervals`: per parity type and score, the median over the type's heads with its 95%
+    interval resampling layers (all heads of a drawn layer, as model_intervals does); and the I+ minus I-
+    difference of medians over the same resamples. Heads of undefined parity are in no type."""
+    values = rows.select(SCORES).to_numpy().astype(float)
+    types = parity.to_numpy()
+    layer = rows["layer"].to_numpy()
+    groups = np.stack([np.flatnonzero(layer == k) for k in np.unique(layer)])
+    masked = np.concatenate([np.where((types == p)[:, None], values, np.nan) for p in PARITIES], axis=1)
+    result = bootstrap.intervals(masked, "median", groups, resamples, seed)
+    drawn = bootstrap.resample_rows(groups, resamples, np.random.default_rng(seed))  # the same resamples
+    plus, minus = (masked[:, i * len(SCORES):(i + 1) * len(SCORES)] for i in (0, 2))
+    estimate = bootstrap.median(plus.T) - bootstrap.median(minus.T)
+    replicates = np.stack([bootstrap.median(plus[:, f][drawn]) - bootstrap.median(minus[:, f][drawn])
+                           for f in range(len(SCORES))])
+    alpha = (1 - bootstrap.LEVEL) / 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a type absent from every resample: NaN bounds
+        low, high = np.nanquantile(replicates, [alpha, 1 - alpha], axis=1)
+    return pl.DataFrame({
+        "model": rows["model"][0], "parity": [p for p in (*PARITIES, CONTRAST) for _ in SCORES],
+        "figure": [f"median_{s}" for _ in range(len(PARITIES) + 1) for s in SCORES],
+        "estimate": np.concatenate([result[:, 0], estimate]), "low": np.concatenate([result[:, 1], low]),
+        "high": np.concatenate([result[:, 2], high]), "resamples": resamples, "seed": seed,
+    }).with_columns(pl.col(pl.Float64).fill_nan(None))
+
+
+def write_behaviour(con, rows: pl.DataFrame, resamples: int, seed: int) -> pl.DataFrame:
+    """Replace a model's behaviour rows and intervals in one transaction; returns the intervals written."""
+    model = rows["model"][0]
+    with transaction(con):
+        parity = query(con, "SELECT layer, head, parity FROM heads WHERE model = ?", [model])
+        parity = rows.select("layer", "head").join(parity, on=["layer", "head"], how="left")["parity"]
+        intervals = behaviour_intervals(rows, parity, resamples, seed)
+        for table in ("head_behaviour", "behaviour_intervals"):
+            con.execute(f"DELETE FROM {table} WHERE model = ?", [model])
+        insert(con, "head_behaviour", rows)
+        insert(con, "behaviour_intervals", intervals)
+    return intervals
