@@ -4,19 +4,28 @@ generalized gamma to many small positive samples at once, with fit-quality stati
 Every routine works on all rows together (NaN-padded to a common length); the only Python
 loops are over a bounded number of Newton/bisection iterations and the 70 gengamma grid powers.
 
+Generalized gamma in Prentice's (1974) parametrisation: log x = mu + sigma w, where w has the
+log-density -log(2 pi) / 2 - (w^2 / 2) h(q w) - R(q^-2), h(u) = 2 (e^u - 1 - u) / u^2 and R Stirling's
+remainder of log Gamma, continuous through q = 0 (h = 1, R = 0: the lognormal). Gamma is q = sigma,
+Weibull q = 1. scipy's gengamma(a, c, scale) is a = q^-2, c = q / sigma, log scale = mu + 2 sigma log|q| / q;
+a -> inf, c -> 0 (the lognormal) is an interior point here, q = 0.
+
 Fit status. A fit is `ok` when its likelihood has an interior maximum, `failed` when the sample
 cannot be fitted (fewer than 3 values, a non-positive or non-finite value, all values equal), and
 `boundary` when the likelihood is maximised only in a limit at the edge of the parameter space.
-Gamma, lognormal and Weibull maxima are always interior. The generalized gamma has three limit
-laws at the edge of its space (a, c, scale): the lognormal (a -> inf, c -> 0), and with a -> 0,
-|c| -> inf, a c -> beta, the power-function law beta x^(beta-1) / b^beta on (0, b] (c > 0) and the
-Pareto law beta b^beta / x^(beta+1) on [b, inf) (c < 0) (scipy's powerlaw(beta, scale=b) and
-pareto(beta, scale=b); maximum likelihood: b = max x, resp. min x, beta = n / sum |log(x / b)|).
-Rule: the gengamma fit is `boundary` when the most likely of these limit laws is at least as likely
-as the best interior point found (the profile search over c, |c| std(log x) in [1e-2, 1e4]): the
-supremum of the likelihood is then that limit's, approached but not attained. A boundary fit stores
-the limit law's log-likelihood (the supremum), KS distance and histogram error; its shape, shape2,
-scale and mode are NaN, since they are not estimates.
+Gamma, lognormal and Weibull maxima are always interior. The generalized gamma has two limit laws
+at the edge of its space, |q| -> inf (a -> 0, |c| -> inf, a c -> beta): the power-function law
+beta x^(beta-1) / b^beta on (0, b] (q > 0) and the Pareto law beta b^beta / x^(beta+1) on [b, inf) (q < 0)
+(scipy's powerlaw(beta, scale=b) and pareto(beta, scale=b); maximum likelihood: b = max x, resp. min x,
+beta = n / sum |log(x / b)|). Rule: the gengamma fit is `boundary`, its `limit_law` named, when the
+more likely of these laws is at least as likely as the best interior point found, or when that point
+lies within 5% of the search's edge |c| std(log x) = 1e4 (the likelihood still rising towards the
+limit): the supremum is then the limit's, approached but not attained. A boundary fit stores the limit
+law's log-likelihood, KS distance and histogram error; its parameters and mode are NaN.
+An `ok` gengamma fit always has its Prentice (mu, sigma, q); its natural (a, c, scale) are NaN where
+they are not estimates: where a likelihood-ratio test does not reject q = 0 (the lognormal) at 5%,
+q's 95% interval holds 0, over which a = q^-2, c and the scale are unbounded (or where the scale
+overflows a double).
 """
 import numpy as np
 from scipy import special as sc
@@ -24,13 +33,115 @@ from scipy import special as sc
 FAMILIES = ("gamma", "lognormal", "weibull", "gengamma")
 N_PARAMS = {"gamma": 2, "lognormal": 2, "weibull": 2, "gengamma": 3}  # free parameters, location fixed at 0
 STATUSES = ("ok", "boundary", "failed")
+LIMIT_LAWS = ("powerlaw", "pareto")  # a boundary gengamma's limit as q -> +inf, -inf
 HIST_BINS = 20
 # Profile-likelihood search for the gengamma power c, in units of 1 / std(log x) (Weibull's
 # c is about 1.28 of them): log-spaced, both signs, from near-lognormal (a ~ 1e4) to a ~ 1e-4.
 GENGAMMA_GRID = np.geomspace(1e-2, 1e4, 35)
 MAX_ITERS = 60
+EDGE_SHARE = 0.95  # a gengamma fit past this share of the grid's outer edge is heading for its limit law
+NATURAL_LR = 3.841458820694124  # chi-square(1) 95% quantile: the LR test of q = 0 behind natural parameters
+PRENTICE = ("prentice_mu", "prentice_sigma", "prentice_q")
 _LOG_MAX = 700.0  # |log scale| beyond this is not representable: such c are excluded
 _LOG_SQRT_2PI = 0.5 * np.log(2.0 * np.pi)
+_PHI_SERIES = 1.0 / np.array([float(np.prod(np.arange(1, j + 5))) for j in range(20)])  # 1/(j+4)!
+_STIRLING = np.array([1 / 12, -1 / 360, 1 / 1260, -1 / 1680, 1 / 1188, -691 / 360360, 1 / 156])  # q^(4k-2)
+_SERIES_Q = 0.3  # below this |q| (a > 11) R comes from Stirling's series, to 1e-16
+
+
+def _phi(u):
+    """phi_k(u) = (e^u - sum_{j<k} u^j / j!) / u^k for k = 0..4, accurate through u = 0 (series
+    below |u| = 2, then the downward recurrence; the upward one from e^u beyond)."""
+    small = np.abs(u) < 2.0
+    us = np.where(small, u, 0.0)
+    p4 = np.zeros_like(us)
+    for coef in _PHI_SERIES[::-1]:
+        p4 = p4 * us + coef
+    series = [p4]
+    for k in (3, 2, 1, 0):
+        series.insert(0, 1.0 / np.prod(np.arange(1, k + 1)) + us * series[0])
+    ub = np.where(small, 1.0, u)
+    up = [np.exp(ub)]
+    for k in range(4):
+        up.append((up[-1] - 1.0 / np.prod(np.arange(1, k + 1))) / ub)
+    return [np.where(small, s, b) for s, b in zip(series, up)]
+
+
+def _stirling(q):
+    """R(q^-2) = log Gamma(a) - (a - 1/2) log a + a - log(2 pi) / 2 at a = q^-2, and its first two
+    derivatives in q; 0 at q = 0 (Stirling's series near 0, digamma and trigamma beyond)."""
+    small = np.abs(q) < _SERIES_Q
+    qs = np.where(small, q, 0.0)
+    k = np.arange(1, len(_STIRLING) + 1)
+    powers = qs[..., None] ** (4 * k - 4)
+    series = (np.sum(_STIRLING * powers, -1) * qs**2,
+              np.sum((4 * k - 2) * _STIRLING * powers, -1) * qs,
+              np.sum((4 * k - 2) * (4 * k - 3) * _STIRLING * powers, -1))
+    qb = np.where(small, 1.0, q)
+    a = qb**-2
+    r = sc.gammaln(a) - (a - 0.5) * np.log(a) + a - _LOG_SQRT_2PI
+    r1 = sc.digamma(a) - np.log(a) + 0.5 / a
+    r2 = sc.polygamma(1, a) - 1.0 / a - 0.5 / a**2
+    beyond = (r, -2.0 * r1 / qb**3, 4.0 * r2 / qb**6 + 6.0 * r1 / qb**4)
+    return [np.where(small, s, b) for s, b in zip(series, beyond)]
+
+
+def _prentice(theta, logs, valid, n, derivatives=False):
+    """Log-likelihood of Prentice's generalized gamma at theta = (mu, log sigma, q) (each (M,)), and
+    with `derivatives` its gradient (M, 3) and Hessian (M, 3, 3) in (mu, log sigma, q)."""
+    mu, tau, q = (t[:, None] for t in theta)
+    sigma = np.exp(tau)
+    w = np.where(valid, (logs - mu) / sigma, 0.0)
+    p0, p1, p2, p3, p4 = _phi(q * w)
+    r, r1, r2 = _stirling(theta[2])
+    ll = np.where(valid, -logs - tau - w**2 * p2, 0.0).sum(1) - n * (_LOG_SQRT_2PI + r)
+    if not derivatives:
+        return ll
+    total = lambda v: np.where(valid, v, 0.0).sum(1)
+    g_w, g_ww = w * p1, p0                                # dG/dw, d2G/dw2 of G = w^2 phi_2(q w)
+    g_q, g_wq, g_qq = w**3 * (p2 - 2 * p3), w**2 * (p1 - p2), w**4 * (p2 - 4 * p3 + 6 * p4)
+    s = sigma[:, 0]
+    grad = np.stack([total(g_w) / s, total(w * g_w) - n, -total(g_q) - n * r1], axis=1)
+    h_mt = -total(w * g_ww + g_w) / s
+    h_mq, h_tq = total(g_wq) / s, total(w * g_wq)
+    hess = np.stack([np.stack([-total(g_ww) / s**2, h_mt, h_mq], -1),
+                     np.stack([h_mt, -total(w * g_w + w**2 * g_ww), h_tq], -1),
+                     np.stack([h_mq, h_tq, -total(g_qq) - n * r2], -1)], axis=1)
+    return ll, grad, hess
+
+
+def _polish(theta, logs, valid, n, c_max):
+    """Maximise the Prentice log-likelihood from theta (mu, log sigma, q), never downhill and within the
+    search's edge |q / sigma| <= c_max: Newton, shifted to an ascent direction where the Hessian is not
+    negative definite, halving steps that lose likelihood; a row is done once its step is below 1e-8
+    (taken whole: Newton's next error is ~1e-16) or no step of its direction gains."""
+    ll = _prentice(theta, logs, valid, n)
+    done = ~np.isfinite(ll) | (np.abs(theta[2]) >= EDGE_SHARE * c_max * np.exp(theta[1]))  # bound for a limit
+    for _ in range(MAX_ITERS):
+        _, grad, hess = _prentice(theta, logs, valid, n, derivatives=True)
+        finite = np.all(np.isfinite(hess), axis=(1, 2)) & np.all(np.isfinite(grad), axis=1)
+        done |= ~finite
+        if done.all():
+            break
+        grad, hess = np.where(finite[:, None], grad, 0.0), np.where(finite[:, None, None], hess, -np.eye(3))
+        top = np.linalg.eigvalsh(hess)[:, -1]
+        shift = np.where(top < 0, 0.0, top + 1e-8 * (1.0 + np.abs(hess).max(axis=(1, 2))))
+        step = np.linalg.solve(hess - shift[:, None, None] * np.eye(3), -grad[..., None])[..., 0]
+        step = np.where(done[:, None], 0.0, step).T
+        last = np.max(np.abs(step) / (1.0 + np.abs(theta)), axis=0) < 1e-8
+        t = np.ones(len(ll))
+        for _ in range(40):
+            trial = theta + t * step
+            new = _prentice(trial, logs, valid, n)
+            inside = np.abs(trial[2]) <= c_max * np.exp(trial[1])
+            accept = done | inside & ((new >= ll) | last & np.isfinite(new))
+            if np.all(accept | (t == 0.0)):
+                break
+            t = np.where(accept, t, t / 2.0)
+        t = np.where(accept & ~done, t, 0.0)
+        theta, ll = theta + t * step, np.where(t > 0, new, ll)
+        done |= last | (t == 0.0)
+    return theta
 
 
 def _gamma_shape(s: np.ndarray) -> np.ndarray:
@@ -145,7 +256,8 @@ def _std_logpdf(family, z, p, q):
         return np.where(z <= 1.0, np.log(p) + sc.xlogy(p - 1.0, z), -np.inf)
     if family == "pareto":
         return np.where(z >= 1.0, np.log(p) - sc.xlogy(p + 1.0, z), -np.inf)
-    return np.log(np.abs(q)) + sc.xlogy(q * p - 1.0, z) - z**q - sc.gammaln(p)
+    w = np.log(z) / p  # prentice: p = sigma, q = q, scale = e^mu
+    return -np.log(z * p) - _LOG_SQRT_2PI - w**2 * _phi(q * w)[2] - _stirling(q)[0]
 
 
 def _std_cdf(family, z, p, q):
@@ -160,7 +272,9 @@ def _std_cdf(family, z, p, q):
         return np.minimum(z, 1.0) ** p
     if family == "pareto":
         return 1.0 - np.maximum(z, 1.0) ** -p
-    return np.where(q > 0, sc.gammainc(p, z**q), sc.gammaincc(p, z**q))
+    w, a = np.log(z) / p, np.where(q == 0, 1.0, q) ** -2.0  # prentice; Y = a e^(q w) is gamma(a)
+    y = a * np.exp(q * w)
+    return np.where(q == 0, sc.ndtr(w), np.where(q > 0, sc.gammainc(a, y), sc.gammaincc(a, y)))
 
 
 def _mode(family, p, q, scale):
@@ -171,8 +285,9 @@ def _mode(family, p, q, scale):
         return scale * np.exp(-(p**2))
     if family == "weibull":
         return np.where(p > 1, scale * ((p - 1.0) / p) ** (1.0 / p), np.nan)
-    r = (p * q - 1.0) / q  # positive iff a*c > 1 for c > 0; always for c < 0
-    return np.where(r > 0, scale * r ** (1.0 / q), np.nan)
+    # prentice (p = sigma, scale = e^mu): log x = mu + sigma log(1 - q sigma) / q, when q sigma < 1
+    r = np.where(q == 0, -p, np.log1p(-q * p) / np.where(q == 0, 1.0, q))
+    return np.where(q * p < 1, scale * np.exp(p * r), np.nan)
 
 
 def _histogram(z, valid, n):
@@ -219,7 +334,7 @@ def _limit_laws(x, logs, valid, n):
     """Maximum-likelihood (beta, b) of the gengamma's power-function limit (b = max x) and of its
     Pareto limit (b = min x), beta = n / sum |log(x / b)|; b is a sample value, so x / b is exactly 1 there."""
     laws = {}
-    for name, pick, pad in (("powerlaw", np.max, -np.inf), ("pareto", np.min, np.inf)):
+    for name, pick, pad in zip(LIMIT_LAWS, (np.max, np.min), (-np.inf, np.inf)):
         b = pick(np.where(valid, x, pad), axis=1)
         laws[name] = (n / np.where(valid, np.abs(logs - np.log(b)[:, None]), 0.0).sum(1), b)
     return laws
@@ -227,11 +342,14 @@ def _limit_laws(x, logs, valid, n):
 
 def fit_families(x: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
     """x: (M, m) float64; each row one sample; NaN entries are missing (samples of unequal length are NaN-padded).
-    Returns {family: {"shape", "shape2", "scale", "mode", "loglik", "ks", "hist_error", "aic", "bic", "n", "status"}}
-    with arrays of shape (M,). shape: gamma k / lognormal s / weibull_min c / gengamma a; shape2: gengamma c, NaN for
-    the others; scale: scipy's scale; aic = 2k - 2 loglik, bic = k ln(n) - 2 loglik with k = N_PARAMS[family];
-    status: 'ok', 'boundary' or 'failed' (module docstring). Rows with fewer than 3 valid values, any
-    non-positive/non-finite valid value, or all values equal are 'failed', NaN everywhere (n still reported)."""
+    Returns {family: {"shape", "shape2", "scale", "mode", "loglik", "ks", "hist_error", "aic", "bic", "n", "status",
+    "prentice_mu", "prentice_sigma", "prentice_q", "limit_law"}} with arrays of shape (M,). shape: gamma k /
+    lognormal s / weibull_min c / gengamma a; shape2: gengamma c, NaN for the others; scale: scipy's scale (gengamma's
+    natural a, c, scale NaN where they are not estimates, module docstring); prentice_*: every ok fit as Prentice's
+    (mu, sigma, q) (gamma q = sigma, lognormal q = 0, Weibull q = 1); aic = 2k - 2 loglik, bic = k ln(n) - 2 loglik
+    with k = N_PARAMS[family]; status: 'ok', 'boundary' or 'failed'; limit_law: 'powerlaw' or 'pareto' for a
+    boundary fit, else None. Rows with fewer than 3 valid values, any non-positive/non-finite valid value, or all
+    values equal are 'failed', NaN everywhere (n still reported)."""
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 2:
         raise ValueError(f"expected an (M, m) array, got shape {x.shape}")
@@ -247,6 +365,8 @@ def fit_families(x: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
         for f in FAMILIES:
             out[f]["n"] = n_all.copy()
             out[f]["status"] = np.where(good, "ok", "failed").astype("<U8")
+            out[f] |= {key: np.full(M, np.nan) for key in PRENTICE}
+            out[f]["limit_law"] = np.full(M, None, dtype=np.dtypes.StringDType(na_object=None))
         if not good.any():
             return out
 
@@ -263,28 +383,51 @@ def fit_families(x: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
         starts = np.stack([np.ones_like(c_w), c_w], axis=1)
         c_g = _gengamma_power(lc, valid, n, lbar, sigma, starts)
         _, a_g, log_scale_g = _gengamma_profile(c_g[:, None], lc, valid, n, lbar)
+        # from the profile's best power to Prentice's coordinates, or from the lognormal (q = 0) if likelier
+        a_g, log_scale_g = a_g[:, 0], log_scale_g[:, 0]
+        profiled = np.stack([log_scale_g + np.log(a_g) / c_g, -np.log(np.abs(c_g) * np.sqrt(a_g)),
+                             np.sign(c_g) / np.sqrt(a_g)])
+        lognormal = np.stack([lbar, np.log(sigma), np.zeros_like(lbar)])
+        likelier = _prentice(profiled, logs, valid, n) > _prentice(lognormal, logs, valid, n)
+        mu_g, log_sigma_g, q_g = _polish(np.where(likelier, profiled, lognormal), logs, valid, n,
+                                         GENGAMMA_GRID[-1] / sigma)
+        sigma_g = np.exp(log_sigma_g)
+        k_root = 1.0 / np.sqrt(k[:, 0])
+        prentice = {  # (mu, sigma, q) of every family
+            "gamma": (log_theta[:, 0] + np.log(k[:, 0]), k_root, k_root),
+            "lognormal": (lbar, sigma, np.zeros_like(lbar)),
+            "weibull": (log_scale_w, 1.0 / c_w, np.ones_like(c_w)),
+            "gengamma": (mu_g, sigma_g, q_g),
+        }
         params = {
             "gamma": (k[:, 0], nan, np.exp(log_theta[:, 0])),
             "lognormal": (sigma, nan, np.exp(lbar)),
             "weibull": (c_w, nan, np.exp(log_scale_w)),
-            "gengamma": (a_g[:, 0], c_g, np.exp(log_scale_g[:, 0])),
+            "gengamma": (sigma_g, q_g, np.exp(mu_g)),  # Prentice's, for quality and mode; natural ones below
         }
         quality = {f: _quality(f, x, valid, n, p, q, scale) for f, (p, q, scale) in params.items()}
-        limits = [quality["lognormal"]] + [_quality(law, x, valid, n, beta, nan, b)
-                                           for law, (beta, b) in _limit_laws(x, logs, valid, n).items()]
+        modes = {f: _mode(f, p, q, scale) for f, (p, q, scale) in params.items()}
+        limits = [_quality(law, x, valid, n, beta, nan, b) for law, (beta, b) in _limit_laws(x, logs, valid, n).items()]
         best = np.argmax(np.stack([lim[0] for lim in limits]), axis=0)
         sup = [np.choose(best, [lim[j] for lim in limits]) for j in range(3)]
-        limit_wins = ~(quality["gengamma"][0] > sup[0])  # a limit law is at least as likely
+        at_edge = np.abs(q_g / sigma_g) * sigma >= EDGE_SHARE * GENGAMMA_GRID[-1]
+        limit_wins = ~(quality["gengamma"][0] > sup[0]) | at_edge  # a limit law is at least as likely
         quality["gengamma"] = [np.where(limit_wins, s, q) for s, q in zip(sup, quality["gengamma"])]
+        # natural parameters where the data bound q away from 0 (LR test of the lognormal at 5%)
+        log_scale_n = mu_g + 2.0 * sigma_g * np.log(np.abs(q_g)) / q_g
+        bounded = (2.0 * (quality["gengamma"][0] - quality["lognormal"][0]) >= NATURAL_LR) & (np.abs(log_scale_n) < _LOG_MAX)
+        params["gengamma"] = tuple(np.where(bounded, v, np.nan) for v in (q_g**-2.0, q_g / sigma_g, np.exp(log_scale_n)))
         boundary = {f: limit_wins if f == "gengamma" else np.zeros(len(x), bool) for f in FAMILIES}
         for f, (p, q, scale) in params.items():
             loglik, ks, hist_error = quality[f]
             edge = boundary[f]
-            fields = {"shape": p, "shape2": q, "scale": scale, "mode": _mode(f, p, q, scale)}
+            fields = {"shape": p, "shape2": q, "scale": scale, "mode": modes[f]} | dict(zip(PRENTICE, prentice[f]))
             fields = {key: np.where(edge, np.nan, value) for key, value in fields.items()}
             fields |= {"loglik": loglik, "ks": ks, "hist_error": hist_error,
                        "aic": 2.0 * N_PARAMS[f] - 2.0 * loglik, "bic": N_PARAMS[f] * np.log(n) - 2.0 * loglik}
             for key, value in fields.items():
                 out[f][key][good] = value
-            out[f]["status"][np.flatnonzero(good)[edge]] = "boundary"
+            rows = np.flatnonzero(good)[edge]
+            out[f]["status"][rows] = "boundary"
+            out[f]["limit_law"][rows] = np.array(LIMIT_LAWS)[best[edge]]
     return out

@@ -17,7 +17,8 @@ from headforms.warehouse.store import connect, create_schema
 
 FREE_PARAMETERS = {"gamma": 2, "lognormal": 2, "weibull": 2, "gengamma": 3}  # statistics.md section 7
 SPECTRUM = {"S_pos": "S_pos", "S_neg": "S_neg", "T": "T_sigma", "L_abs": "L"}
-LIMITS = (stats.lognorm, stats.powerlaw, stats.pareto)  # gengamma's limit laws at the edge of its space
+LIMITS = {"powerlaw": stats.powerlaw, "pareto": stats.pareto}  # gengamma's limit laws at the edge of its space (|q| -> inf)
+EDGE = 1e4  # the gengamma search's outer edge, |c| std(log x) (compute/fits.py's GENGAMMA_GRID)
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +56,9 @@ def test_status_says_what_a_fit_is(fits):
 
 
 def test_boundary_fits_are_the_limit_laws(fits, samples):
-    """scipy's maximum-likelihood lognormal, power-function and Pareto fits (the gengamma's limit laws):
-    a boundary gengamma fit stores the most likely of them; an ok fit is more likely than all three."""
+    """scipy's maximum-likelihood power-function and Pareto fits (the gengamma's limit laws): a boundary gengamma
+    fit stores the more likely of them and names it; an ok fit is more likely than both, and than the lognormal
+    (its q = 0)."""
     gg = fits.filter(pl.col("family") == "gengamma").sort("model", "layer", "head", "sample")
     rng = np.random.default_rng(0)
     ok_rows = np.flatnonzero(gg["status"].to_numpy() == "ok")
@@ -65,11 +67,35 @@ def test_boundary_fits_are_the_limit_laws(fits, samples):
     for row in gg[chosen].iter_rows(named=True):
         x = samples[(row["model"], row["layer"], row["head"], row["sample"])]
         assert len(x) == row["n"]
-        best = max(law.logpdf(x, *law.fit(x, floc=0)).sum() for law in LIMITS)
+        logliks = {name: law.logpdf(x, *law.fit(x, floc=0)).sum() for name, law in LIMITS.items()}
+        best = max(logliks, key=logliks.get)
         if row["status"] == "boundary":
-            np.testing.assert_allclose(row["loglik"], best, rtol=1e-9)
+            np.testing.assert_allclose(row["loglik"], logliks[best], rtol=1e-9)
+            assert row["limit_law"] == best
         else:
-            assert row["loglik"] > best
+            assert row["loglik"] > logliks[best] and row["limit_law"] is None
+            assert row["loglik"] >= stats.lognorm.logpdf(x, *stats.lognorm.fit(x, floc=0)).sum() - 1e-9 * abs(row["loglik"])
+
+
+def test_ok_fits_are_estimates(fits):
+    """Issue 21: no ok fit with parameters no estimate has (shape above 1e3, scale above 1e6 or below 1e-6 times
+    the sample's geometric mean) and none within 5% of the search's edge; every ok gengamma fit has finite
+    Prentice parameters, and its natural ones exactly where the lognormal (q = 0) is rejected at 5% by a
+    likelihood-ratio test, recomputed here from the stored lognormal fit and scipy's chi-square quantile."""
+    wide = fits.pivot(on="family", index=["model", "layer", "head", "sample"],
+                      values=["loglik", "shape", "scale", "status", "prentice_q", "prentice_sigma"])
+    ok = wide.filter(pl.col("status_gengamma") == "ok")
+    assert ok.height > 1000
+    gm = ok["scale_lognormal"]  # exp(mean log x)
+    assert ok.filter((pl.col("shape_gengamma") > 1e3) | (pl.col("scale_gengamma") > 1e6 * gm)
+                     | (pl.col("scale_gengamma") < 1e-6 * gm)).height == 0
+    assert fits.filter((pl.col("status") == "ok") & ((pl.col("shape") > 1e3) | (pl.col("scale") > 1e6))).height == 0
+    power = (ok["prentice_q_gengamma"] / ok["prentice_sigma_gengamma"]).abs() * ok["shape_lognormal"]
+    assert power.max() < 0.95 * EDGE
+    assert ok.select(pl.col("prentice_q_gengamma", "prentice_sigma_gengamma").is_finite().all()).row(0) == (True, True)
+    rejects = 2 * (ok["loglik_gengamma"] - ok["loglik_lognormal"]) >= stats.chi2.ppf(0.95, 1)
+    assert (ok["shape_gengamma"].is_not_null() == rejects).all()
+    assert 0 < rejects.sum() < ok.height
 
 
 def test_aic_and_bic_by_formula(fits):

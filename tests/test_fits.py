@@ -5,11 +5,52 @@ import numpy as np
 import pytest
 from scipy import optimize, special, stats
 
-from headforms.compute.fits import FAMILIES, GENGAMMA_GRID, N_PARAMS, STATUSES, fit_families
+from headforms.compute.fits import FAMILIES, GENGAMMA_GRID, N_PARAMS, NATURAL_LR, PRENTICE, STATUSES, fit_families
 
 DISTS = {"gamma": stats.gamma, "lognormal": stats.lognorm, "weibull": stats.weibull_min,
          "gengamma": stats.gengamma}
-FIELDS = ("shape", "shape2", "scale", "mode", "loglik", "ks", "hist_error", "aic", "bic", "n")
+FIELDS = ("shape", "shape2", "scale", "mode", "loglik", "ks", "hist_error", "aic", "bic", "n", *PRENTICE)
+
+
+def prentice_logpdf(x, mu, sigma, q):
+    """scipy's log density of Prentice's generalized gamma, log x = mu + sigma w: for q != 0,
+    y = q^-2 exp(q w) is gamma(q^-2) (so the density is gamma's times |dy/dx| = y |q| / (sigma x)), a
+    form whose numbers stay representable as q -> 0; at q = 0 the lognormal."""
+    if q == 0:
+        return stats.lognorm.logpdf(x, sigma, scale=np.exp(mu))
+    a = q**-2.0
+    y = a * np.exp(q * (np.log(x) - mu) / sigma)
+    return stats.gamma.logpdf(y, a) + np.log(y * abs(q) / (sigma * x))
+
+
+def prentice_cdf(x, mu, sigma, q):
+    """scipy's CDF of the same law (gamma's CDF of y, or its survival function for q < 0)."""
+    if q == 0:
+        return stats.lognorm.cdf(x, sigma, scale=np.exp(mu))
+    a = q**-2.0
+    y = a * np.exp(q * (np.log(x) - mu) / sigma)
+    return stats.gamma.cdf(y, a) if q > 0 else stats.gamma.sf(y, a)
+
+
+class Frozen:
+    """A fitted row as a frozen law: scipy's own for gamma, lognormal, Weibull; Prentice's for gengamma."""
+
+    def __init__(self, res, family, i):
+        self.family, self.args = family, scipy_args(res, family, i)
+        self.prentice = tuple(res[family][k][i] for k in PRENTICE)
+
+    def logpdf(self, x):
+        if self.family == "gengamma":
+            return prentice_logpdf(np.asarray(x, dtype=float), *self.prentice)
+        return DISTS[self.family].logpdf(x, *self.args)
+
+    def pdf(self, x):
+        return np.exp(self.logpdf(x))
+
+    def cdf(self, x):
+        if self.family == "gengamma":
+            return prentice_cdf(np.asarray(x, dtype=float), *self.prentice)
+        return DISTS[self.family].cdf(x, *self.args)
 
 
 def draw_samples(seed: int = 3, per_kind: int = 9) -> list[np.ndarray]:
@@ -68,10 +109,13 @@ def fitted(samples):
 def test_layout(samples, fitted):
     assert set(fitted) == set(FAMILIES)
     for family in FAMILIES:
-        assert set(fitted[family]) == set(FIELDS) | {"status"}
-        for field in (*FIELDS, "status"):
+        assert set(fitted[family]) == set(FIELDS) | {"status", "limit_law"}
+        for field in (*FIELDS, "status", "limit_law"):
             assert fitted[family][field].shape == (len(samples),)
         assert set(fitted[family]["status"]) <= set(STATUSES)
+        boundary = fitted[family]["status"] == "boundary"
+        assert set(fitted[family]["limit_law"][boundary]) <= {"powerlaw", "pareto"}
+        assert all(law is None for law in fitted[family]["limit_law"][~boundary])
         np.testing.assert_array_equal(fitted[family]["n"], [len(s) for s in samples])
         assert np.all(np.isfinite(fitted[family]["loglik"]))
     for family in ("gamma", "lognormal", "weibull"):
@@ -86,6 +130,17 @@ def test_gamma_and_lognormal_equal_scipy_closed_forms(samples, fitted):
                                    [k, theta], rtol=1e-9)
         np.testing.assert_allclose([fitted["lognormal"]["shape"][i], fitted["lognormal"]["scale"][i]],
                                    [sigma, scale], rtol=1e-9)
+
+
+def test_nested_families_in_prentice_coordinates(samples, fitted):
+    """Gamma is Prentice's law at q = sigma, lognormal at q = 0, Weibull at q = 1: each fit's (mu, sigma, q) gives
+    scipy's own log density of that fit."""
+    for family in ("gamma", "lognormal", "weibull"):
+        mu, sigma, q = (fitted[family][k] for k in PRENTICE)
+        np.testing.assert_allclose(q, {"gamma": sigma, "lognormal": 0.0, "weibull": 1.0}[family], rtol=1e-15)
+        for i, s in enumerate(samples[:8]):
+            np.testing.assert_allclose(prentice_logpdf(s, mu[i], sigma[i], q[i]),
+                                       DISTS[family].logpdf(s, *scipy_args(fitted, family, i)), rtol=1e-10)
 
 
 def test_weibull_is_the_exact_mle(samples, fitted):
@@ -122,29 +177,35 @@ def test_gengamma_at_least_as_good_as_scipy(samples, fitted):
             # and the gamma and Weibull fits are special cases, never better
             assert g["loglik"][i] >= max(fitted["gamma"]["loglik"][i], fitted["weibull"]["loglik"][i])
     assert better >= len(samples) // 4  # e.g. the c < 0 draws, out of scipy's reach from these starts
-    assert np.any(g["shape2"] < 0) and np.any(g["shape2"] > 0)
+    assert np.any(g["prentice_q"] < 0) and np.any(g["prentice_q"] > 0)
 
 
 def test_gengamma_is_a_stationary_maximum(samples, fitted):
-    """Where the maximum is interior, the three score equations hold to rounding and no step in
-    (log a, c, log scale), along the axes or random directions, raises scipy's log-likelihood.
-    Where the likelihood keeps rising towards a limit the fit is 'boundary' (test_boundary_fits)."""
+    """Where the maximum is interior, no step in Prentice's (mu, log sigma, q), along the axes or random
+    directions, raises scipy's log-likelihood; where the natural parameters are given, scipy's three score
+    equations in (a, c, scale) hold to rounding. Where the likelihood keeps rising towards a limit the fit is
+    'boundary' (test_boundary_fits)."""
     rng = np.random.default_rng(11)
     steps = np.concatenate([np.eye(3), rng.normal(size=(20, 3))]) * 1e-4
     steps = np.concatenate([steps, -steps])
-    ok = fitted["gengamma"]["status"] == "ok"
-    assert (~ok).sum() <= 2 and np.all(fitted["gengamma"]["status"][~ok] == "boundary")
+    g = fitted["gengamma"]
+    ok = g["status"] == "ok"
+    assert (~ok).sum() <= 2 and np.all(g["status"][~ok] == "boundary")
+    natural = ok & np.isfinite(g["shape"])
+    assert natural.sum() >= len(samples) // 2
     for i in np.flatnonzero(ok):
-        s, (a, c, _, scale) = samples[i], scipy_args(fitted, "gengamma", i)
-        lz = np.log(s / scale)
-        zc = np.exp(c * lz)
-        np.testing.assert_allclose(zc.mean(), a, rtol=1e-12)  # d/d scale
-        np.testing.assert_allclose(c * lz.mean(), special.digamma(a), rtol=1e-12, atol=1e-12)  # d/da
-        terms = np.array([1 / c, a * lz.mean(), -np.mean(zc * lz)])  # d/dc
-        assert abs(terms.sum()) < 1e-12 * np.abs(terms).sum()
-        ll = fitted["gengamma"]["loglik"][i]
-        a2, c2, scale2 = a * np.exp(steps[:, 0]), c * (1 + steps[:, 1]), scale * np.exp(steps[:, 2])
-        assert np.all(stats.gengamma.logpdf(s[:, None], a2, c2, 0.0, scale2).sum(0) < ll)
+        s, (mu, sigma, q) = samples[i], (g[k][i] for k in PRENTICE)
+        ll = g["loglik"][i]
+        trials = [prentice_logpdf(s, mu + d[0], sigma * np.exp(d[1]), q + d[2]).sum() for d in steps]
+        assert max(trials) < ll
+        if natural[i]:
+            a, c, _, scale = scipy_args(fitted, "gengamma", i)
+            lz = np.log(s / scale)
+            zc = np.exp(c * lz)
+            np.testing.assert_allclose(zc.mean(), a, rtol=1e-10)  # d/d scale
+            np.testing.assert_allclose(c * lz.mean(), special.digamma(a), rtol=1e-10, atol=1e-10)  # d/da
+            terms = np.array([1 / c, a * lz.mean(), -np.mean(zc * lz)])  # d/dc
+            assert abs(terms.sum()) < 1e-10 * np.abs(terms).sum()
 
 
 def ok_rows(fitted, family, samples):
@@ -154,21 +215,23 @@ def ok_rows(fitted, family, samples):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_loglik_and_ks_equal_scipy(samples, fitted, family):
+    """scipy's log-likelihood and KS distance of each ok fit (gengamma: of its Prentice parameters and, where
+    given, of its natural ones: the two describe one law)."""
     for i, s in ok_rows(fitted, family, samples):
-        args = scipy_args(fitted, family, i)
-        np.testing.assert_allclose(fitted[family]["loglik"][i], DISTS[family].logpdf(s, *args).sum(),
-                                   rtol=1e-10)
-        ks = stats.kstest(s, DISTS[family](*args).cdf).statistic
-        np.testing.assert_allclose(fitted[family]["ks"][i], ks, rtol=1e-10, atol=1e-12)
+        law = Frozen(fitted, family, i)
+        np.testing.assert_allclose(fitted[family]["loglik"][i], law.logpdf(s).sum(), rtol=1e-10)
+        np.testing.assert_allclose(fitted[family]["ks"][i], stats.kstest(s, law.cdf).statistic, rtol=1e-10, atol=1e-12)
+        if family == "gengamma" and np.isfinite(fitted[family]["shape"][i]):
+            np.testing.assert_allclose(fitted[family]["loglik"][i],
+                                       stats.gengamma.logpdf(s, *scipy_args(fitted, family, i)).sum(), rtol=1e-10)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_hist_error_equals_per_row_histogram(samples, fitted, family):
     for i, s in ok_rows(fitted, family, samples):
-        *shapes, _, scale = scipy_args(fitted, family, i)
         z = s / s.mean()
         heights, edges = np.histogram(z, bins=20, density=True)
-        pdf = DISTS[family].pdf((edges[:-1] + edges[1:]) / 2, *shapes, scale=scale / s.mean())
+        pdf = s.mean() * Frozen(fitted, family, i).pdf((edges[:-1] + edges[1:]) / 2 * s.mean())
         np.testing.assert_allclose(fitted[family]["hist_error"][i],
                                    np.sqrt(np.mean((heights - pdf) ** 2)), rtol=1e-10)
 
@@ -176,14 +239,14 @@ def test_hist_error_equals_per_row_histogram(samples, fitted, family):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_mode_is_the_density_peak(samples, fitted, family):
     r = fitted[family]
-    p, q = r["shape"], r["shape2"]
+    p, q = r["shape"], r["prentice_q"] * r["prentice_sigma"]
     interior = {"gamma": p > 1, "lognormal": np.ones_like(p, bool), "weibull": p > 1,
-                "gengamma": (q < 0) | (p * q > 1)}[family]
-    np.testing.assert_array_equal(np.isfinite(r["mode"]), interior)
-    for i in np.flatnonzero(interior):
-        args = scipy_args(fitted, family, i)
-        mode, peak = r["mode"][i], DISTS[family].logpdf(r["mode"][i], *args)
-        assert np.all(DISTS[family].logpdf(mode * np.array([1 - 1e-4, 1 + 1e-4]), *args) < peak)
+                "gengamma": q < 1}[family]  # Prentice: log x = mu + sigma log(1 - q sigma) / q
+    np.testing.assert_array_equal(np.isfinite(r["mode"]), interior & (r["status"] == "ok"))
+    for i in np.flatnonzero(interior & (r["status"] == "ok")):
+        law = Frozen(fitted, family, i)
+        mode, peak = r["mode"][i], law.logpdf(r["mode"][i])
+        assert np.all(law.logpdf(mode * np.array([1 - 1e-4, 1 + 1e-4])) < peak)
 
 
 def test_scale_equivariance_and_row_independence(samples, fitted):
@@ -196,15 +259,17 @@ def test_scale_equivariance_and_row_independence(samples, fitted):
         # near the lognormal limit (small |c|, large a) the gengamma parameters slide along a
         # flat ridge of the likelihood, and log scale ~ -log(a) / c amplifies that further
         rtol = {"shape": 1e-6, "shape2": 1e-6, "scale": 1e-5} if family == "gengamma" else {}
-        for field in ("shape", "shape2", "ks", "hist_error"):
+        for field in ("shape", "shape2", "ks", "hist_error", "prentice_sigma", "prentice_q"):
             np.testing.assert_allclose(scaled[family][field], fitted[family][field],
-                                       rtol=rtol.get(field, 1e-8))
+                                       rtol=rtol.get(field, 1e-8), atol=1e-9 if field == "prentice_q" else 0)
         for field in ("scale", "mode"):
             np.testing.assert_allclose(scaled[family][field], 7.5 * fitted[family][field],
                                        rtol=rtol.get("scale", 1e-8))
+        np.testing.assert_allclose(scaled[family]["prentice_mu"], fitted[family]["prentice_mu"] + np.log(7.5),
+                                   rtol=1e-8, atol=1e-9)
         for field in FIELDS:
-            np.testing.assert_allclose(alone[family][field], fitted[family][field][3:4], rtol=1e-9)
-            np.testing.assert_allclose(wide[family][field], alone[family][field], rtol=1e-9)
+            np.testing.assert_allclose(alone[family][field], fitted[family][field][3:4], rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(wide[family][field], alone[family][field], rtol=1e-9, atol=1e-12)
 
 
 def test_degenerate_rows_give_nan_quietly():
@@ -224,11 +289,13 @@ def test_degenerate_rows_give_nan_quietly():
             np.testing.assert_allclose(res[family][field][:1], alone[family][field], rtol=1e-9)
         np.testing.assert_array_equal(res[family]["status"][1:7], "failed")
         assert "failed" not in res[family]["status"][[0, 7]]
-        for field in FIELDS[:-1]:
+        assert all(law is None for law in res[family]["limit_law"][1:7])
+        for field in (f for f in FIELDS if f != "n"):
             values = res[family][field]
             assert np.all(np.isnan(values[1:7])), (family, field)
-            if field not in ("shape2", "mode"):  # a boundary fit (three values, three parameters) has none
-                params = field in ("shape", "scale")
+            natural = family == "gengamma" and field in ("shape", "scale")  # none where q may be 0
+            if field not in ("shape2", "mode") and not natural:  # a boundary fit (three values, three parameters) has none
+                params = field in ("shape", "scale", *PRENTICE)
                 fitted_rows = [i for i in (0, 7) if not params or res[family]["status"][i] == "ok"]
                 assert np.all(np.isfinite(values[fitted_rows])), (family, field)
     with warnings.catch_warnings():
@@ -253,12 +320,12 @@ def test_awkward_samples_fit_quietly():
         assert np.all(ok | (res[family]["status"] == "boundary"))
         for field in ("loglik", "ks", "hist_error", "aic", "bic"):
             assert np.all(np.isfinite(res[family][field])), (family, field)
-        for field in ("shape", "scale"):  # boundary fits carry no parameters
+        params = PRENTICE if family == "gengamma" else ("shape", "scale", *PRENTICE)
+        for field in params:  # boundary fits carry no parameters
             np.testing.assert_array_equal(np.isfinite(res[family][field]), ok)
     for i in np.flatnonzero(res["gengamma"]["status"] == "ok"):
-        args = scipy_args(res, "gengamma", i)
         np.testing.assert_allclose(res["gengamma"]["loglik"][i],
-                                   stats.gengamma.logpdf(rows[i], *args).sum(), rtol=1e-9)
+                                   Frozen(res, "gengamma", i).logpdf(rows[i]).sum(), rtol=1e-9)
     best_case = np.maximum(res["gamma"]["loglik"], res["weibull"]["loglik"])
     assert np.all(res["gengamma"]["loglik"] >= best_case - 1e-9 * np.abs(best_case))
 
@@ -292,8 +359,9 @@ def histogram_error(x, dist):
 def test_boundary_fits():
     """Power-function and Pareto draws: scipy's profile likelihood of gengamma keeps rising with |c|
     towards the power-function / Pareto limit, whose scipy fit is the stored supremum (log-likelihood,
-    KS, histogram error). Log-symmetric samples: the profile peaks at c -> 0, the lognormal limit.
-    Gamma draws stay 'ok' with finite parameters."""
+    KS, histogram error), the limit named. Log-symmetric samples: the profile peaks at c = 0, the lognormal,
+    an interior point q = 0 in Prentice's parametrisation: 'ok', its natural parameters NULL. Gamma draws
+    stay 'ok' with finite parameters."""
     rng = np.random.default_rng(4)
     z = stats.norm.ppf((np.arange(1, 25) - 0.5) / 24)
     upper = [rng.uniform(0.0, 1.0, 64), rng.power(2.0, 48) * 3.0, rng.power(0.7, 40)]
@@ -303,12 +371,18 @@ def test_boundary_fits():
     rows = upper + lower + symmetric + interior
     res = fit_quietly(rows)
     g = res["gengamma"]
-    expected = ["boundary"] * (len(rows) - len(interior)) + ["ok"] * len(interior)
-    assert list(g["status"]) == expected
+    limits = len(upper + lower)
+    assert list(g["status"]) == ["boundary"] * limits + ["ok"] * (len(rows) - limits)
+    assert list(g["limit_law"]) == ["powerlaw"] * len(upper) + ["pareto"] * len(lower) + [None] * (len(rows) - limits)
     for family in ("gamma", "lognormal", "weibull"):
         assert np.all(res[family]["status"] == "ok")
-    for field in ("shape", "shape2", "scale", "mode"):
-        assert np.all(np.isnan(g[field][:-len(interior)])) and np.all(np.isfinite(g[field][-len(interior):]))
+    for field in ("shape", "shape2", "scale", "mode", *PRENTICE):
+        assert np.all(np.isnan(g[field][:limits]))
+    for i, x in enumerate(interior, start=len(rows) - len(interior)):
+        assert np.all(np.isfinite([g[field][i] for field in ("mode", *PRENTICE)]))
+        lr = 2 * (g["loglik"][i] - stats.lognorm.logpdf(x, *stats.lognorm.fit(x, floc=0)).sum())
+        assert np.isfinite(g["shape"][i]) == (lr >= stats.chi2.ppf(0.95, 1))  # natural only where q is bounded off 0
+    assert np.isfinite(g["shape"][-2]) and np.isnan(g["shape"][-1])  # 64 gamma(4) draws tell; 48 gamma(1.5) do not
 
     for i, x in enumerate(upper + lower):
         law = stats.powerlaw if i < len(upper) else stats.pareto
@@ -322,9 +396,12 @@ def test_boundary_fits():
         profile = np.array([profile_loglik(x, c) for c in powers])
         assert np.all(np.diff(profile) > 0) and profile[-1] < sup, (i, profile, sup)
 
-    for i, x in enumerate(symmetric, start=len(upper + lower)):
-        for field in ("loglik", "ks", "hist_error"):
-            assert g[field][i] == res["lognormal"][field][i]
+    for i, x in enumerate(symmetric, start=limits):
+        sigma, _, scale = stats.lognorm.fit(x, floc=0)
+        np.testing.assert_allclose([g["prentice_mu"][i], g["prentice_sigma"][i]], [np.log(scale), sigma], rtol=1e-9, atol=1e-15)
+        assert abs(g["prentice_q"][i]) < 1e-9 and np.isfinite(g["mode"][i])
+        assert np.all(np.isnan([g["shape"][i], g["shape2"][i], g["scale"][i]]))
+        np.testing.assert_allclose(g["loglik"][i], stats.lognorm.logpdf(x, sigma, 0, scale).sum(), rtol=1e-12)
         powers = np.array([-1.0, -0.3, -0.1, 0.1, 0.3, 1.0]) / np.std(np.log(x))
         assert max(profile_loglik(x, c) for c in powers) < g["loglik"][i]
 
@@ -347,3 +424,83 @@ def test_histogram_equals_numpy_on_values_at_and_one_ulp_around_every_edge():
         expected, edges = np.histogram(row, bins=HIST_BINS, density=True)
         np.testing.assert_array_equal(h, expected)
         np.testing.assert_array_equal(c, (edges[:-1] + edges[1:]) / 2)
+
+
+def exact_logpdf(x, mu, sigma, q):
+    """Prentice's log density at 60 digits (mpmath, which torch's sympy brings): the reference where
+    scipy's gengamma has no representable scale or loses digits to a = q^-2 (0 < |q| < 1e-2)."""
+    import mpmath
+
+    with mpmath.workdps(60):
+        q, sigma, lam = mpmath.mpf(q), mpmath.mpf(sigma), 1 / mpmath.mpf(q) ** 2
+        const = mpmath.log(abs(q)) - mpmath.loggamma(lam) + lam * mpmath.log(lam) - mpmath.log(sigma)
+        out = []
+        for v in x:
+            w = (mpmath.log(mpmath.mpf(v)) - mu) / sigma
+            out.append(float(const + lam * (q * w - mpmath.exp(q * w)) - mpmath.log(mpmath.mpf(v))))
+        return np.array(out)
+
+
+def test_prentice_loglik_against_scipy():
+    """The stable Prentice log-likelihood (the optimiser's `_prentice` and the stored `_std_logpdf`) against
+    scipy's gengamma(a = q^-2, c = q / sigma, scale = exp(mu + 2 sigma log|q| / q)) where scipy is exact
+    (|q| >= 1e-2), its lognorm at q = 0 and at |q| = 1e-12 (the limit), and 60-digit arithmetic between."""
+    from headforms.compute.fits import _prentice, _std_logpdf
+
+    x = np.random.default_rng(2).gamma(3.0, 0.5, 30)
+    logs, valid, n = np.log(x)[None], np.ones((1, 30), bool), np.array([30])
+    qs = np.array([0.0, 1e-12, 1e-8, 1e-6, 1e-4, 1e-3, 3e-3, 1e-2, 0.05, 0.3, 0.9, 1.0, 2.0, 7.0])
+    qs = np.concatenate([qs, -qs[1:]])
+    checked = {"scipy": 0, "lognorm": 0, "exact": 0}
+    for q in qs:
+        mu, sigma = 0.2, 0.03 if abs(q) < 1e-2 else 0.7  # keeps scipy's scale representable down to |q| = 1e-2
+        if q == 0 or abs(q) < 1e-10:
+            reference, kind = stats.lognorm.logpdf(x, sigma, scale=np.exp(mu)), "lognorm"
+        elif abs(q) >= 1e-2:
+            scale = np.exp(mu + 2 * sigma * np.log(abs(q)) / q)
+            reference, kind = stats.gengamma.logpdf(x, q**-2, q / sigma, scale=scale), "scipy"
+        else:
+            reference, kind = exact_logpdf(x, mu, sigma, q), "exact"
+        checked[kind] += 1
+        pointwise = _std_logpdf("gengamma", x / np.exp(mu), sigma, q) - mu
+        np.testing.assert_allclose(pointwise, reference, rtol=1e-10, atol=1e-10, err_msg=f"q = {q}")
+        total = _prentice(np.array([[mu], [np.log(sigma)], [q]]), logs, valid, n)[0]
+        np.testing.assert_allclose(total, reference.sum(), rtol=1e-10, err_msg=f"q = {q}")
+    assert checked == {"scipy": 14, "lognorm": 3, "exact": 10}
+
+
+def test_lognormal_samples_fit_near_q_zero():
+    """Lognormal draws: 'ok', Prentice's (mu, sigma) near scipy's lognorm fit and q near 0, at least as likely
+    as the lognormal; no natural parameters, since a likelihood-ratio test (scipy's lognormal likelihood) does
+    not reject q = 0; the fit is the maximum (no step raises the 60-digit likelihood)."""
+    rng = np.random.default_rng(21)
+    rows = [rng.lognormal(0.3, 0.8, 200), rng.lognormal(-2.0, 1.5, 120) * 1e3, rng.lognormal(1.0, 0.2, 64)]
+    res = fit_quietly(rows)
+    g = res["gengamma"]
+    assert list(g["status"]) == ["ok"] * 3
+    for i, x in enumerate(rows):
+        s, _, scale = stats.lognorm.fit(x, floc=0)
+        lognormal = stats.lognorm.logpdf(x, s, 0, scale).sum()
+        assert 0 <= 2 * (g["loglik"][i] - lognormal) < NATURAL_LR == pytest.approx(stats.chi2.ppf(0.95, 1), rel=1e-15)
+        assert np.isnan(g["shape"][i]) and np.isnan(g["shape2"][i]) and np.isnan(g["scale"][i])
+        mu, sigma, q = (g[k][i] for k in PRENTICE)
+        assert abs(q) < 0.25 and abs(mu - np.log(scale)) < 0.1 * s and abs(sigma / s - 1) < 0.05
+        np.testing.assert_allclose(g["loglik"][i], exact_logpdf(x, mu, sigma, q).sum(), rtol=1e-11)
+        for d in (1e-4, -1e-4):
+            for step in np.eye(3) * d:
+                assert exact_logpdf(x, mu + step[0], sigma * np.exp(step[1]), q + step[2]).sum() < g["loglik"][i]
+
+
+def test_gamma_and_weibull_samples_recover_their_q():
+    """Large draws: a gamma(k) sample fits q close to sigma (both near k^-1/2), a Weibull(c) sample q close to 1
+    (sigma near 1/c); both reject the lognormal, so their natural parameters are given, a near k (or 1), c near 1
+    (or the Weibull's c)."""
+    rng = np.random.default_rng(8)
+    rows = [rng.gamma(4.0, 2.0, 4000), stats.weibull_min.rvs(1.7, size=4000, random_state=rng) * 3.0]
+    g = fit_quietly(rows)["gengamma"]
+    assert list(g["status"]) == ["ok", "ok"]
+    np.testing.assert_allclose([g["prentice_q"][0], g["prentice_sigma"][0]], [0.5, 0.5], atol=0.08)  # SE(q) ~ 0.05
+    assert abs(g["prentice_q"][0] - g["prentice_sigma"][0]) < 0.08  # not the lognormal (0) nor the Weibull (1)
+    np.testing.assert_allclose([g["shape"][0], g["shape2"][0]], [4.0, 1.0], rtol=0.3)
+    np.testing.assert_allclose([g["prentice_q"][1], g["prentice_sigma"][1]], [1.0, 1 / 1.7], rtol=0.1)
+    np.testing.assert_allclose([g["shape"][1], g["shape2"][1]], [1.0, 1.7], rtol=0.3)

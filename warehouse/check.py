@@ -15,7 +15,7 @@ from string import Template
 import duckdb
 
 from headforms.compute.analysis import SAMPLES
-from headforms.compute.fits import FAMILIES, N_PARAMS, STATUSES
+from headforms.compute.fits import FAMILIES, LIMIT_LAWS, N_PARAMS, STATUSES
 
 # Rows per head of each spectrum (as warehouse/load.py writes them), in terms of the head's
 # n_pos, n_neg and the model's r = min(N, 2n) and n = head_dim.
@@ -42,6 +42,7 @@ def placeholders() -> dict[str, object]:
         "samples": _values("sample", SAMPLES),
         "families": _values("family", FAMILIES),
         "statuses": ", ".join(f"'{status}'" for status in STATUSES),
+        "limit_laws": ", ".join(f"'{law}'" for law in LIMIT_LAWS),
         "n_params": " ".join(f"WHEN '{family}' THEN {k}" for family, k in N_PARAMS.items()),
         "model_orphans": " UNION ALL ".join(
             f"SELECT model, NULL, NULL, format('{{}} {table} rows of a model not in models', count(*)) "
@@ -172,10 +173,18 @@ CHECKS: tuple[tuple[str, str, str], ...] = (
                   WHEN status NOT IN ($statuses) THEN format('unknown status {}', status)
                   WHEN status = 'boundary' AND family <> 'gengamma' THEN 'boundary, but its maxima are interior'
                   WHEN status = 'boundary' AND (shape IS NOT NULL OR shape2 IS NOT NULL OR scale IS NOT NULL
-                                                OR mode IS NOT NULL) THEN 'boundary, with parameters'
+                                                OR mode IS NOT NULL OR prentice_mu IS NOT NULL OR prentice_sigma IS NOT NULL
+                                                OR prentice_q IS NOT NULL) THEN 'boundary, with parameters'
+                  WHEN status = 'boundary' AND limit_law NOT IN ($limit_laws) IS NOT FALSE
+                      THEN format('boundary, with limit law {} (not a known one)', limit_law)
+                  WHEN status <> 'boundary' AND limit_law IS NOT NULL THEN format('{}, with a limit law', status)
                   WHEN status = 'failed' AND loglik IS NOT NULL THEN 'failed, with a likelihood'
-                  WHEN status = 'ok' AND (loglik IS NULL OR shape IS NULL OR scale IS NULL)
-                      THEN 'ok, without its likelihood or parameters'
+                  WHEN status = 'ok' AND (loglik IS NULL OR prentice_mu IS NULL OR prentice_sigma IS NULL
+                                          OR prentice_q IS NULL OR family <> 'gengamma' AND (shape IS NULL OR scale IS NULL))
+                      THEN 'ok, without its likelihood or parameters (a warehouse from before Prentice''s: rebuild it)'
+                  WHEN family = 'gengamma' AND (abs(shape * prentice_q * prentice_q - 1) > $profile_tolerance
+                                                OR abs(shape2 * prentice_sigma - prentice_q) > $profile_tolerance * abs(prentice_q))
+                      THEN 'natural a, c and Prentice q, sigma disagree (a = q^-2, c = q / sigma)'
                   WHEN status = 'boundary' AND loglik IS NULL THEN 'boundary, without its likelihood'
                   WHEN abs(aic - (2 * k - 2 * loglik)) > $profile_tolerance * (1 + abs(aic))
                     OR abs(bic - (k * ln(n) - 2 * loglik)) > $profile_tolerance * (1 + abs(bic))

@@ -127,6 +127,13 @@ CREATE TABLE IF NOT EXISTS fits (
     status     VARCHAR NOT NULL,   -- 'ok', 'boundary', 'failed'
     PRIMARY KEY (model, layer, head, sample, family)
 );
+-- Every ok fit in Prentice's (1974) generalized-gamma coordinates, log x = mu + sigma w (README "### Fit
+-- status, AIC and BIC"): gamma q = sigma, lognormal q = 0, Weibull q = 1; NULL unless status = 'ok'.
+-- A gengamma fit's natural shape, shape2, scale are NULL where q is not bounded away from 0 (LR test, 5%).
+ALTER TABLE fits ADD COLUMN IF NOT EXISTS prentice_mu DOUBLE;
+ALTER TABLE fits ADD COLUMN IF NOT EXISTS prentice_sigma DOUBLE;
+ALTER TABLE fits ADD COLUMN IF NOT EXISTS prentice_q DOUBLE;
+ALTER TABLE fits ADD COLUMN IF NOT EXISTS limit_law VARCHAR;  -- a boundary fit's limit: 'powerlaw' (q -> inf), 'pareto' (q -> -inf)
 
 -- 95% percentile bootstrap intervals of the views' per-model figures (statistics.md section 7),
 -- written when a model's last layer is in. method 'layer': a model's layers are resampled with
