@@ -28,6 +28,9 @@ PUBLISHED_HEADERS = {
                                          "gengamma_iqr_ks_low,gengamma_iqr_ks_high,"
                                          "generalized_gamma_best_fit_share,lognormal_best_fit_share",
 }
+# Beside the published columns (issue 21): the interior-only share and the shares by AIC, appended after them.
+BESIDE = {"gamma_goodness_of_fit_summary.csv": ",generalized_gamma_interior_best_fit_share,generalized_gamma_aic_share,"
+                                               "lognormal_aic_share"}
 COMPONENTS = {"L_abs": "full", "S_pos": "S_positive", "S_neg": "S_negative", "T": "T"}
 # the demo models renamed to two of the paper's, whose paper order (bloom-3b first) is not the name order
 RENAMED = {"SmolLM2-135M": "Mistral-Small-24B-Base", "all-MiniLM-L6-v2": "bloom-3b"}
@@ -68,7 +71,7 @@ def read(folder, name) -> pl.DataFrame:
 def test_files_headers_and_index(exported):
     assert {p.name for p in exported.iterdir()} == set(PAPER_FORMAT) == set(PUBLISHED_HEADERS)
     for name, header in PUBLISHED_HEADERS.items():
-        assert (exported / name).read_text().splitlines()[0] == header
+        assert (exported / name).read_text().splitlines()[0] == header + BESIDE.get(name, "")
     index = pl.read_csv(exported.parent / "index.csv")
     listed = index.filter(pl.col("kind") == "paper-format table (CSV)")
     assert set(listed["file"]) == {f"{PAPER_FOLDER}/{name}" for name in PAPER_FORMAT}
@@ -157,6 +160,16 @@ def test_gamma_goodness_of_fit_summary(exported, warehouse):
                      "gengamma_iqr_ks_high": np.quantile(ks, 0.75),
                      "generalized_gamma_best_fit_share": gg["best_fit"].mean(),
                      "lognormal_best_fit_share": group.filter(pl.col("family") == "lognormal")["best_fit"].mean()})
+    fits = warehouse[1]["fits"].filter(pl.col("family").is_in(["gengamma", "lognormal"]))
+    wide = fits.pivot(on="family", index=["model", "layer", "head", "sample"], values=["loglik", "aic", "status"])
+    beside = {}
+    for (model, sample), group in wide.group_by("model", "sample"):
+        interior = (group["status_gengamma"] == "ok") & (group["loglik_gengamma"] >= group["loglik_lognormal"])
+        gap = (group["aic_lognormal"] - group["aic_gengamma"]).to_numpy()  # no failed fit in the demo
+        beside[model, COMPONENTS[sample]] = {"generalized_gamma_interior_best_fit_share": interior.mean(),
+                                             "generalized_gamma_aic_share": np.mean((gap > 0) + 0.5 * (gap == 0)),
+                                             "lognormal_aic_share": np.mean((gap < 0) + 0.5 * (gap == 0))}
+    rows = [row | beside[row["model"], row["component"]] for row in rows]
     actual = read(exported, "gamma_goodness_of_fit_summary.csv")
     assert_frame_equal(actual, pl.DataFrame(rows), check_dtypes=False, rel_tol=1e-12, abs_tol=1e-15)
 
@@ -182,3 +195,26 @@ def test_best_fit_ties_and_failures(tmp_path):
                     (1, "generalized_gamma", None, False), (1, "lognormal", 0.0, True),
                     (2, "generalized_gamma", 0.0, True), (2, "lognormal", 2.0, False)]
     assert summary == [(3, pytest.approx(2 / 3, rel=1e-15), pytest.approx(1 / 3, rel=1e-15))]
+
+
+def test_summary_beside_the_published_rule(tmp_path):
+    """Four heads computed by hand: the published rule (ties to the generalized gamma, a failed one loses), the
+    interior-only share (an 'ok' generalized gamma that is best_fit; a boundary one never counts) and the shares
+    by AIC (a tie credits each family 1/2, a failed fit is never best)."""
+    con = connect(tmp_path / "w.duckdb")
+    create_schema(con)
+    con.execute("INSERT INTO models (model, source, revision, architecture, n_layers, n_heads, n_kv_heads, d_model, "
+                "head_dim, parity_tolerance, baseline_seed, tool_version, extracted_at, complete) "
+                "VALUES ('m', 's', 'r', 'a', 1, 4, 4, 8, 2, 0.02, 0, 'v', now(), true)")
+    con.execute("""INSERT INTO fits (model, layer, head, sample, family, loglik, aic, ks, n, status) VALUES
+        ('m', 0, 0, 'T', 'gengamma', -3.0, 12.0, 0.1, 4, 'ok'),       ('m', 0, 0, 'T', 'lognormal', -3.0, 10.0, 0.2, 4, 'ok'),
+        ('m', 0, 1, 'T', 'gengamma', NULL, NULL, NULL, 4, 'failed'),  ('m', 0, 1, 'T', 'lognormal', -5.0, 14.0, 0.2, 4, 'ok'),
+        ('m', 0, 2, 'T', 'gengamma', -2.0, 10.0, 0.3, 4, 'ok'),       ('m', 0, 2, 'T', 'lognormal', -4.0, 12.0, 0.4, 4, 'ok'),
+        ('m', 0, 3, 'T', 'gengamma', -1.0, 8.0, 0.3, 4, 'boundary'),  ('m', 0, 3, 'T', 'lognormal', -2.0, 8.0, 0.4, 4, 'ok')""")
+    summary = con.sql("select generalized_gamma_best_fit_share, lognormal_best_fit_share, "
+                      "generalized_gamma_interior_best_fit_share, generalized_gamma_aic_share, lognormal_aic_share "
+                      "from paper_gamma_goodness_of_fit_summary").fetchall()
+    con.close()
+    # published: heads 0 (tie), 2, 3 to gengamma, 1 to lognormal; interior: heads 0 and 2;
+    # AIC: gengamma head 2 and half of head 3 (a tie), lognormal heads 0 and 1 and the other half of head 3
+    assert summary == [tuple(pytest.approx(v, rel=1e-15) for v in (3 / 4, 1 / 4, 2 / 4, 1.5 / 4, 2.5 / 4))]
