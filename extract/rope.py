@@ -88,12 +88,20 @@ def hf_rope(settings: list[dict], config: dict, head_dim: int, fraction: float, 
     return rope(theta, dims, pairing, scaling, params, refusal)
 
 
+# llama.cpp architectures whose layers do not share one rotation: R(delta) would be wrong for some layers.
+GGUF_PER_LAYER_ROPE = {
+    "gemma3": "its sliding-window layers use another RoPE base (rope.freq_base_swa, 10000 unless set) than its "
+              "global layers (rope.freq_base); per-layer RoPE is not implemented",
+    "cohere2": "its full-attention layers (every 4th) apply no RoPE; per-layer RoPE is not implemented",
+}
+
+
 def gguf_rope(meta: dict, arch: str, head_dim: int, pairing: str, tensor_names) -> Rope:
     """RoPE of a GGUF file from its metadata ({arch}.rope.*) and the pairing its rows are stored in."""
     theta = float(meta.get(f"{arch}.rope.freq_base", DEFAULT_THETA))
     dims = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
     scaling = str(meta.get(f"{arch}.rope.scaling.type", "none"))
-    refusal = None
+    refusal = GGUF_PER_LAYER_ROPE.get(arch)
     if "rope_freqs.weight" in tensor_names:
         refusal = "per-frequency factors (tensor rope_freqs.weight) are not implemented"
     if scaling == "none":

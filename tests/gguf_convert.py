@@ -58,6 +58,14 @@ def _attention_tensors(arch: str, attention, heads: int, kv_heads: int, head_dim
     return out
 
 
+def rope_theta(config) -> float:
+    """The RoPE base the converter writes as rope.freq_base: the config's rope_theta (Gemma 3's global layers'
+    where each layer type has its own), 10000 where the config names none (GPT-J's fixed base)."""
+    params = config.to_dict().get("rope_parameters") or {}
+    params = params.get("full_attention", params)
+    return float(params.get("rope_theta", 10000.0))
+
+
 def write(model, arch: str, path: Path, *, qtype: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.F32,
           metadata: dict | None = None, fuse: bool = False) -> Path:
     """`model` as a GGUF file of architecture `arch`; 2-D tensors quantized to qtype; `metadata` keys ({arch}
@@ -78,7 +86,7 @@ def write(model, arch: str, path: Path, *, qtype: gguf.GGMLQuantizationType = gg
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(int(head_dim * rotary))
-    writer.add_rope_freq_base(10000.0)
+    writer.add_rope_freq_base(rope_theta(config))
     if getattr(config, "attention_multiplier", None):  # Granite
         writer.add_attention_scale(config.attention_multiplier)
     for key, value in (metadata or {}).items():

@@ -7,24 +7,25 @@ The cases are derived from the tables: each tiny model (tests/tiny_models.py) wh
 and every RoPE layout must have one, so a new family is covered (or fails) without editing this file."""
 from __future__ import annotations
 
-import dataclasses
-
+import duckdb
 import numpy as np
 import pytest
 import torch
 import transformers
 
+from headforms import api
 from headforms.compute.reduction import reduce_factors
 from headforms.compute.rotary import Rotation, distance_forms
 from headforms.extract.gguf_file import GGUF_ARCHITECTURES, open_gguf
 from headforms.extract.hf import open_hf_folder
 from headforms.extract.layouts import LAYOUTS, layout_key
-from headforms.extract.rope import DEFAULT_THETA, rope
+from headforms.extract.rope import DEFAULT_THETA, GGUF_PER_LAYER_ROPE, rope
 from tests import gguf_convert
 from tests import tiny_models as tm
-from tests.test_gguf import GGUF_CASES, _additive_mask, tiny  # noqa: F401  (tiny: a fixture, GGUF_TINY's models)
+from tests.dense import dense_reference
+from tests.test_gguf import GGUF_CASES, _additive_mask, tiny, write_gguf  # noqa: F401  (tiny: a fixture)
 from tests.test_layouts import qk_rms
-from tests.test_positions import POSITIONS
+from tests.test_positions import POSITIONS, dense_rotation, parity_of
 
 THETA = 2000.0  # a base that is no family's default, set in every config that lets a model choose it
 DELTAS = np.unique(POSITIONS[:, None] - POSITIONS[None, :])
@@ -185,3 +186,61 @@ def test_an_unrecognised_pairing_is_refused_beyond_distance_zero():
     assert refused.frequencies == () and refused.refusal == (
         "the pairing of the rotated coordinates is not recognised (the family's rotate_half is neither split-half "
         "nor interleaved)")
+
+
+# Architectures whose layers differ in RoPE (refused beyond distance 0), built with a sliding-window layer 0 and
+# a full-attention layer 1: Gemma 3's have two bases, Cohere 2's full-attention layers no RoPE.
+PER_LAYER = {arch: {"layer_types": ["sliding_attention", "full_attention"]} for arch in GGUF_PER_LAYER_ROPE}
+# Linear RoPE scaling as llama.cpp's converter records it (rope.scaling.type and .factor) beside the table's cases.
+LINEAR = {"rope_type": "linear", "factor": 4.0, "rope_theta": THETA}
+GGUF_SCALED = [("llama", "llama_gqa", {"rope_parameters": LINEAR},
+                {"{arch}.rope.scaling.type": "linear", "{arch}.rope.scaling.factor": 4.0})]
+
+
+@pytest.mark.parametrize(("arch", "name", "overrides", "metadata"),
+                         [(*case, {}) for case in GGUF_ROPE_CASES] + GGUF_SCALED,
+                         ids=[f"{case[0]}-{case[1]}" for case in GGUF_ROPE_CASES] + ["llama-linear"])
+def test_gguf_distance_forms_reproduce_model_logits(arch, name, overrides, metadata, tiny, tmp_path):  # noqa: F811
+    """The file's rope.freq_base, rope.dimension_count, scaling and its architecture's pairing as stored."""
+    model = tiny(name, **(rope_overrides(name) | PER_LAYER.get(arch, {}) | overrides))
+    path = gguf_convert.write(model, arch, tmp_path / f"{name}.gguf", metadata=metadata)
+    ckpt = open_gguf(path, name=name, source=str(path), revision="r", qk_norm="fold")
+    r = ckpt.spec.rope
+    assert r.theta == gguf_convert.rope_theta(model.config.get_text_config())
+    kind = GGUF_ARCHITECTURES[arch].qk_norm if ckpt.spec.qk_norm == "folded" else None
+    if arch not in PER_LAYER:
+        assert_forms_reproduce_logits(ckpt, model, kind)
+        return
+    # refused beyond distance 0, and rightly: one rotation for every layer misses the full-attention layer
+    assert r.frequencies == () and r.refusal == GGUF_PER_LAYER_ROPE[arch]
+    one = Rotation.of(r.pairing, rope(r.theta, r.rotary_dims, r.pairing).frequencies)
+    trace = trace_at_positions(model)
+    errors = [logit_error(ckpt, trace, layer, model, one, kind) for layer in range(ckpt.spec.n_layers)]
+    right, wrong = (0, 1) if arch == "cohere2" else (1, 0)  # gemma3's rope.freq_base is its global layers'
+    assert errors[right] < 1e-5 and errors[wrong] > 1e-3
+
+
+def test_gguf_freq_base_sets_the_distance_profiles(tmp_path):
+    """A llama GGUF with rope.freq_base 100000 (SmolLM2's): every distance_profiles row equals the statistics of
+    W_K^T R(delta) W_Q written out densely from the file's own tensors, R rotating adjacent pairs (2k, 2k + 1) by
+    delta * 100000^(-2k/8); with the default base the rows at delta 64 would differ."""
+    base, n, heads, kv_heads, deltas = 100000.0, 8, 4, 2, (0, 1, 64)
+    weights = write_gguf(tmp_path / "t.gguf", n_heads=heads, n_kv_heads=kv_heads, head_dim=n,
+                         metadata={"{arch}.rope.freq_base": base})
+    db = tmp_path / "w.duckdb"
+    api.extract(str(tmp_path / "t.gguf"), db=db, name="t", distances=deltas)
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = con.sql("select * from distance_profiles order by layer, head, delta").pl()
+    assert rows.height == 2 * heads * len(deltas)
+    columns = ("frobenius", "symmetric_energy", "a", "b", "c", "d", "pairing")
+    for row in rows.iter_rows(named=True):
+        w_q = weights[f"blk.{row['layer']}.attn_q.weight"].astype(np.float64).reshape(heads, n, -1)[row["head"]]
+        w_k = weights[f"blk.{row['layer']}.attn_k.weight"].astype(np.float64).reshape(kv_heads, n, -1)
+        w_k = w_k[row["head"] // (heads // kv_heads)]
+        ref = {b: dense_reference(w_k.T @ dense_rotation("interleaved", b ** -(np.arange(0, n, 2) / n), row["delta"], n)
+                                  @ w_q, n) for b in (base, DEFAULT_THETA)}
+        for column in columns:
+            assert row[column] == pytest.approx(ref[base][column], rel=1e-9, abs=1e-12), (row, column)
+        assert row["parity"] == parity_of(ref[base])
+        if row["delta"] == 64:
+            assert max(abs(ref[base][c] - ref[DEFAULT_THETA][c]) for c in columns) > 1e-3
