@@ -92,6 +92,14 @@ def expected_values(con) -> dict[tuple[str | None, str], float | None]:
     ratios = fit_ratios(tables).filter(pl.col("model").is_in(paper))
     errors = (tables["fits"].filter(pl.col("model").is_in(paper) & pl.col("family").is_in(["gamma", "lognormal", "weibull"]))
               .group_by("family", "sample").agg(pl.col("hist_error").median())["hist_error"])
+    pairs = (tables["fits"].filter(pl.col("family").is_in(["gengamma", "lognormal"]))
+             .pivot(on="family", index=["model", "layer", "head", "sample"], values="loglik"))
+    wins = pairs.with_columns(win=pl.when(pl.col("gengamma").is_null()).then(False)  # the published rule
+                              .when(pl.col("lognormal").is_null()).then(True)
+                              .otherwise(pl.col("gengamma") >= pl.col("lognormal")))
+    component = {"L_abs": "full", "S_pos": "S_positive", "S_neg": "S_negative", "T": "T"}
+    for (model, sample), group in wins.group_by("model", "sample"):
+        values[model, f"generalized_gamma_best_fit_share_{component[sample]}"] = group["win"].mean()
     values |= {(None, figure): value if ours.height else None for figure, value in {  # none present: NULL
         "models": ours["model"].n_unique(), "heads": ours.height, "balanced_heads": ours["balanced"].sum(),
         "median_participation_ratio": ours["participation_ratio"].median(),

@@ -218,3 +218,25 @@ def test_summary_beside_the_published_rule(tmp_path):
     # published: heads 0 (tie), 2, 3 to gengamma, 1 to lognormal; interior: heads 0 and 2;
     # AIC: gengamma head 2 and half of head 3 (a tie), lognormal heads 0 and 1 and the other half of head 3
     assert summary == [tuple(pytest.approx(v, rel=1e-15) for v in (3 / 4, 1 / 4, 2 / 4, 1.5 / 4, 2.5 / 4))]
+
+
+def test_paper_comparison_notes_name_the_other_rule(warehouse):
+    """paper_comparison's note is one sentence exactly where the published value comes from another rule: the
+    published generalized-gamma best-fit shares (a gengamma optimiser that stopped early; OPT's also from
+    transposed Q/K) and OPT's Table 2 parity shares (transposed square Q/K); NULL on every other figure. Beside
+    those shares, headforms' converged fits by the published rule: the generalized gamma always at least as likely."""
+    with connect(warehouse[0], read_only=True) as con:
+        view = con.sql("select * from paper_comparison").pl()
+    shares = pl.col("source") == "gamma_goodness_of_fit_summary.csv"
+    opt = pl.col("model").str.starts_with("opt-")
+    intended = shares | (opt & pl.col("figure").str.starts_with("pct_type_"))
+    assert view.filter(intended).height == 14 * 4 + 2 * 3
+    assert view.filter(intended)["note"].is_not_null().all() and view.filter(~intended)["note"].is_null().all()
+    for note in view.filter(intended)["note"]:
+        assert note.endswith(".") and note.count(". ") == 0 and note[0].isupper()  # one sentence
+    assert view.filter(opt & intended)["note"].str.contains("transpos").all()
+    assert view.filter(shares & ~opt)["note"].str.contains("stopping short").all()
+    assert not view.filter(shares & ~opt)["note"].str.contains("transpos").any()
+    assert view.filter(opt & (pl.col("figure") == "heads"))["caveat"].str.contains("transposes").all()
+    ours = view.filter(shares & pl.col("model").is_in(list(RENAMED.values())))
+    assert ours.height == 8 and (ours["headforms"] == 1.0).all()
