@@ -117,7 +117,7 @@ def test_nested_fit_tests(demo_con, ties_db, ties):
     for (model, sample), group in wide.group_by("model", "sample"):
         row = {"model": model, "sample": sample, "heads": group.height,
                "gengamma_boundary": (group["status_gengamma"] == "boundary").sum()}
-        for nested in ("gamma", "weibull"):
+        for nested in ("gamma", "weibull", "lognormal"):  # Prentice's q = sigma, 1 and 0
             both = group.filter((pl.col("status_gengamma") == "ok") & (pl.col(f"status_{nested}") == "ok"))
             d = 2 * (both["loglik_gengamma"] - both[f"loglik_{nested}"]).to_numpy()
             row[f"tested_vs_{nested}"] = len(d)
@@ -128,7 +128,9 @@ def test_nested_fit_tests(demo_con, ties_db, ties):
     expected = pl.DataFrame(rows).sort("model", "sample")
     actual = con.sql("select * from nested_fit_tests order by model, sample").pl()
     assert_frame_equal(actual, expected.select(actual.columns), check_dtypes=False, abs_tol=1e-12)
-    assert (actual["tested_vs_gamma"] == actual["heads"] - actual["gengamma_boundary"]).all()
+    for nested in ("gamma", "weibull", "lognormal"):
+        assert (actual[f"tested_vs_{nested}"] == actual["heads"] - actual["gengamma_boundary"]).all()
+    assert actual["share_better_than_lognormal"].max() > 0
 
 
 def tiny_warehouse(path, rows):
