@@ -205,3 +205,30 @@ def test_old_warehouse_is_refused(tmp_path, command):
     assert lines[-1].startswith("Error: ") and "older headforms" in lines[-1] and "rebuild" in lines[-1]
     assert file_digest(path) == before
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("damage", [
+    "UPDATE fits SET limit_law = NULL WHERE family = 'gengamma' AND status = 'boundary'",
+    "UPDATE fits SET limit_law = 'lognormal' WHERE family = 'gengamma' AND status = 'boundary'",
+    "UPDATE fits SET limit_law = 'pareto' WHERE family = 'gengamma' AND status = 'ok' AND shape IS NULL",
+    "UPDATE fits SET prentice_q = 0.5 WHERE family = 'gengamma' AND status = 'boundary'",
+    "UPDATE fits SET prentice_sigma = NULL WHERE family = 'weibull' AND status = 'ok'",
+    "UPDATE fits SET shape2 = shape2 * (1 + 1e-6) WHERE family = 'gengamma' AND shape IS NOT NULL",
+    "UPDATE fits SET shape = shape * (1 + 1e-6) WHERE family = 'gengamma' AND shape IS NOT NULL",
+], ids=["boundary without its law", "an unknown law", "ok with a law", "boundary with Prentice's q",
+        "ok without Prentice's sigma", "c off q / sigma", "a off q^-2"])
+def test_check_guards_the_prentice_columns(demo_db, tmp_path, damage):
+    """`check`'s fit_status invariant: a boundary fit names a known limit law and has no Prentice parameters; an
+    ok one has them and no law; a gengamma's natural a, c are q^-2, q / sigma. Each damage is found, only there."""
+    from headforms.warehouse.check import check_warehouse
+
+    path = tmp_path / "w.duckdb"
+    shutil.copy(demo_db, path)
+    with duckdb.connect(str(path)) as con:
+        assert check_warehouse(con) == []
+        con.execute(damage)
+        damaged = con.execute("SELECT count(DISTINCT (model, layer, head)) FROM fits WHERE "
+                              + damage.split(" WHERE ")[1]).fetchall()[0][0]
+        found = check_warehouse(con)
+    assert damaged > 0 and {f.check for f in found} == {"fit_status"}
+    assert len({(f.model, f.layer, f.head) for f in found}) == damaged

@@ -175,8 +175,8 @@ CHECKS: tuple[tuple[str, str, str], ...] = (
                   WHEN status = 'boundary' AND (shape IS NOT NULL OR shape2 IS NOT NULL OR scale IS NOT NULL
                                                 OR mode IS NOT NULL OR prentice_mu IS NOT NULL OR prentice_sigma IS NOT NULL
                                                 OR prentice_q IS NOT NULL) THEN 'boundary, with parameters'
-                  WHEN status = 'boundary' AND limit_law NOT IN ($limit_laws) IS NOT FALSE
-                      THEN format('boundary, with limit law {} (not a known one)', limit_law)
+                  WHEN status = 'boundary' AND (limit_law IS NULL OR limit_law NOT IN ($limit_laws))
+                      THEN format('boundary, with limit law {} (not a known one)', coalesce(limit_law, 'NULL'))
                   WHEN status <> 'boundary' AND limit_law IS NOT NULL THEN format('{}, with a limit law', status)
                   WHEN status = 'failed' AND loglik IS NOT NULL THEN 'failed, with a likelihood'
                   WHEN status = 'ok' AND (loglik IS NULL OR prentice_mu IS NULL OR prentice_sigma IS NULL
