@@ -60,12 +60,14 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     tasks (executor="ray", on the cluster at `ray_address`, else a local one); one writer commits
     them in order, holding the file only while it commits. Returns one row per model: status, layers
     and heads written, seconds, shape, bytes. A failed first run leaves no warehouse file behind; an
-    interruption (Ctrl-C, a hub that gave out) keeps committed layers."""
+    interruption (Ctrl-C, a hub that gave out) keeps committed layers, and so does a step after the last layer
+    (ModelIncomplete: the model is kept incomplete, models.failed_step names the step; run again to finish)."""
     import polars as pl
 
     from headforms.extract.hub import FetchError
     from headforms.extract.sources import open_target, plan_targets
     from headforms.warehouse.executors import executor as make_executor
+    from headforms.warehouse.failures import ModelIncomplete, stage
     from headforms.warehouse import revision as local_revisions
     from headforms.warehouse.load import LoadOptions, load_models
     from headforms.warehouse.store import Writer, connect as open_warehouse, create_schema, default_db, \
@@ -81,7 +83,8 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     created, opened, rows, ckpts = not db.exists(), False, [], []
     try:
         for target in targets:
-            ckpts.append(open_target(target, qk_norm=qk_norm, tower=tower, fold_norm=fold_norm))
+            with stage(f"open ({target.source})", target.name):
+                ckpts.append(open_target(target, qk_norm=qk_norm, tower=tower, fold_norm=fold_norm))
         with exclusive_run(db, wait):
             con = open_warehouse(db, wait=wait)
             opened = True
@@ -99,7 +102,8 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
                     _summary(rows, ckpt, result)
                     progress.model_done(ckpt, result)
     except Exception as error:  # an interruption (Ctrl-C, a lost network) keeps committed layers, and so the file
-        if created and opened and not rows and not isinstance(error, FetchError):  # rows undone: the file too
+        kept = isinstance(error, (FetchError, ModelIncomplete))  # committed layers stay (a failed summary's too)
+        if created and opened and not rows and not kept:  # rows undone: the file too
             remove_warehouse(db)
         raise
     finally:

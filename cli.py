@@ -1,8 +1,12 @@
 """headforms: build and query a DuckDB warehouse of attention-head bilinear forms."""
 from __future__ import annotations
 
+import os
+import shlex
 import sys
 import time
+import traceback
+from datetime import datetime, timezone
 from pathlib import Path
 
 import click
@@ -21,18 +25,70 @@ from headforms.warehouse.store import READ_WAIT, WarehouseError, default_db
 FORMATS = ("table", "csv", "json")
 
 
+LOG_ENV = "HEADFORMS_LOG"
+
+
+def error_log() -> Path:
+    """Where the tracebacks of failures go: $HEADFORMS_LOG, else $XDG_STATE_HOME/headforms/errors.log
+    (~/.local/state/headforms/errors.log), a user's state folder, beside no warehouse or project."""
+    if os.environ.get(LOG_ENV):
+        return Path(os.environ[LOG_ENV]).expanduser()
+    return Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "headforms" / "errors.log"
+
+
 class Group(click.Group):
-    """Turns the tool's own errors into one `Error: ...` line and exit status 1."""
+    """Turns any failure into one `Error: ...` line and exit status 1: the tool's own errors as they are worded,
+    anything else with where it happened (model, layer, step) and the log file holding its traceback;
+    with --debug the traceback is printed too."""
 
     def invoke(self, ctx):
-        import duckdb
-
         try:
             return super().invoke(ctx)
-        except (ExtractError, WarehouseError) as exc:
-            raise click.ClickException(str(exc)) from None
-        except duckdb.Error as exc:
-            raise click.ClickException(str(exc).strip().splitlines()[0]) from None
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:
+            if ctx.params.get("debug"):
+                traceback.print_exception(exc)
+            raise click.ClickException(_error_line(exc)) from None
+
+
+def _error_line(exc: Exception) -> str:
+    """One line for a failure: the tool's own message, or where and what happened and where its traceback is."""
+    import duckdb
+
+    from headforms.warehouse.failures import ModelIncomplete, place_of, words
+
+    place = place_of(exc)
+    if isinstance(exc, ModelIncomplete):
+        return f"{exc} ({_log(exc)})"
+    if isinstance(exc, (ExtractError, WarehouseError)):
+        return str(exc).strip().splitlines()[0]
+    if isinstance(exc, duckdb.Error) and place is None:  # a query of `sql`, an unreadable file: DuckDB's words
+        return str(exc).strip().splitlines()[0]
+    return f"{f'{place}: ' if place else ''}{words(exc)} ({_log(exc)})"
+
+
+def _log(exc: Exception) -> str:
+    """Append the failure's traceback (causes included) to error_log(); says where, or why it could not."""
+    path = error_log()
+    entry = (f"--- {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC, headforms {_version()}: {shlex.join(sys.argv)}\n"
+             + "".join(traceback.format_exception(exc)))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(entry)
+    except OSError as error:
+        return f"the traceback could not be saved to {path} ({error.strerror}): rerun with --debug to see it"
+    return f"traceback in {path}"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("headforms")
+    except PackageNotFoundError:
+        return "0+unknown"
 
 
 WAIT = click.option("--wait", type=float, default=0.0, show_default=True,
@@ -50,7 +106,9 @@ def db_option(read_only: bool = False):
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="headforms")
-def main():
+@click.option("--debug", is_flag=True, help="On a failure, also print its traceback (always kept in the error log: "
+                                            "$HEADFORMS_LOG, default ~/.local/state/headforms/errors.log).")
+def main(debug):
     """Spectra, statistics and fits of attention heads' query-key forms L = W_K^T W_Q, in DuckDB.
 
     \b

@@ -52,10 +52,13 @@ def intervals(values: np.ndarray, aggregate: str, groups: np.ndarray, resamples:
 
     values: (rows, F), one column per figure, all aggregated the same way; groups: (G, m) row
     indices resampled together. The same resamples serve every figure (one seed); one figure at a
-    time keeps the (resamples, rows) working array small for large models."""
+    time keeps the (resamples, rows) working array small for large models. A single group (one
+    layer, one head) cannot vary between resamples: its bounds are NaN (undefined), not a zero-width interval."""
     rows = resample_rows(groups, resamples, np.random.default_rng(seed))
     aggregate_rows = AGGREGATES[aggregate]
     estimate = aggregate_rows(values.T)                                                  # (F,)
+    if len(groups) < 2:
+        return np.column_stack([estimate, np.full((len(estimate), 2), np.nan)])
     replicates = np.stack([aggregate_rows(column[rows]) for column in values.T])        # (F, B)
     alpha = (1 - LEVEL) / 2
     with warnings.catch_warnings():

@@ -22,7 +22,8 @@ def unit_spectra(eig_S: np.ndarray) -> np.ndarray:
 
 
 def projection(points: np.ndarray) -> np.ndarray:
-    """Coordinates (H, 3) of the rows on the three leading right singular vectors (no centering, as the paper).
+    """Coordinates (H, c) of the rows on the c = min(3, H, width) leading right singular vectors (no centering,
+    as the paper): fewer than three heads span fewer than three directions, so they get fewer coordinates.
 
     Singular vectors have no sign: each is flipped so that its largest-magnitude entry is positive."""
     _, _, vt = np.linalg.svd(points, full_matrices=False)

@@ -13,7 +13,8 @@ WITH typed AS (
     SELECT model, sum(c * (c - 1) / 2) AS same_parity
     FROM (SELECT model, parity, sum(n) AS c FROM cells GROUP BY ALL) GROUP BY model
 ), pair_counts AS (
-    SELECT model, same_both, same_type, same_parity, same_type * same_parity / (total * (total - 1) / 2) AS expected
+    SELECT model, same_both, same_type, same_parity,
+           same_type * same_parity / nullif(total * (total - 1) / 2, 0) AS expected  -- NULL for one head: no pairs
     FROM (SELECT model, sum(n * (n - 1) / 2) AS same_both, sum(n) AS total FROM cells GROUP BY model)
     JOIN by_type USING (model) JOIN by_parity USING (model)
 )

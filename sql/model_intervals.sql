@@ -1,6 +1,7 @@
 -- Every per-model figure with its 95% bootstrap intervals beside it: the view's own value
 -- (estimate), the interval resampling layers (layer_low, layer_high) and the one resampling heads
--- (head_low, head_high), with B and the seed; `shown` is "estimate [layer_low, layer_high]".
+-- (head_low, head_high), with B and the seed; `shown` is "estimate [layer_low, layer_high]" (the estimate
+-- alone for a model of one layer, whose layer interval is undefined).
 WITH estimates AS (
     SELECT 'parity_by_model' AS view, * FROM (
         UNPIVOT parity_by_model ON pct_type_I_plus, pct_type_II, pct_type_I_minus
@@ -27,7 +28,7 @@ SELECT
     l.low AS layer_low, l.high AS layer_high,
     h.low AS head_low, h.high AS head_high,
     l.resamples, l.seed,
-    printf('%.4g [%.4g, %.4g]', e.estimate, l.low, l.high) AS shown
+    printf('%.4g', e.estimate) || coalesce(printf(' [%.4g, %.4g]', l.low, l.high), '') AS shown
 FROM estimates e
 LEFT JOIN intervals l ON l.model = e.model AND l.view = e.view AND l.figure = e.figure AND l.method = 'layer'
 LEFT JOIN intervals h ON h.model = e.model AND h.view = e.view AND h.figure = e.figure AND h.method = 'head'

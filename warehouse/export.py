@@ -10,6 +10,7 @@ import duckdb
 import polars as pl
 
 from headforms.warehouse import figures
+from headforms.warehouse.failures import stage, writable_folder
 
 # Output file stem -> (view of sql/, what it is in the paper). Each table is written as .csv and .parquet.
 TABLES: dict[str, tuple[str, str]] = {
@@ -81,22 +82,26 @@ def export(con: duckdb.DuckDBPyConnection, out_dir: Path, paper_format: bool = F
     """Write TABLES (CSV and Parquet), the figures (PNG), with paper_format the PAPER_FORMAT files, and
     index.csv into out_dir; returns the written paths."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    writable_folder(out_dir)
     written, index = [], []
     for stem, (view, what) in TABLES.items():
         csv, parquet = out_dir / f"{stem}.csv", out_dir / f"{stem}.parquet"
-        con.sql(_csv_select(con, view)).write_csv(str(csv), header=True)
-        con.sql(f"SELECT * FROM {view}").write_parquet(str(parquet))
+        with stage(f"export ({stem})"):
+            con.sql(_csv_select(con, view)).write_csv(str(csv), header=True)
+            con.sql(f"SELECT * FROM {view}").write_parquet(str(parquet))
         written += [csv, parquet]
         index += [(csv.name, "table (CSV)", view, what), (parquet.name, "table (Parquet)", view, what)]
-    for path in figures.draw_all(con, out_dir):
+    with stage("export (figures)"):
+        drawn = figures.draw_all(con, out_dir)
+    for path in drawn:
         written.append(path)
         index.append((path.name, "figure (PNG)", f"warehouse.figures.{figures.FIGURES[path.name][0].__name__}",
                       figures.FIGURES[path.name][1]))
     if paper_format:
-        (out_dir / PAPER_FOLDER).mkdir(exist_ok=True)
+        writable_folder(out_dir / PAPER_FOLDER)
         for name, (view, _) in PAPER_FORMAT.items():
-            written.append(write_paper_format(con, name, out_dir / PAPER_FOLDER / name))
+            with stage(f"export ({PAPER_FOLDER}/{name})"):
+                written.append(write_paper_format(con, name, out_dir / PAPER_FOLDER / name))
             index.append((f"{PAPER_FOLDER}/{name}", "paper-format table (CSV)", view,
                           f"The published survey file {name} of the paper's code, same columns and conventions"))
     index_path = out_dir / "index.csv"

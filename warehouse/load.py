@@ -30,6 +30,7 @@ from headforms.compute.rotary import DEFAULT_DISTANCES, PROFILE_COLUMNS, Rotatio
 from headforms.compute.statistics import PARITY_TOLERANCE, lobes
 from headforms.extract import Checkpoint, ExtractError
 from headforms.extract.hub import FetchError
+from headforms.warehouse.failures import ModelIncomplete, place_of, stage, words
 from headforms.warehouse.progress import RunProgress
 from headforms.warehouse.store import WarehouseError, Writer, insert, transaction
 from headforms.warehouse.summaries import write_summaries
@@ -169,12 +170,13 @@ def _load(writer: Writer, plan: _Plan, rows, run: RunProgress, on_layer) -> Load
     run.model(name, ckpt.spec.n_layers, ckpt.spec.n_layers - len(plan.todo))
     if plan.status == "replaced":  # computed first: readers see the old model until the swap
         layers = [next(rows) for _ in plan.todo]
-        with _commit(writer) as con:
+
+        def swap(con):
             _delete_model(con, name)
-            insert(con, "models", pl.DataFrame([record | {"complete": True}]))
+            insert(con, "models", pl.DataFrame([record]))
             _insert_layers(con, layers)
-            write_summaries(con, name, plan.opts.resamples, plan.opts.seed)
-            _record_cost(con, ckpt)
+
+        _finish(writer, plan, swap)
         _report(layers, run, on_layer)
         return LoadResult(name, "replaced", len(layers), heads, time.perf_counter() - start)
     if plan.created:
@@ -190,17 +192,12 @@ def _load(writer: Writer, plan: _Plan, rows, run: RunProgress, on_layer) -> Load
                     batch.append(next(rows))
             except BaseException as exc:  # the layers already computed are committed before it is raised
                 failure = exc
-            with _commit(writer) as con:
+            with stage("write", name, (batch[0].layer, batch[-1].layer)), _commit(writer) as con:
                 _insert_layers(con, batch)
             written += [layer.layer for layer in batch]
             _report(batch, run, on_layer)
             if failure is not None:
                 raise failure
-        with _commit(writer) as con:
-            con.execute("UPDATE models SET complete = true, extracted_at = ? WHERE model = ?",
-                        [record["extracted_at"], name])
-            write_summaries(con, name, plan.opts.resamples, plan.opts.seed)
-            _record_cost(con, ckpt)
     except FetchError:  # the network gave out: keep the committed layers, the same command resumes
         with _commit(writer) as con:
             _record_cost(con, ckpt)
@@ -213,7 +210,32 @@ def _load(writer: Writer, plan: _Plan, rows, run: RunProgress, on_layer) -> Load
                 for table in TABLES:
                     con.execute(f"DELETE FROM {table} WHERE model = ? AND list_contains(?, layer)", [name, written])
         raise
+    _finish(writer, plan)
     return LoadResult(name, plan.status, len(written), len(written) * ckpt.spec.n_heads, time.perf_counter() - start)
+
+
+def _finish(writer: Writer, plan: _Plan, before: Callable = lambda con: None) -> None:
+    """Once every layer is computed: in one transaction, `before` (a replacement's swap of the whole model), the
+    model marked complete and its summaries. A failing summary keeps the layers (committed again after `before`
+    when the first transaction rolled back) with the model incomplete and models.failed_step naming the step, so
+    the same command finishes only what is missing; it is raised as ModelIncomplete."""
+    name = plan.ckpt.name
+    try:
+        with _commit(writer) as con:
+            before(con)
+            con.execute("UPDATE models SET complete = true, failed_step = NULL, extracted_at = ? WHERE model = ?",
+                        [plan.record["extracted_at"], name])
+            write_summaries(con, name, plan.opts.resamples, plan.opts.seed)
+            _record_cost(con, plan.ckpt)
+    except Exception as exc:
+        step = place_of(exc).step if place_of(exc) else "finish"
+        with _commit(writer) as con:
+            before(con)
+            con.execute("UPDATE models SET failed_step = ? WHERE model = ?", [step, name])
+            _record_cost(con, plan.ckpt)
+        raise ModelIncomplete(f"model '{name}': {step} failed ({words(exc)}); its {plan.ckpt.spec.n_layers} layers "
+                              f"are kept, marked incomplete (models.failed_step): run the same command to finish "
+                              f"it") from exc
 
 
 @contextmanager
@@ -268,14 +290,16 @@ def layer_rows(ckpt: Checkpoint, opts: LoadOptions, layer: int) -> LayerRows:
     The unit of work of every executor (this process, worker processes, Ray tasks)."""
     t0 = time.perf_counter()
     fetched = ckpt.bytes_fetched or 0
-    wq, wk = ckpt.read_layer(layer)
+    with stage("read", ckpt.name, layer):
+        wq, wk = ckpt.read_layer(layer)
     spec = ckpt.spec
     rotation = Rotation.of(spec.rope.pairing, spec.rope.frequencies) if spec.rope is not None else None
-    analysis = analyse_layer(wq, wk, spec.kv_index, layer=layer, seed=opts.seed,
-                             parity_tolerance=opts.parity_tolerance, device=opts.device,
-                             rotation=rotation, deltas=deltas(spec, opts))
-    del wq, wk
-    tables = layer_tables(ckpt.name, layer, spec.kv_index, spec.head_dim, analysis)
+    with stage("compute", ckpt.name, layer):
+        analysis = analyse_layer(wq, wk, spec.kv_index, layer=layer, seed=opts.seed,
+                                 parity_tolerance=opts.parity_tolerance, device=opts.device,
+                                 rotation=rotation, deltas=deltas(spec, opts))
+        del wq, wk
+        tables = layer_tables(ckpt.name, layer, spec.kv_index, spec.head_dim, analysis)
     tables["layers"] = pa.table({
         "model": [ckpt.name], "layer": [layer], "heads": [spec.n_heads],
         "seconds": [time.perf_counter() - t0], "written_at": [datetime.now(timezone.utc).replace(tzinfo=None)],

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from headforms.warehouse.failures import stage, writable_folder
 from headforms.warehouse.store import query
 
 PARITY_COLOURS = {"I+": "#d62728", "II": "#2ca02c", "I-": "#1f77b4", None: "#7f7f7f"}
@@ -43,17 +44,20 @@ def write_report(con, out_dir: str | Path) -> list[Path]:
     import plotly.offline
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "plotly.min.js").write_text(plotly.offline.get_plotlyjs(), encoding="utf-8")
-    models = query(con, "SELECT model, architecture, n_layers, n_heads, n_kv_heads, d_model, head_dim, source, "
-                        "revision FROM models WHERE complete ORDER BY model")
-    pages = [_write(out, "index.html", "headforms report", _index_body(con, models), nav="")]
+    writable_folder(out)
+    with stage("report (index.html)"):
+        (out / "plotly.min.js").write_text(plotly.offline.get_plotlyjs(), encoding="utf-8")
+        models = query(con, "SELECT model, architecture, n_layers, n_heads, n_kv_heads, d_model, head_dim, source, "
+                            "revision FROM models WHERE complete ORDER BY model")
+        pages = [_write(out, "index.html", "headforms report", _index_body(con, models), nav="")]
     for row in models.iter_rows(named=True):
-        heads = query(con, "SELECT * FROM heads WHERE model = ? ORDER BY layer, head", [row["model"]])
-        pages.append(_write(out, model_page(row["model"]), row["model"], _model_body(con, row, heads)))
+        with stage(f"report ({model_page(row['model'])})", row["model"]):
+            heads = query(con, "SELECT * FROM heads WHERE model = ? ORDER BY layer, head", [row["model"]])
+            pages.append(_write(out, model_page(row["model"]), row["model"], _model_body(con, row, heads)))
         for layer in range(row["n_layers"]):
-            pages.append(_write(out, layer_page(row["model"], layer), f"{row['model']}: layer {layer}",
-                                _layer_body(con, row, layer, heads.filter(pl.col("layer") == layer))))
+            with stage(f"report ({layer_page(row['model'], layer)})", row["model"], layer):
+                pages.append(_write(out, layer_page(row["model"], layer), f"{row['model']}: layer {layer}",
+                                    _layer_body(con, row, layer, heads.filter(pl.col("layer") == layer))))
     return pages
 
 

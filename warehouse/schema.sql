@@ -182,6 +182,10 @@ CREATE TABLE IF NOT EXISTS distance_profiles (
 ALTER TABLE models ADD COLUMN IF NOT EXISTS fold_norm VARCHAR;     -- NULL, 'gain' or 'center' (--fold-norm)
 ALTER TABLE models ADD COLUMN IF NOT EXISTS distances INTEGER[];   -- RoPE: the deltas of distance_profiles
 
+-- A model whose layers are all in but a later step failed (its summaries) keeps its layers, complete = false,
+-- and names the step; the same extract command finishes only that.
+ALTER TABLE models ADD COLUMN IF NOT EXISTS failed_step VARCHAR;  -- NULL, or the step that failed after the layers
+
 -- Behaviour beside form (statistics.md section 8; `headforms behaviour`): per head, scores from the model's own
 -- forward pass over `sequences` seeded random sequences of `length` tokens, each repeated once, and its mean
 -- pre-softmax self-logit (scale applied) split into the form's part (score_scale * x^T L x from the

@@ -6,7 +6,8 @@ import numpy as np
 import polars as pl
 
 from headforms.compute import bootstrap
-from headforms.compute.head_types import head_types, projection, unit_spectra
+from headforms.compute.head_types import DIMENSIONS, head_types, projection, unit_spectra
+from headforms.warehouse.failures import stage
 from headforms.warehouse.store import insert, query
 
 # (view, figure, aggregate, per-head SQL expression): each figure recomputed on a resample exactly as its
@@ -37,9 +38,12 @@ METHODS = ("layer", "head")
 
 
 def write_summaries(con, model: str, resamples: int, seed: int) -> None:
-    """Compute and insert the model's intervals and head types (inside the caller's transaction)."""
-    insert(con, "intervals", model_intervals(con, model, resamples, seed))
-    insert(con, "head_types", model_head_types(con, model, seed))
+    """Compute and insert the model's intervals and head types (inside the caller's transaction); a failure
+    names its step (failures.stage), which models.failed_step records."""
+    with stage("summaries (intervals)", model):
+        insert(con, "intervals", model_intervals(con, model, resamples, seed))
+    with stage("summaries (head types)", model):
+        insert(con, "head_types", model_head_types(con, model, seed))
 
 
 def model_intervals(con, model: str, resamples: int, seed: int) -> pl.DataFrame:
@@ -72,8 +76,10 @@ def model_head_types(con, model: str, seed: int) -> pl.DataFrame:
         WHERE model = ? AND spectrum = 'S' GROUP BY layer, head ORDER BY layer, head""", [model])
     points = unit_spectra(np.array(spectra["eig"].to_list(), dtype=float))
     keep = ~np.isnan(points).any(axis=1)
-    coords = projection(points[keep]) if keep.any() else np.zeros((0, 3))
-    types, scores = head_types(coords, seed)
+    found = projection(points[keep]) if keep.any() else np.zeros((0, 0))
+    types, scores = head_types(found, seed)
+    coords = np.zeros((len(found), DIMENSIONS))  # fewer than three heads lie in fewer directions: 0 on the others
+    coords[:, :found.shape[1]] = found
     return pl.DataFrame({
         "model": model, "layer": spectra["layer"].filter(keep), "head": spectra["head"].filter(keep),
         "x": coords[:, 0], "y": coords[:, 1], "z": coords[:, 2],

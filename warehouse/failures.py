@@ -1,0 +1,67 @@
+"""Failures said in one line: where a run failed (step, model, layer), carried on the exception to the command
+line; a model kept incomplete; an output folder that cannot be created."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from headforms.warehouse.store import WarehouseError
+
+
+@dataclass(frozen=True)
+class Place:
+    """The step that failed ('open', 'read', 'compute', 'write', 'summaries (...)', 'export ...', 'report ...'),
+    with the model and layer(s) it was working on where known."""
+
+    step: str
+    model: str | None = None
+    layer: int | tuple[int, int] | None = None  # a commit's (first, last) layers
+
+    def __str__(self) -> str:
+        words = [f"model '{self.model}'"] if self.model is not None else []
+        if isinstance(self.layer, tuple):
+            first, last = self.layer
+            words.append(f"layer {first}" if first == last else f"layers {first}-{last}")
+        elif self.layer is not None:
+            words.append(f"layer {self.layer}")
+        return ", ".join([*words, f"step {self.step}"])
+
+
+@contextmanager
+def stage(step: str, model: str | None = None, layer: int | tuple[int, int] | None = None):
+    """Labels an exception raised inside with where it happened (the innermost label wins); it travels with the
+    exception, across worker processes too (it is in the exception's __dict__, which pickling keeps)."""
+    try:
+        yield
+    except Exception as exc:
+        if place_of(exc) is None:
+            exc.headforms_place = Place(step, model, layer)
+        raise
+
+
+def place_of(exc: BaseException) -> Place | None:
+    """Where `exc` happened, if a stage labelled it."""
+    return getattr(exc, "headforms_place", None)
+
+
+def words(exc: BaseException) -> str:
+    """An exception in one line: an OS error's reason and path, else its type and the first line of its message."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+class ModelIncomplete(WarehouseError):
+    """A step after a model's last layer failed: its layers are kept, models.failed_step names the step, and the
+    same command finishes it. Raised from the original exception (its traceback is the cause)."""
+
+
+def writable_folder(folder: Path) -> None:
+    """Create an output folder (and its parents), or say in one line why it cannot be."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise WarehouseError(f"cannot create the output folder {folder} ({exc.filename}: {exc.strerror}): "
+                             f"choose a folder you can write with --out DIR") from None
