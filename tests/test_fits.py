@@ -474,10 +474,13 @@ def test_lognormal_samples_fit_near_q_zero():
     as the lognormal; no natural parameters, since a likelihood-ratio test (scipy's lognormal likelihood) does
     not reject q = 0; the fit is the maximum (no step raises the 60-digit likelihood)."""
     rng = np.random.default_rng(21)
-    rows = [rng.lognormal(0.3, 0.8, 200), rng.lognormal(-2.0, 1.5, 120) * 1e3, rng.lognormal(1.0, 0.2, 64)]
+    z = stats.norm.ppf((np.arange(1, 65) - 0.5) / 64)
+    rows = [rng.lognormal(0.3, 0.8, 200), rng.lognormal(-2.0, 1.5, 120) * 1e3, rng.lognormal(1.0, 0.2, 64),
+            np.exp(0.6 * z + 0.0005 * (z**2 - 1))]  # a hint of skew: q = -0.005, inside the grid's |c| std(log x) = 0.01
     res = fit_quietly(rows)
     g = res["gengamma"]
-    assert list(g["status"]) == ["ok"] * 3
+    assert list(g["status"]) == ["ok"] * 4
+    assert -0.006 < g["prentice_q"][3] < -0.004
     for i, x in enumerate(rows):
         s, _, scale = stats.lognorm.fit(x, floc=0)
         lognormal = stats.lognorm.logpdf(x, s, 0, scale).sum()
