@@ -213,7 +213,8 @@ def create_schema(con: duckdb.DuckDBPyConnection) -> None:
 def create_views(con: duckdb.DuckDBPyConnection, temporary: bool = False) -> None:
     """Every view of sql/ (a file holds one SELECT; the view's name is the file's stem).
 
-    Temporary views serve read-only connections, which cannot store them."""
+    Temporary views serve read-only connections, which cannot store them; one is kept only where the file
+    lacks that view or stores another definition (an older version's), so information_schema lists it once."""
     kind = "TEMP VIEW" if temporary else "VIEW"
     pending = sorted(VIEWS.glob("*.sql"))
     with interruptible():
@@ -226,9 +227,22 @@ def create_views(con: duckdb.DuckDBPyConnection, temporary: bool = False) -> Non
                     failed.append(file)
             if len(failed) == len(pending):
                 if temporary:  # a read-only warehouse of an earlier version lacks these views' tables or columns
-                    return
+                    break
                 con.execute(f"CREATE OR REPLACE {kind} {failed[0].stem} AS {failed[0].read_text()}")  # the error
             pending = failed
+        if temporary:
+            _drop_stored_copies(con)
+
+
+def _drop_stored_copies(con: duckdb.DuckDBPyConnection) -> None:
+    """Drop the temporary views the file stores word for word (as DuckDB prints both): the stored one answers the
+    same, since names in a view resolve to temporary views and tables first, as in the temporary copy."""
+    same = con.execute("""
+        SELECT t.view_name FROM duckdb_views() t JOIN duckdb_views() s USING (view_name)
+        WHERE t.temporary AND NOT s.temporary AND s.database_name = current_database() AND s.schema_name = 'main'
+          AND s.sql = replace(t.sql, 'CREATE TEMP VIEW ', 'CREATE VIEW ')""").fetchall()
+    for (name,) in same:
+        con.execute(f"DROP VIEW temp.main.{name}")
 
 
 @contextmanager
