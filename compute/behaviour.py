@@ -35,19 +35,16 @@ def self_logits(query: np.ndarray, key: np.ndarray, scale: float) -> np.ndarray:
     return scale * np.einsum("bhpn,bhpn->bhp", query, np.repeat(key, groups, axis=1))
 
 
-def form_logits(x: np.ndarray, w_q: np.ndarray, w_k: np.ndarray, kv_index: np.ndarray, scale: float) -> np.ndarray:
-    """(B, H, P) the form's self-logit scale * x^T L x = scale * (W_Q x) . (W_K x), for inputs x (B, P, N)
-    and maps w_q (H, n, N), w_k (H_kv, n, N); never forms the N x N matrix L."""
-    q = np.einsum("bpN,hnN->bhpn", x, w_q)
-    k = np.einsum("bpN,hnN->bhpn", x, w_k[kv_index])
-    return scale * np.einsum("bhpn,bhpn->bhp", q, k)
-
-
-def bias_logits(x: np.ndarray, w_q: np.ndarray, w_k: np.ndarray, b_q: np.ndarray, b_k: np.ndarray,
-                kv_index: np.ndarray, scale: float) -> np.ndarray:
-    """(B, H, P) the query/key biases' part of the self-logit, which the form does not hold:
-    scale * (b_k . W_Q x + b_q . W_K x + b_q . b_k), biases b_q (H, n), b_k (H_kv, n)."""
+def self_logit_parts(x: np.ndarray, w_q: np.ndarray, w_k: np.ndarray, b_q: np.ndarray, b_k: np.ndarray,
+                     kv_index: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """(B, H, P) twice: the form's self-logit scale * x^T L x = scale * (W_Q x) . (W_K x), and the query/key
+    biases' part, which the form does not hold, scale * (b_k . W_Q x + b_q . W_K x + b_q . b_k); for inputs
+    x (B, P, N), maps w_q (H, n, N), w_k (H_kv, n, N), biases b_q (H, n), b_k (H_kv, n). Never forms L."""
+    heads, n, width = w_q.shape
+    q = (x @ w_q.reshape(-1, width).T).reshape(*x.shape[:2], heads, n)              # (B, P, H, n)
+    k = (x @ w_k[kv_index].reshape(-1, width).T).reshape(*x.shape[:2], heads, n)
     b_k = b_k[kv_index]
-    through_q = np.einsum("bpN,hnN,hn->bhp", x, w_q, b_k)
-    through_k = np.einsum("bpN,hnN,hn->bhp", x, w_k[kv_index], b_q)
-    return scale * (through_q + through_k + np.einsum("hn,hn->h", b_q, b_k)[:, None])
+    form = np.einsum("bphn,bphn->bhp", q, k)
+    bias = (np.einsum("bphn,hn->bhp", q, b_k) + np.einsum("bphn,hn->bhp", k, b_q)
+            + np.einsum("hn,hn->h", b_q, b_k)[:, None])
+    return scale * form, scale * bias

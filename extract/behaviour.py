@@ -10,6 +10,8 @@ the attention module keeps its input x (after the norm that feeds attention, as 
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import sys
 import time
 from dataclasses import dataclass
@@ -95,7 +97,7 @@ def _qk_biases(module, heads: int, kv_heads: int, n: int) -> tuple[np.ndarray | 
 
 
 def _transformers():
-    """transformers with the capture function and its (eager) mask registered, or an ExtractError saying what to install."""
+    """transformers with the capture function and its (eager) mask registered, else an ExtractError: what to install."""
     try:
         import transformers
         from transformers.masking_utils import AttentionMaskInterface, eager_mask
@@ -169,7 +171,8 @@ def load(source: str, revision: str | None, spec, *, tower: str | None, length: 
     except Exception as error:  # an architecture or file transformers cannot read: one line, its reason
         raise ExtractError(f"{label}: transformers cannot run it ({_one_line(error)}); behaviour needs a model "
                            "transformers can load") from None
-    positions = getattr(config.get_text_config(), "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    text = config.get_text_config()
+    positions = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
     if spec.positional in ("learned", "absolute") and positions and 2 * length > positions:
         raise ExtractError(f"{label}: --length {length} makes sequences of {2 * length} tokens and the model has "
                            f"{positions} learned positions: use --length {positions // 2} or less")
@@ -179,8 +182,9 @@ def load(source: str, revision: str | None, spec, *, tower: str | None, length: 
                            f"parameters in float32, {sequences} x {2 * length} tokens) and {device} has "
                            f"{free / 2**30:.1f} GiB free: use fewer --sequences or a smaller --length")
     try:
-        model = transformers.AutoModel.from_pretrained(name, attn_implementation=CAPTURE, dtype=torch.float32,
-                                                       **kwargs)
+        with contextlib.redirect_stderr(io.StringIO()):  # the GGUF loader's own progress bar (plain tqdm)
+            model = transformers.AutoModel.from_pretrained(name, config=config, attn_implementation=CAPTURE,
+                                                           dtype=torch.float32, **kwargs)
     except Exception as error:
         raise ExtractError(f"{label}: transformers cannot run it ({_one_line(error)})") from None
     model = _tower(model.eval().to(device), tower, label)

@@ -311,3 +311,21 @@ def test_demo_models(demo_db, tmp_path):
     view = api.table(db, "behaviour_by_parity")
     assert set(view["model"]) == {"SmolLM2-135M", "all-MiniLM-L6-v2"}
     assert api.table(db, "behaviour_correlations").height == 12
+
+
+def test_export_and_report_show_behaviour(views_db, tmp_path):
+    """The figure is one of export's (drawn here alone: export draws every figure), the views are export tables,
+    and a model page of the report carries the plot where the model has behaviour rows."""
+    from headforms.warehouse import export, figures, report
+
+    assert figures.FIGURES["behaviour_self_score.png"][0] is figures.behaviour_self_score
+    assert {"behaviour_by_parity", "behaviour_correlations"} <= {view for view, _ in export.TABLES.values()}
+    con = api.connect(views_db)
+    try:
+        path = figures.behaviour_self_score(con, tmp_path / "behaviour.png")
+        llama, bert = (report._behaviour_html(con, model) for model in ("llama", "bert"))
+    finally:
+        con.close()
+    assert path.stat().st_size > 10_000
+    assert 'id="behaviour"' in llama and "parity I+" in llama
+    assert bert == ""  # extracted without behaviour: no figure

@@ -13,7 +13,7 @@ import numpy as np
 import polars as pl
 
 from headforms.compute import bootstrap
-from headforms.compute.behaviour import bias_logits, form_logits
+from headforms.compute.behaviour import self_logit_parts
 from headforms.extract.checkpoint import ExtractError
 from headforms.warehouse.store import insert, query, transaction
 
@@ -48,10 +48,9 @@ def behaviour_rows(model: dict, ckpt, run, *, length: int, sequences: int, seed:
     scale, kv_index, parts = model["score_scale"], ckpt.spec.kv_index, []
     for layer, taken in enumerate(run.layers):
         w_q, w_k = ckpt.read_layer(layer)
-        form = form_logits(taken.inputs, w_q, w_k, kv_index, scale)
         b_q = np.zeros(w_q.shape[:2]) if taken.b_q is None else taken.b_q
         b_k = np.zeros(w_k.shape[:2]) if taken.b_k is None else taken.b_k
-        bias = bias_logits(taken.inputs, w_q, w_k, b_q, b_k, kv_index, scale)
+        form, bias = self_logit_parts(taken.inputs, w_q, w_k, b_q, b_k, kv_index, scale)
         heads = len(taken.self_score)
         parts.append(pl.DataFrame({
             "model": ckpt.name, "layer": np.full(heads, layer, np.int32), "head": np.arange(heads, dtype=np.int32),

@@ -62,6 +62,12 @@ TABLES: dict[str, tuple[str, str]] = {
     "nested_fit_tests": (
         "nested_fit_tests", "Likelihood-ratio tests at 1%: share of heads where the generalized gamma "
                             "improves on gamma and on Weibull, per model and sample ('ok' fits)"),
+    "behaviour_by_parity": (
+        "behaviour_by_parity", "Behaviour beside form: per model and parity type, the median self, previous-token and "
+                               "induction scores and self-logit with 95% layer-bootstrap intervals, and I+ minus I-"),
+    "behaviour_correlations": (
+        "behaviour_correlations", "Behaviour beside form: Spearman correlations of each head's self-score and "
+                                  "self-logit with c_sym - d_sym, symmetric energy and pairing"),
 }
 # Paper-format file -> (view of sql/, row order after the model): the survey files of the paper's
 # published code (aodesky/attention-bilinear-forms, scripts/survey_results/), same names, columns and

@@ -385,3 +385,47 @@ FIGURES: dict[str, tuple[Callable[[duckdb.DuckDBPyConnection, Path], Path], str]
 def draw_all(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
     """Every figure of FIGURES as a PNG in out_dir; returns their paths."""
     return [draw(con, Path(out_dir) / name) for name, (draw, _) in FIGURES.items()]
+
+
+def behaviour_self_score(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
+    """Behaviour beside form (statistics.md section 8): each head's self-attention score against its form's
+    c_sym - d_sym, by parity; per model the I+ minus I- difference of medians with its layer-bootstrap interval."""
+    tables = set(_frame(con, "SELECT table_name FROM information_schema.tables")["table_name"])
+    data = _frame(con, """
+        SELECT b.model, h.parity, h.c_sym - h.d_sym AS c_sym_minus_d_sym, b.self_score
+        FROM head_behaviour b JOIN heads h USING (model, layer, head)
+        WHERE h.parity IS NOT NULL ORDER BY b.model, b.layer, b.head""") if "behaviour_by_parity" in tables else None
+    models = _by_model(data) if data is not None else []
+    contrast = {row["model"]: row for row in _frame(
+        con, "SELECT * FROM behaviour_by_parity WHERE parity = 'I+ - I-'").iter_rows(named=True)} if models else {}
+    spearman = dict(_frame(con, "SELECT model, spearman FROM behaviour_correlations WHERE score = 'self_score' "
+                                "AND statistic = 'c_sym_minus_d_sym'").iter_rows()) if models else {}
+    fig, axes = _panel_grid(max(len(models), 1), 2, (5.2, 4.0))
+
+    def shown(value):
+        return "undefined" if value is None else f"{value:.3f}"
+
+    if not models:
+        axes[0].text(0.5, 0.5, "no behaviour in this warehouse:\nrun `headforms behaviour SOURCE`", ha="center",
+                     va="center", fontsize=9)
+        axes[0].set_axis_off()
+    for ax, (model, rows) in zip(axes, models):
+        _parity_scatter(ax, rows, "c_sym_minus_d_sym", "self_score")
+        ax.axvline(0, color="black", lw=0.6, ls="--")
+        row = contrast.get(model, {})
+        ax.set_title(f"{model} ({rows.height} heads)\nmedian self-score I+ minus I-: "
+                     f"{shown(row.get('median_self_score'))} [{shown(row.get('self_score_low'))}, "
+                     f"{shown(row.get('self_score_high'))}]; Spearman {shown(spearman.get(model))}", fontsize=8)
+        ax.set_xlabel(r"$c_{sym} - d_{sym}$ (the form's symmetric part: > 0 positive-leaning)", fontsize=8)
+        ax.set_ylabel("self-score: mean attention weight on the token itself", fontsize=8)
+        ax.set_yscale("log")
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=7, frameon=False)
+    fig.suptitle("Behaviour beside form: does a head whose S leans positive (type I+) attend to its own token?\n"
+                 "repeated random tokens; differences of medians with 95% layer-bootstrap intervals", fontsize=9)
+    return _save(fig, path)
+
+
+FIGURES["behaviour_self_score.png"] = (
+    behaviour_self_score, "Behaviour beside form: each head's self-attention score against its form's c_sym - d_sym, "
+                          "by parity (head_behaviour, behaviour_by_parity, behaviour_correlations)")

@@ -205,7 +205,8 @@ def _model_body(con, row: dict, heads: pl.DataFrame) -> str:
              f"({row['n_kv_heads']} key-value heads), N = {row['d_model']}, n = {row['head_dim']}; "
              f"source {html.escape(row['source'])}, revision {html.escape(row['revision'])}.</p>")
     return (facts + _figure_html(simplex, "simplex") + _figure_html(parity, "parity-by-layer")
-            + _figure_html(maps, "maps") + f"<p>Spectra and fitted densities of each head, by layer: {layer_links}</p>")
+            + _figure_html(maps, "maps") + _behaviour_html(con, model)
+            + f"<p>Spectra and fitted densities of each head, by layer: {layer_links}</p>")
 
 
 def _layer_body(con, row: dict, layer: int, heads: pl.DataFrame) -> str:
@@ -238,3 +239,32 @@ def _layer_body(con, row: dict, layer: int, heads: pl.DataFrame) -> str:
     nav_layers = " ".join(f'<a href="{layer_page(model, i)}">{i}</a>' for i in range(row["n_layers"]))
     return (f'<p><a href="{model_page(model)}">{html.escape(model)}</a>, layers: {nav_layers}</p>'
             + _table_html(table) + _figure_html(fig, "spectra"))
+
+
+def _behaviour_html(con, model: str) -> str:
+    """A model page's behaviour beside form: each head's self-score against its form's c_sym - d_sym, by parity
+    (nothing where the model has no behaviour rows, or the warehouse predates them)."""
+    import plotly.graph_objects as go
+
+    if "head_behaviour" not in set(query(con, "SELECT table_name FROM information_schema.tables")["table_name"]):
+        return ""
+    rows = query(con, """
+        SELECT b.layer, b.head, h.parity, h.c_sym - h.d_sym AS c_minus_d, b.self_score, b.self_logit,
+               b.previous_score, b.induction_score
+        FROM head_behaviour b JOIN heads h USING (model, layer, head)
+        WHERE b.model = ? AND h.parity IS NOT NULL ORDER BY b.layer, b.head""", [model])
+    if not rows.height:
+        return ""
+    fig = go.Figure()
+    for parity in ("I+", "II", "I-"):
+        group = rows.filter(pl.col("parity") == parity)
+        hover = group.select(pl.format(
+            "layer {} head {}<br>self-score {}<br>self-logit {}<br>previous {}<br>induction {}", "layer", "head",
+            *(pl.col(c).round(4) for c in ("self_score", "self_logit", "previous_score", "induction_score"))))
+        fig.add_trace(go.Scatter(x=group["c_minus_d"].to_list(), y=group["self_score"].to_list(), mode="markers",
+                                 name=f"parity {parity} ({group.height})", marker=dict(color=PARITY_COLOURS[parity]),
+                                 text=hover.to_series().to_list(), hovertemplate="%{text}<extra></extra>"))
+    fig.update_layout(height=420, title="Behaviour beside form: self-attention score against c_sym - d_sym "
+                                        "(repeated random tokens)",
+                      xaxis_title="c_sym - d_sym", yaxis_title="self-score", yaxis_type="log")
+    return _figure_html(fig, "behaviour")
