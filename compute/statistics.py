@@ -164,8 +164,8 @@ def fit_samples(sp: Spectra, head_dim: int) -> dict[str, np.ndarray]:
     tol = ZERO_TOLERANCE * np.where(scale > 0, scale, np.inf)
 
     def positive(x: np.ndarray) -> np.ndarray:
-        x = x[:, :head_dim]
-        return np.where(x > tol, x, np.nan)
+        x = np.pad(x[:, :head_dim], ((0, 0), (0, max(head_dim - x.shape[1], 0))), constant_values=np.nan)
+        return np.where(x > tol, x, np.nan)  # N < 2n (one head of width n = N, say): sigma(T) has N/2 < n values
 
     return {
         "L_abs": positive(np.abs(sp.eig_L)),

@@ -21,11 +21,11 @@ from tests import tiny_models as tm
 HEAD_DIM = 6
 
 
-def tiny(folder: Path, heads: int, layers: int = 1, zero: bool = False):
-    """A llama of `layers` layers x `heads` heads, N = 2n = 12, saved to folder; `zero`: W_Q = 0, so every form
-    (and S) is zero. Returns the model."""
+def tiny(folder: Path, heads: int, layers: int = 1, zero: bool = False, width: int = 2 * HEAD_DIM):
+    """A llama of `layers` layers x `heads` heads, n = 6 and N = `width` (default 2n), saved to folder; `zero`:
+    W_Q = 0, so every form (and S) is zero. Returns the model."""
     model = tm.build("llama", num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-                     hidden_size=2 * HEAD_DIM, head_dim=HEAD_DIM, intermediate_size=16)
+                     hidden_size=width, head_dim=HEAD_DIM, intermediate_size=16)
     if zero:
         with torch.no_grad():
             for attention in model.model.layers:
@@ -43,18 +43,22 @@ def rows(db: Path, sql: str) -> list[tuple]:
         return con.execute(sql).fetchall()
 
 
-def dense_unit_spectra(model) -> np.ndarray:
-    """Each head's eigenvalues of S = (L + L^T)/2, L = W_K^T W_Q formed densely (N x N), sorted decreasing and
-    divided by their norm: the points of Figure 5 (N = 2n, so no ambient zeros are dropped)."""
-    points = []
+def dense_forms(model) -> list[np.ndarray]:
+    """Each head's L = W_K^T W_Q formed densely (N x N), in layer and head order."""
+    forms = []
     for layer in model.model.layers:
-        wq = layer.self_attn.q_proj.weight.detach().double().numpy().reshape(-1, HEAD_DIM, 2 * HEAD_DIM)
-        wk = layer.self_attn.k_proj.weight.detach().double().numpy().reshape(-1, HEAD_DIM, 2 * HEAD_DIM)
-        for q, k in zip(wq, wk):
-            form = k.T @ q
-            eig = np.sort(np.linalg.eigvalsh((form + form.T) / 2))[::-1]
-            points.append(eig / np.linalg.norm(eig))
-    return np.array(points)
+        width = layer.self_attn.q_proj.weight.shape[1]
+        wq = layer.self_attn.q_proj.weight.detach().double().numpy().reshape(-1, HEAD_DIM, width)
+        wk = layer.self_attn.k_proj.weight.detach().double().numpy().reshape(-1, HEAD_DIM, width)
+        forms += [k.T @ q for q, k in zip(wq, wk)]
+    return forms
+
+
+def dense_unit_spectra(model) -> np.ndarray:
+    """Each head's eigenvalues of S = (L + L^T)/2 from the dense L, sorted decreasing and divided by their norm:
+    the points of Figure 5 (N = 2n, so no ambient zeros are dropped)."""
+    eig = np.array([np.sort(np.linalg.eigvalsh((form + form.T) / 2))[::-1] for form in dense_forms(model)])
+    return eig / np.linalg.norm(eig, axis=1, keepdims=True)
 
 
 # 1. Any head count --------------------------------------------------------------------------------------
@@ -68,10 +72,11 @@ def few_heads(tmp_path_factory):
     model's dense unit spectra."""
     root = tmp_path_factory.mktemp("few")
     points = {f"h{heads}": dense_unit_spectra(tiny(root / f"h{heads}", heads)) for heads in HEAD_COUNTS}
+    forms = {"wide": dense_forms(tiny(root / "wide", 1, width=HEAD_DIM))}
     db = root / "w.duckdb"
-    result = invoke("extract", *(root / model for model in points), "--db", db, "--resamples", 50)
+    result = invoke("extract", *(root / model for model in [*points, *forms]), "--db", db, "--resamples", 50)
     assert result.exit_code == 0, result.output
-    return db, points
+    return db, points | forms
 
 
 @pytest.mark.parametrize("heads", HEAD_COUNTS)
@@ -106,8 +111,24 @@ def test_few_heads_get_every_summary(heads, few_heads):
     assert shown.output.splitlines()[1] == f"{median:.4g}"
 
 
+def test_one_head_as_wide_as_the_model(few_heads):
+    """One head with n = N (so N < 2n: sigma(T) has N/2 < n values; the analysis failed on it): spectra of S and
+    sigma(T) equal the dense ones, and each sample has its four fits, sigma(T)'s on N/2 values."""
+    db, forms = few_heads
+    [form] = forms["wide"]
+    stored = dict(rows(db, "SELECT spectrum, list(value ORDER BY idx) FROM eigenvalues WHERE model = 'wide' "
+                           "AND spectrum IN ('S', 'T_sigma') GROUP BY spectrum"))
+    np.testing.assert_allclose(stored["S"], np.sort(np.linalg.eigvalsh((form + form.T) / 2))[::-1], atol=1e-12)
+    sigma = np.linalg.eigvals((form - form.T) / 2).imag
+    np.testing.assert_allclose(stored["T_sigma"], np.sort(sigma[sigma > 0])[::-1], atol=1e-12)
+    assert len(stored["T_sigma"]) == HEAD_DIM // 2
+    assert rows(db, "SELECT sample, count(*), max(n) FROM fits WHERE model = 'wide' GROUP BY ALL ORDER BY ALL") == [
+        ("L_abs", 4, HEAD_DIM), ("S_neg", 4, HEAD_DIM // 2), ("S_pos", 4, HEAD_DIM // 2), ("T", 4, HEAD_DIM // 2)]
+
+
 def test_few_heads_export_and_report(few_heads, tmp_path):
-    """export writes every table and figure, report every page, for the warehouse of 1-, 2- and 3-head models."""
+    """export writes every table and figure, report every page, for the warehouse of 1-, 2- and 3-head models
+    and the one head as wide as its model."""
     db, points = few_heads
     result = invoke("export", "--db", db, "--out", tmp_path / "export")
     assert result.exit_code == 0, result.output
