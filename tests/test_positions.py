@@ -3,6 +3,7 @@ models' own attention logits at real position pairs (i, j), and the distance_pro
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import duckdb
 import numpy as np
@@ -168,14 +169,11 @@ def test_distance_forms_reproduce_model_logits(case, tmp_path):
     for layer in range(ckpt.spec.n_layers):
         assert logit_error_at_positions(ckpt, inputs, probs, layer) < 1e-5
     # the same forms without the rotation (distance 0 everywhere) do not reproduce the logits
-    flat = type(ckpt)(name="flat", source="", revision="r", reader=ckpt.reader,
-                      spec=type(ckpt.spec)(**{**vars(ckpt.spec), "rope": _no_rotation(ckpt.spec.rope)}))
+    flat = replace(ckpt, name="flat", spec=replace(ckpt.spec, rope=_no_rotation(ckpt.spec.rope)))
     assert logit_error_at_positions(flat, inputs, probs, 0) > 1e-3
 
 
 def _no_rotation(rope):
-    from dataclasses import replace
-
     return replace(rope, frequencies=tuple(0.0 for _ in rope.frequencies))
 
 
@@ -199,14 +197,11 @@ def test_gguf_permuted_llama_reproduces_model_logits(tmp_path):
     inputs, probs = rope_trace(model)
     for layer in range(2):
         assert logit_error_at_positions(ckpt, inputs, probs, layer) < 1e-5
-    wrong = type(ckpt)(name="w", source="", revision="r", reader=ckpt.reader,
-                       spec=type(ckpt.spec)(**{**vars(ckpt.spec), "rope": _with_pairing(rope, "split-half")}))
+    wrong = replace(ckpt, name="w", spec=replace(ckpt.spec, rope=_with_pairing(rope, "split-half")))
     assert logit_error_at_positions(wrong, inputs, probs, 0) > 1e-3
 
 
 def _with_pairing(rope, pairing):
-    from dataclasses import replace
-
     return replace(rope, pairing=pairing)
 
 
