@@ -33,6 +33,7 @@ def served(monkeypatch, tmp_path):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("HEADFORMS_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
     monkeypatch.setattr(hub_module, "BACKOFF", 0.01)
     serve_revisions(server, REPO, {revision: neox_files(tmp_path, seed) for revision, seed in SEEDS.items()})
     yield server
