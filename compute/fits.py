@@ -2,7 +2,8 @@
 generalized gamma to many small positive samples at once, with fit-quality statistics.
 
 Every routine works on all rows together (NaN-padded to a common length); the only Python
-loops are over a bounded number of Newton/bisection iterations and the 70 gengamma grid powers.
+loops are over a bounded number of Newton/bisection iterations, the 70 gengamma grid powers and
+the terms of fixed-length series.
 
 Generalized gamma in Prentice's (1974) parametrisation: log x = mu + sigma w, where w has the
 log-density -log(2 pi) / 2 - (w^2 / 2) h(q w) - R(q^-2), h(u) = 2 (e^u - 1 - u) / u^2 and R Stirling's
@@ -245,7 +246,8 @@ def _gengamma_power(lc, valid, n, lbar, sigma, starts):
 
 
 def _std_logpdf(family, z, p, q):
-    """scipy's log density of the standardised variable z = x / scale (p, q: shape parameters)."""
+    """scipy's log density of the standardised variable z = x / scale (p, q: shape parameters; the generalized
+    gamma's in Prentice's form, p = sigma, q = q, scale = e^mu, stable through q = 0)."""
     if family == "gamma":
         return sc.xlogy(p - 1.0, z) - z - sc.gammaln(p)
     if family == "lognormal":
