@@ -71,6 +71,12 @@ def rope(theta: float, rotary_dims: int, pairing: str, scaling: str = "default",
     return Rope(theta, rotary_dims, pairing, scaling, tuple(float(f) for f in freq))
 
 
+# Hugging Face families whose layers do not share one rotation (found by discovery, so no layout says so).
+HF_PER_LAYER_ROPE = {
+    "cohere2": "its full-attention layers (layer_types) apply no RoPE; per-layer RoPE is not implemented",
+}
+
+
 def hf_rope(settings: list[dict], config: dict, head_dim: int, fraction: float, pairing: str = "split-half") -> Rope:
     """RoPE of a Hugging Face config over the first fraction of each head: rotate_half pairs (split-half),
     or adjacent pairs (interleaved: GPT-J's rotate_every_two, Cohere)."""
@@ -85,6 +91,8 @@ def hf_rope(settings: list[dict], config: dict, head_dim: int, fraction: float, 
         refusal = "the layers use different RoPE settings (layer_types), which are not implemented"
     elif config.get("rope_local_base_freq") is not None:
         refusal = "sliding-window layers use another RoPE base (rope_local_base_freq), which is not implemented"
+    elif config.get("model_type") in HF_PER_LAYER_ROPE:
+        refusal = HF_PER_LAYER_ROPE[config["model_type"]]
     return rope(theta, dims, pairing, scaling, params, refusal)
 
 

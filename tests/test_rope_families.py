@@ -19,7 +19,7 @@ from headforms.compute.rotary import Rotation, distance_forms
 from headforms.extract.gguf_file import GGUF_ARCHITECTURES, open_gguf
 from headforms.extract.hf import open_hf_folder
 from headforms.extract.layouts import LAYOUTS, layout_key
-from headforms.extract.rope import DEFAULT_THETA, GGUF_PER_LAYER_ROPE, rope
+from headforms.extract.rope import DEFAULT_THETA, GGUF_PER_LAYER_ROPE, HF_PER_LAYER_ROPE, rope
 from tests import gguf_convert
 from tests import tiny_models as tm
 from tests.dense import dense_reference
@@ -211,13 +211,29 @@ def test_gguf_distance_forms_reproduce_model_logits(arch, name, overrides, metad
     if arch not in PER_LAYER:
         assert_forms_reproduce_logits(ckpt, model, kind)
         return
-    # refused beyond distance 0, and rightly: one rotation for every layer misses the full-attention layer
-    assert r.frequencies == () and r.refusal == GGUF_PER_LAYER_ROPE[arch]
+    assert r.refusal == GGUF_PER_LAYER_ROPE[arch]
+    assert_one_rotation_misses_a_layer(ckpt, model, kind, wrong_layer=1 if arch == "cohere2" else 0)
+
+
+def assert_one_rotation_misses_a_layer(ckpt, model, kind: str | None, wrong_layer: int) -> None:
+    """A RoPE refused beyond distance 0 for per-layer settings, and rightly: the rotation of the checkpoint's
+    base reproduces one layer's logits and misses the other's (gemma3's sliding layer 0 has another base, its
+    rope.freq_base is the global layers'; cohere2's full-attention layer 1 has no RoPE)."""
+    r = ckpt.spec.rope
+    assert r.frequencies == ()
     one = Rotation.of(r.pairing, rope(r.theta, r.rotary_dims, r.pairing).frequencies)
     trace = trace_at_positions(model)
     errors = [logit_error(ckpt, trace, layer, model, one, kind) for layer in range(ckpt.spec.n_layers)]
-    right, wrong = (0, 1) if arch == "cohere2" else (1, 0)  # gemma3's rope.freq_base is its global layers'
-    assert errors[right] < 1e-5 and errors[wrong] > 1e-3
+    assert errors[1 - wrong_layer] < 1e-5 and errors[wrong_layer] > 1e-3
+
+
+def test_hf_cohere2_full_attention_layers_refused_beyond_distance_zero(tiny, tmp_path):  # noqa: F811
+    """cohere2 (read by discovery) rotates only its sliding-window layers: refused beyond distance 0."""
+    model = tiny("gguf_cohere2", **PER_LAYER["cohere2"])
+    tm.save(model, tmp_path)
+    ckpt = open_hf_folder(tmp_path, name="c", source=str(tmp_path), revision="r")
+    assert ckpt.spec.rope.refusal == HF_PER_LAYER_ROPE["cohere2"]
+    assert_one_rotation_misses_a_layer(ckpt, model, None, wrong_layer=1)
 
 
 def test_gguf_freq_base_sets_the_distance_profiles(tmp_path):
