@@ -76,7 +76,7 @@ def model_head_types(con, model: str, seed: int) -> pl.DataFrame:
         WHERE model = ? AND spectrum = 'S' GROUP BY layer, head ORDER BY layer, head""", [model])
     points = unit_spectra(np.array(spectra["eig"].to_list(), dtype=float))
     keep = ~np.isnan(points).any(axis=1)
-    found = projection(points[keep]) if keep.any() else np.zeros((0, 0))
+    found = projection(points[keep])
     types, scores = head_types(found, seed)
     coords = np.zeros((len(found), DIMENSIONS))  # fewer than three heads lie in fewer directions: 0 on the others
     coords[:, :found.shape[1]] = found
