@@ -126,20 +126,27 @@ def plan(sources: str | Iterable[str], *, name: str | None = None, revision: str
          revisions: str | list[str] | None = None, set_file: str | Path | None = None, qk_norm: str = "refuse",
          tower: str | None = None, fold_norm: str = "none"):
     """What extracting `sources` (with extract's options) would read, from headers alone (nothing else is
-    fetched): per model, heads, the bytes of its Q/K tensors and of its weight files."""
+    fetched): per model, heads, the bytes of its Q/K tensors and of its weight files. `warning` says why
+    extract would refuse a model whose header was read whole (a file cut short or too long), else null."""
     import polars as pl
 
+    from headforms.extract.formats import IncompleteFile
     from headforms.extract.sources import open_target, plan_targets
 
     rows = []
     for target in plan_targets(sources, name=name, revision=revision, revisions=revisions, set_file=set_file):
-        ckpt = open_target(target, qk_norm=qk_norm, tower=tower, fold_norm=fold_norm)
+        try:
+            ckpt, warning = open_target(target, qk_norm=qk_norm, tower=tower, fold_norm=fold_norm), None
+        except IncompleteFile as e:  # the header alone still gives the plan
+            if e.checkpoint is None:
+                raise
+            ckpt, warning = e.checkpoint, e.warning
         ckpt.close()
         rows.append({"model": ckpt.name, "source": target.source, "heads": ckpt.spec.n_layers * ckpt.spec.n_heads,
                      "qk_bytes": ckpt.qk_bytes, "checkpoint_bytes": ckpt.checkpoint_bytes,
-                     "header_bytes_fetched": ckpt.bytes_fetched})
+                     "header_bytes_fetched": ckpt.bytes_fetched, "warning": warning})
     return pl.DataFrame(rows, schema_overrides={"qk_bytes": pl.Int64, "checkpoint_bytes": pl.Int64,
-                                                "header_bytes_fetched": pl.Int64})
+                                                "header_bytes_fetched": pl.Int64, "warning": pl.Utf8})
 
 
 def cache(clear: bool = False, repo: str | None = None):

@@ -168,8 +168,11 @@ def extract(sources, db, name, revision, revisions, set_file, force, qk_norm, to
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     if plan:
-        _print(api.plan(sources, name=name, revision=revision, revisions=revisions, set_file=set_file,
-                        qk_norm=qk_norm, tower=tower, fold_norm=fold_norm), "table")
+        frame = api.plan(sources, name=name, revision=revision, revisions=revisions, set_file=set_file,
+                         qk_norm=qk_norm, tower=tower, fold_norm=fold_norm)
+        _print(frame, "table")
+        for warning in frame["warning"].drop_nulls():  # the table cuts long text: each warning whole, on stderr
+            click.echo(f"Warning: {warning}", err=True)
         return
     started, progress = time.perf_counter(), _BarProgress()
     try:

@@ -9,6 +9,7 @@ weights-only unpickler over mmap, so a pickle that would run code is refused, no
 """
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -24,6 +25,7 @@ import numpy as np
 from safetensors import safe_open
 
 from headforms.extract.checkpoint import Checkpoint, Digest, ExtractError, ModelSpec, hf_cache_commit
+from headforms.extract.formats import IncompleteFile, extent_problem, header_cut, refuse_foreign, size_mismatch
 from headforms.extract.layouts import Layout, model_spec
 from headforms.extract.norms import HF_NORMS, norm_for
 
@@ -81,8 +83,11 @@ def safetensors_spans(read_at: Callable[[int, int], bytes], size: int,
                       label: str) -> dict[str, tuple[str, tuple[int, ...], int, int]]:
     """name -> (dtype, shape, start, end) with absolute byte offsets, from a safetensors header (an
     8-byte little-endian length, then JSON) read through `read_at(offset, size)`, each span checked
-    against its shape and the file size; `label` names the file in errors."""
+    against its shape; `label` names the file in errors. A file cut short, or longer than its last tensor,
+    raises IncompleteFile carrying the header's (meta, spans)."""
     length = int.from_bytes(read_at(0, 8), "little") if size >= 8 else -1
+    if size - 8 < length <= _HEADER_LIMIT:
+        raise header_cut(label, size, "safetensors header")
     if not 0 < length <= min(size - 8, _HEADER_LIMIT):
         raise ExtractError(f"cannot read {label}: not a safetensors file (header length {length}, file size {size})")
     try:
@@ -97,13 +102,17 @@ def safetensors_spans(read_at: Callable[[int, int], bytes], size: int,
             continue
         try:
             dtype, shape, (start, end) = info["dtype"], tuple(int(d) for d in info["shape"]), info["data_offsets"]
-            ok = isinstance(start, int) and isinstance(end, int) and 0 <= start <= end <= size - base
+            ok = isinstance(start, int) and isinstance(end, int) and 0 <= start <= end
         except (TypeError, KeyError, ValueError):
             ok = False
         itemsize = _ITEMSIZE.get(_DTYPES.get(dtype)) if ok else None
         if not ok or (itemsize is not None and end - start != math.prod(shape) * itemsize):
             raise ExtractError(f"cannot read {label}: tensor '{name}' has a bad extent in the safetensors header")
         spans[name] = (dtype, shape, base + start, base + end)
+    problem = extent_problem(label, size, [(name, start, end) for name, (_, _, start, end) in spans.items()], end=base)
+    if problem is not None:
+        problem.header = (spans_meta(spans), spans)
+        raise problem
     return spans
 
 
@@ -178,7 +187,134 @@ def torch_state_dict(path: Path) -> dict:
 
 
 def _torch_header(path: Path) -> tuple[dict[str, tuple[tuple[int, ...], str]], dict]:
+    """Shapes and dtypes of a .bin state dict; a torch zip whose size is not what its records need is refused first."""
+    with _open_unbuffered(path) as f:
+        problem = torch_zip_extent(lambda offset, size: _read_at(f, offset, size, path), os.fstat(f.fileno()).st_size,
+                                   path)
+    if problem is not None:
+        raise problem
     return {name: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in torch_state_dict(path).items()}, {}
+
+
+_ZIP_LOCAL, _ZIP_CENTRAL, _ZIP_DESCRIPTOR = b"PK\x03\x04", b"PK\x01\x02", b"PK\x07\x08"
+_ZIP_TAIL = {b"PK\x06\x06": 12, b"PK\x06\x07": 20, b"PK\x05\x06": 22}  # zip64 end record (+ its size), locator, end
+
+
+def torch_zip_extent(read_at: Callable[[int, int], bytes], size: int, label) -> IncompleteFile | None:
+    """A torch zip checkpoint walked from its front (None if it is no torch zip, or as long as it should be): each
+    record's local header and bytes (data.pkl by unpickling it, a storage by its element count, any other by its
+    data descriptor), then the central directory and end records. A file cut short names the first tensor whose
+    storage is missing and the bytes its records need at least (with the header data.pkl gives, for --plan);
+    one that runs on past its end record, the bytes after it."""
+    def read(offset: int, n: int) -> bytes:
+        return bytes(read_at(offset, min(n, size - offset))) if offset < size else b""
+
+    if read(0, 4) != _ZIP_LOCAL:
+        return None
+    state, storages, pos, seen, root = None, {}, 0, [], "archive"  # storages: key -> bytes; seen: keys in file order
+
+    def cut(end: int, key: str | None = None, rest: int = 22) -> IncompleteFile:
+        """The refusal of a file that ends before `end`, in the record of storage `key` (else before the next), with
+        at least `rest` bytes of end records after the storages not seen."""
+        if state is None:
+            return header_cut(label, size, "torch header (data.pkl)")
+        unseen = [k for k in storages if k not in seen and k != key]
+        need = end + sum(30 + len(f"{root}/data/{k}") + storages[k] for k in unseen) + rest
+        key = key if key is not None else (unseen[0] if unseen else None)
+        tensor = next((n for n, ref in state.items() if ref.storage.key == key), None)
+        problem = size_mismatch(label, size, need, tensor, at_least=True)
+        problem.header = ({n: (ref.shape, str(ref.storage.dtype).removeprefix("torch.")) for n, ref in state.items()},
+                          {})
+        return problem
+
+    while (head := read(pos, 30))[:4] == _ZIP_LOCAL:
+        if len(head) < 30:
+            return cut(pos + 30)
+        flags, csize, name_len, extra_len = (int.from_bytes(head[i:j], "little")
+                                             for i, j in ((6, 8), (18, 22), (26, 28), (28, 30)))
+        name = read(pos + 30, name_len).decode("utf-8", "replace")
+        start = pos + 30 + name_len + extra_len
+        parts = name.split("/")
+        key = parts[2] if len(parts) == 3 and parts[1] == "data" else None
+        if start > size:
+            return cut(start, key)
+        if parts[-1] == "data.pkl" and len(parts) == 2:
+            root, (state, storages, length) = parts[0], _unpickle_prefix(read, start, size)
+            if state is None:  # cut inside data.pkl (length 1), or no state dict the walk can follow (0)
+                return cut(size + 1) if length else None
+        elif key is not None and key in storages:
+            length = storages[key]
+            seen.append(key)
+        elif not flags & 8:
+            length = csize
+        else:  # a small record (version, byteorder ...): its data descriptor holds its size
+            blob = read(start, 4096)
+            length = next((i for i in range(len(blob) - 11) if blob[i:i + 4] == _ZIP_DESCRIPTOR
+                           and int.from_bytes(blob[i + 8:i + 12], "little") == i), None)
+            if length is None:
+                return cut(start + len(blob) + 1) if start + len(blob) >= size else None
+        pos = start + length
+        if pos > size:
+            return cut(pos, key)
+        if flags & 8:  # the data descriptor: 16 bytes (24 with zip64 sizes), then the next record
+            pos += 16 if read(pos + 16, 2) == b"PK" else 24
+    while (head := read(pos, 46))[:4] == _ZIP_CENTRAL:
+        if len(head) < 46:
+            return cut(pos + 46)
+        pos += 46 + sum(int.from_bytes(head[i:i + 2], "little") for i in (28, 30, 32))
+    while (sig := read(pos, 4)) in _ZIP_TAIL:
+        head = read(pos, 22)
+        length = _ZIP_TAIL[sig] + (int.from_bytes(head[4:12], "little") if sig == b"PK\x06\x06"
+                                   else int.from_bytes(head[20:22], "little") if sig == b"PK\x05\x06" else 0)
+        pos += length
+        if pos > size:
+            return cut(pos, rest=0)
+        if sig == b"PK\x05\x06":
+            return size_mismatch(label, size, pos) if size > pos else None
+    return cut(pos + 22) if pos >= size else None
+
+
+def _unpickle_prefix(read: Callable[[int, int], bytes], start: int, size: int) -> tuple[dict | None, dict, int]:
+    """data.pkl read from `start` (a prefix doubled until it unpickles): its state dict of tensor references, each
+    storage's bytes, and the pickle's length; (None, {}, 1) if the file ends inside it, (None, {}, 0) if it holds
+    anything but a state dict (the loader then says what)."""
+    import pickle
+
+    import torch
+
+    from headforms.extract.remote import _RecordingUnpickler, _TensorRef
+
+    class Sized(_RecordingUnpickler):
+        """Keeps each storage's size (its element count is the persistent id's last field)."""
+
+        def persistent_load(self, pid):
+            storage = super().persistent_load(pid)
+            storages[storage.key] = int(pid[4]) * getattr(torch, str(storage.dtype).removeprefix("torch.")).itemsize
+            return storage
+
+    n = 1 << 20
+    while True:
+        storages = {}
+        blob = io.BytesIO(read(start, n))
+        try:
+            state = Sized(blob).load()
+        except EOFError:
+            if start + n >= size:
+                return None, {}, 1
+            n *= 2
+            continue
+        except pickle.UnpicklingError as e:  # the C unpickler says 'pickle data was truncated'
+            if "truncated" not in str(e):
+                return None, {}, 0
+            if start + n >= size:
+                return None, {}, 1
+            n *= 2
+            continue
+        except (ValueError, TypeError, IndexError, AttributeError):
+            return None, {}, 0
+        if not isinstance(state, dict):
+            return None, {}, 0
+        return {name: ref for name, ref in state.items() if isinstance(ref, _TensorRef)}, storages, blob.tell()
 
 
 def _torch_fetch(path: Path, names: list[str], spans: dict, digest: Digest | None = None) -> dict[str, np.ndarray]:
@@ -210,6 +346,7 @@ class Weights:
     unread: set = field(default_factory=set)  # files whose header has not been read yet
     ahead: int = 0             # layers fetched ahead in the background (hub: the network overlaps the compute)
     pending: dict = field(default_factory=dict, repr=False)  # tensor name -> its background fetch
+    incomplete: list = field(default_factory=list)  # IncompleteFile of each file whose size its header contradicts
     pool: ThreadPoolExecutor | None = field(default=None, repr=False)
 
     def prefetch(self, names) -> None:
@@ -231,10 +368,19 @@ class Weights:
         files = list(dict.fromkeys(self.where[n] for n in names if n in self.where and self.where[n] in self.unread))
         if files:
             with ThreadPoolExecutor(min(8, len(files))) as pool:  # hub: the header requests in flight together
-                for file, (meta, spans) in zip(files, pool.map(self.header, files)):
+                for file, (meta, spans) in zip(files, pool.map(lambda f: read_header(self.header, f, self.incomplete),
+                                                               files)):
                     self.meta |= meta
                     self.spans |= spans
                     self.unread.discard(file)
+
+    def checked(self, checkpoint: Checkpoint) -> Checkpoint:
+        """The checkpoint, unless a weight file's size is not what its header describes: then that refusal,
+        carrying the checkpoint (for --plan)."""
+        if self.incomplete:
+            self.incomplete[0].checkpoint = checkpoint
+            raise self.incomplete[0]
+        return checkpoint
 
     def read(self, names: list[str]) -> dict[str, np.ndarray]:
         """Named tensors as float64 arrays, opening each file that holds some of them once."""
@@ -262,6 +408,18 @@ def _shard_files(index: Path) -> list[Path]:
     return [index.parent / shard for shard in shards]
 
 
+def read_header(header: Callable, file, incomplete: list) -> tuple[dict, dict]:
+    """header(file); a file whose size is not the size its header describes is noted in `incomplete` and its
+    header kept, so the checkpoint can be built for --plan before the refusal (Weights.checked)."""
+    try:
+        return header(file)
+    except IncompleteFile as e:
+        if e.header is None:
+            raise
+        incomplete.append(e)
+        return e.header
+
+
 def _find_weights(folder: Path) -> Weights:
     """Locate the weight files (safetensors preferred over .bin) and read their headers."""
     for single, index, header, fetch in _WEIGHT_FORMATS:
@@ -271,13 +429,14 @@ def _find_weights(folder: Path) -> Weights:
             files = _shard_files(folder / index)
         else:
             continue
-        where, meta, spans = {}, {}, {}
+        where, meta, spans, incomplete = {}, {}, {}, []
         for path in files:
-            header_of_file, spans_of_file = header(path)
+            header_of_file, spans_of_file = read_header(header, path, incomplete)
             meta |= header_of_file
             spans |= spans_of_file
             where |= dict.fromkeys(header_of_file, path)
-        return Weights(files=files, where=where, meta=meta, fetch=fetch, spans=spans, origin=str(folder))
+        return Weights(files=files, where=where, meta=meta, fetch=fetch, spans=spans, origin=str(folder),
+                       incomplete=incomplete)
     names = ", ".join(name for fmt in _WEIGHT_FORMATS for name in fmt[:2])
     raise ExtractError(f"no weights in {folder}: expected one of {names}")
 
@@ -324,9 +483,11 @@ def open_hf_folder(folder: Path, *, name: str, source: str, revision: str | None
     config.json, the weight files' headers and the tensors read. qk_norm, tower, fold_norm: see hf_checkpoint.
     """
     folder = Path(folder)
+    refuse_foreign(folder)  # a CTranslate2, ONNX, GPTQ ... folder is named before its config.json can mislead
     config = _read_config(folder)
     model_spec(config, qk_norm=qk_norm, tower=tower)  # an unsupported config is refused before the weights are read
     weights = _find_weights(folder)
+    refuse_foreign(folder, config=config, tensors=weights.meta)  # GPTQ, AWQ, MLX known by their tensors alone
     commit = None if revision else hf_cache_commit(folder.absolute())
     digest = None
     if not (revision or commit):
@@ -394,6 +555,6 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, rev
         if digest is not None:
             digest.save()
 
-    return Checkpoint(name=name, source=source, pinned=revision, spec=spec, reader=reader, close=close,
-                      qk_bytes=qk_bytes, checkpoint_bytes=checkpoint_bytes, meter=meter, revision_kind=revision_kind,
-                      digest=digest)
+    return weights.checked(Checkpoint(name=name, source=source, pinned=revision, spec=spec, reader=reader, close=close,
+                                      qk_bytes=qk_bytes, checkpoint_bytes=checkpoint_bytes, meter=meter,
+                                      revision_kind=revision_kind, digest=digest))

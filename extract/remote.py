@@ -19,9 +19,10 @@ import numpy as np
 import torch
 
 from headforms.extract.checkpoint import Checkpoint, ExtractError
-from headforms.extract.gguf_file import _HeaderReader, gguf_checkpoint
-from headforms.extract.hf import (Weights, hf_checkpoint, parse_config, safetensors_spans, span_array,
-                                  spans_meta, torch_state_dict)
+from headforms.extract.formats import header_cut
+from headforms.extract.gguf_file import _Cut, _HeaderReader, gguf_checkpoint
+from headforms.extract.hf import (Weights, hf_checkpoint, parse_config, read_header, safetensors_spans, span_array,
+                                  spans_meta, torch_state_dict, torch_zip_extent)
 from headforms.extract.hub import HubRepo, RangeReader, RemoteFile
 from headforms.extract.layouts import model_spec
 
@@ -63,9 +64,10 @@ def _hub_weights(repo: HubRepo) -> Weights:
             else (_zip_header, _zip_fetch)
         if single in repo.files:
             remote = repo.file(single)
-            meta, spans = header(remote)
+            incomplete = []
+            meta, spans = read_header(header, remote, incomplete)
             return Weights(files=[remote], where=dict.fromkeys(meta, remote), meta=meta, fetch=fetch, spans=spans,
-                           origin=repo.repo_id, ahead=AHEAD)
+                           origin=repo.repo_id, ahead=AHEAD, incomplete=incomplete)
         if index in repo.files:
             index_file = repo.file(index)
             try:
@@ -173,6 +175,9 @@ def _zip_header(remote: RemoteFile):
         state = _RecordingUnpickler(archive.open(pickles[0])).load()
         records = {i.filename: i for i in archive.infolist()}
     except (zipfile.BadZipFile, pickle.UnpicklingError, EOFError, ValueError, TypeError) as e:
+        problem = torch_zip_extent(remote.read_at, remote.size, remote) if isinstance(e, zipfile.BadZipFile) else None
+        if problem is not None:  # cut short: its end records are missing
+            raise problem from None
         raise ExtractError(f"cannot read {remote} (refused or corrupt torch checkpoint): "
                            f"{type(e).__name__}: {e}") from None
     if not isinstance(state, dict):
@@ -225,35 +230,17 @@ _GGUF_PREFIX = 1 << 16  # first read of a hub GGUF file; grown until the header 
 _GGUF_STEP = 1 << 20    # doubling up to this step, then by it: at most 1 MB is fetched past the header
 
 
-class _PrefixReader(_HeaderReader):
-    """GGUFReader over a cached prefix of a hub file (header, metadata, tensor table): tensor data
-    beyond the prefix gets a zero-stride placeholder, replaced by ranged reads when a layer is read."""
-
-    def __init__(self, path, size: int):
-        self.remote_size, self._table_read = size, False
-        super().__init__(path)
-
-    def _build_tensors(self, start_offs, fields):
-        self._table_read = True
-        super()._build_tensors(start_offs, fields)
-
-    def _get(self, offset, dtype, count=1, override_order=None):
-        end = offset + np.dtype(dtype).itemsize * int(count)
-        if self._table_read and end > len(self.data):
-            if end > self.remote_size:
-                raise ValueError(f"tensor data at byte {offset} runs past the end of the file")
-            return np.broadcast_to(np.zeros((), dtype), (int(count),))
-        return super()._get(offset, dtype, count, override_order)
-
-
-def _remote_gguf_reader(remote: RemoteFile) -> _PrefixReader:
-    """Parse the header and tensor table from a prefix of the file, doubling it until it is enough."""
+def _remote_gguf_reader(remote: RemoteFile) -> _HeaderReader:
+    """Parse the header and tensor table from a prefix of the file, doubling it until it is enough; tensor
+    data beyond the prefix gets placeholders, replaced by ranged reads when a layer is read."""
     prefix = min(_GGUF_PREFIX, remote.size)
     while True:
         try:
-            return _PrefixReader(remote.prefix_path(prefix), remote.size)
+            return _HeaderReader(remote.prefix_path(prefix))
         except (ValueError, IndexError, KeyError, TypeError, OverflowError) as e:
             if prefix == remote.size:
+                if isinstance(e, _Cut) or remote.size == 0:
+                    raise header_cut(remote, remote.size, "GGUF header (metadata and tensor table)") from None
                 detail = (str(e).splitlines() or [type(e).__name__])[0]
                 raise ExtractError(f"corrupt or truncated GGUF file {remote}: {detail}") from None
             prefix = min(prefix + min(prefix, _GGUF_STEP), remote.size)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from headforms.extract.checkpoint import Checkpoint, ExtractError
+from headforms.extract.formats import refuse_foreign
 from headforms.extract.gguf_file import open_gguf
 
 # Named sets of (model name, source) for `headforms extract SET`.
@@ -196,6 +197,7 @@ def _open_local(path: Path, *, name: str | None, source: str, revision: str | No
             raise ExtractError(f"{path}: --tower applies to Hugging Face folders with several towers, not GGUF files")
         return open_gguf(path, name=name or path.stem, source=source, revision=revision, qk_norm=qk_norm,
                          fold_norm=fold_norm)
+    refuse_foreign(path)  # an ONNX, GGML, TensorFlow, ... file is named
     raise ExtractError(f"cannot read {path}: give a model folder (config.json + weights) or a .gguf file")
 
 
