@@ -37,13 +37,18 @@ def _by_model(frame: pl.DataFrame) -> list[tuple[str, pl.DataFrame]]:
 
 def _panel_grid(n: int, ncols: int, panel: tuple[float, float]) -> tuple[Figure, list]:
     """A figure with n panels on a grid of at most ncols columns; unused cells are hidden."""
-    cols = min(n, ncols)
-    rows = -(-n // cols)
+    cols = min(max(n, 1), ncols)  # no model to draw: one empty panel's canvas for the title
+    rows = max(-(-n // cols), 1)
     fig = Figure(figsize=(panel[0] * cols, panel[1] * rows), layout="constrained", dpi=DPI)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax in axes[n:]:
         ax.set_visible(False)
     return fig, list(axes[:n])
+
+
+def _number(value: float | None) -> str:
+    """A figure's value with two decimals, or 'undefined' where it is NULL (e.g. the Rand index of one head)."""
+    return "undefined" if value is None else f"{value:.2f}"
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -188,8 +193,8 @@ def pairing_distribution(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
         FROM heads h JOIN model_medians m USING (model)
         WHERE h.pairing IS NOT NULL ORDER BY h.model""")
     models = _by_model(data)
-    fig = Figure(figsize=(6.5, 0.8 + 1.5 * len(models)), layout="constrained", dpi=DPI)
-    axes = fig.subplots(len(models), 1, squeeze=False, sharex=True)[:, 0]
+    fig = Figure(figsize=(6.5, 0.8 + 1.5 * max(len(models), 1)), layout="constrained", dpi=DPI)
+    axes = fig.subplots(max(len(models), 1), 1, squeeze=False, sharex=True)[:, 0]  # no pairing at all: one empty panel
     bins = np.linspace(0, 1, 51)
     for ax, (model, rows) in zip(axes, models):
         median = rows["median_pairing"][0]
@@ -274,7 +279,7 @@ def head_types(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
                           label=f"type {kind} ({pts.height})")
         for ax, what in ((left, "parity"), (right, f"k-means types (k = {rows['k'][0]} by silhouette, "
                                                     f"mean {rows['mean_silhouette'][0]:.2f})\n"
-                                                    f"adjusted Rand index with parity {rows['ari_parity'][0]:.2f}")):
+                                                    f"adjusted Rand index with parity {_number(rows['ari_parity'][0])}")):
             ax.set_title(f"{model}: {what}", fontsize=9)
             ax.set_xlabel("1st", fontsize=7)
             ax.set_ylabel("2nd", fontsize=7)
