@@ -31,7 +31,8 @@ from headforms.extract.norms import HF_NORMS, norm_for
 
 _DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}  # safetensors -> torch names
 _FLOAT_DTYPES = frozenset(_DTYPES.values())
-_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}  # bytes per value of each float dtype name
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,  # bytes per value of each torch dtype name
+             "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
 _NUMPY_DTYPES = {"F16": "<f2", "F32": "<f4", "F64": "<f8"}  # BF16: see span_array
 
 
@@ -280,8 +281,6 @@ def _unpickle_prefix(read: Callable[[int, int], bytes], start: int, size: int) -
     anything but a state dict (the loader then says what)."""
     import pickle
 
-    import torch
-
     from headforms.extract.remote import _RecordingUnpickler, _TensorRef
 
     class Sized(_RecordingUnpickler):
@@ -289,10 +288,12 @@ def _unpickle_prefix(read: Callable[[int, int], bytes], start: int, size: int) -
 
         def persistent_load(self, pid):
             storage = super().persistent_load(pid)
-            storages[storage.key] = int(pid[4]) * getattr(torch, str(storage.dtype).removeprefix("torch.")).itemsize
+            itemsize = _ITEMSIZE.get(str(storage.dtype).removeprefix("torch."))
+            if itemsize:  # another dtype: its record is walked by its data descriptor, as far as that goes
+                storages[storage.key] = int(pid[4]) * itemsize
             return storage
 
-    n = 1 << 20
+    n = 1 << 16
     while True:
         storages = {}
         blob = io.BytesIO(read(start, n))
