@@ -66,15 +66,8 @@ class Checkpoint:
         if self.digest is None:
             return self.pinned
         if not self.digest.known and not self.digest.deferred:
-            self.settle_revision()
+            self.digest.settle()
         return self.digest.value if self.digest.known else self.digest.pending
-
-    def settle_revision(self) -> str:
-        """Hash the tensors not hashed yet by reading their layers (the reader hashes what it reads); cache it."""
-        for layer in self.digest.missing_layers():
-            self.reader(layer)
-        self.digest.save()
-        return self.digest.value
 
     @property
     def bytes_fetched(self) -> int | None:
@@ -117,6 +110,7 @@ class Digest:
         self.preamble = preamble   # config.json's bytes (folders)
         self.stats = {path: _stat_key(path) for path in headers}
         self.layers: list[list[tuple[Path, str]]] = []  # per layer, the (file, tensor) its reader reads
+        self.read_layer: Callable[[int], object] = lambda layer: None  # the checkpoint's own reader
         self.tensors: dict[tuple[Path, str], str] = {}  # sha256 of each tensor hashed so far (or cached)
         self.deferred = False
         self._lock = threading.Lock()
@@ -125,9 +119,16 @@ class Digest:
             if cached.get("stat") == list(self.stats[path]):
                 self.tensors |= {(path, name): hexdigest for name, hexdigest in cached.get("tensors", {}).items()}
 
-    def expect(self, layers: list[list[tuple[Path, str]]]) -> None:
-        """The tensors each layer's reader reads: what the digest covers."""
-        self.layers = layers
+    def expect(self, layers: list[list[tuple[Path, str]]], read_layer: Callable[[int], object]) -> None:
+        """The tensors each layer's reader reads (what the digest covers), and that reader (it hashes them)."""
+        self.layers, self.read_layer = layers, read_layer
+
+    def settle(self) -> str:
+        """Hash the tensors not hashed yet by reading their layers, cache them; the digest."""
+        for layer in self.missing_layers():
+            self.read_layer(layer)
+        self.save()
+        return self.value
 
     def update(self, path: Path, name: str, data) -> None:
         """A tensor's bytes as the reader read them (hashed unless already known for this size and mtime)."""

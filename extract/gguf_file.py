@@ -378,7 +378,8 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
         return norm.fold(w_q, w_k, _weight(gains[layer], fetched[-1], layer), fold_norm)
 
     if digest is not None:
-        digest.expect([[(path, t.name) for t in [*layer.values(), *gains[i:i + 1]]] for i, layer in enumerate(layers)])
+        digest.expect([[(path, t.name) for t in [*layer.values(), *gains[i:i + 1]]] for i, layer in enumerate(layers)],
+                      read)
 
     def close() -> None:
         if digest is not None:

@@ -549,7 +549,8 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, rev
     qk = {t for layer in range(spec.n_layers) for t in tensors(layer).values()}
     qk_bytes = sum(math.prod(weights.meta[t][0]) * _ITEMSIZE[weights.meta[t][1]] for t in qk)
     if digest is not None:
-        digest.expect([[(weights.where[t], t) for t in tensors(layer).values()] for layer in range(spec.n_layers)])
+        digest.expect([[(weights.where[t], t) for t in tensors(layer).values()] for layer in range(spec.n_layers)],
+                      reader)
 
     def close() -> None:
         weights.close()

@@ -16,7 +16,6 @@ from collections import OrderedDict
 from typing import NamedTuple
 
 import numpy as np
-import torch
 
 from headforms.extract.checkpoint import Checkpoint, ExtractError
 from headforms.extract.formats import header_cut
@@ -102,15 +101,20 @@ def _safetensors_fetch(remote: RemoteFile, names: list[str], spans: dict, decode
 
 # torch zip checkpoints -----------------------------------------------------------------------
 
-_STORAGE_DTYPES = {"DoubleStorage": torch.float64, "FloatStorage": torch.float32, "HalfStorage": torch.float16,
-                   "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
-                   "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8,
-                   "BoolStorage": torch.bool}
+# torch's storage types by the dtype each holds, named: torch is imported only when a .bin tensor is read
+# (importing it adds ~190 MB to a run's memory, which a safetensors or GGUF run never needs).
+_STORAGE_DTYPES = {"DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16",
+                   "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32",
+                   "ShortStorage": "int16", "CharStorage": "int8", "ByteStorage": "uint8", "BoolStorage": "bool"}
+
+
+class _StorageType(str):
+    """A pickled storage type, as the name of its torch dtype."""
 
 
 class _Storage(NamedTuple):
     key: str
-    dtype: torch.dtype
+    dtype: str  # a torch dtype's name
 
 
 class _TensorRef(NamedTuple):
@@ -147,11 +151,11 @@ class _RecordingUnpickler(pickle.Unpickler):
         if (module, name) in self._NAMES:
             return self._NAMES[module, name]
         if module == "torch" and name in _STORAGE_DTYPES:
-            return _STORAGE_DTYPES[name]
+            return _StorageType(_STORAGE_DTYPES[name])
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
 
     def persistent_load(self, pid):
-        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], torch.dtype)):
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], _StorageType)):
             raise pickle.UnpicklingError(f"unexpected persistent id {pid!r:.80}")
         return _Storage(str(pid[2]), pid[1])
 
@@ -189,7 +193,7 @@ def _zip_header(remote: RemoteFile):
         record = records.get(f"{root}data/{ref.storage.key}")
         if record is None or record.compress_type != zipfile.ZIP_STORED:
             raise ExtractError(f"cannot read {remote}: tensor '{name}' has no stored record for its storage")
-        meta[name] = (ref.shape, str(ref.storage.dtype).removeprefix("torch."))
+        meta[name] = (ref.shape, str(ref.storage.dtype))
         spans[name] = (remote, ("zip", ref, record))
     return meta, spans
 
@@ -197,6 +201,8 @@ def _zip_header(remote: RemoteFile):
 def _zip_fetch(remote: RemoteFile, names: list[str], spans: dict, decode: bool = True) -> dict[str, np.ndarray]:
     """Named tensors of a torch checkpoint: the records' local headers, then only the bytes each tensor spans
     (decode=False: only fetched into the range cache, for a layer read ahead)."""
+    import torch
+
     kinds = {name: spans[name][1] for name in names}
     whole = {name: kind[1] for name, kind in kinds.items() if kind[0] == "tensor"}
     zipped = {name: kind[1:] for name, kind in kinds.items() if kind[0] == "zip"}
@@ -208,7 +214,7 @@ def _zip_fetch(remote: RemoteFile, names: list[str], spans: dict, decode: bool =
             raise ExtractError(f"cannot read {remote}: bad local header of record {record.filename}")
         name_len, extra_len = struct.unpack("<HH", local[26:30])
         data = record.header_offset + 30 + name_len + extra_len
-        itemsize = ref.storage.dtype.itemsize
+        itemsize = getattr(torch, ref.storage.dtype).itemsize
         first, last = ref.extent()
         if last * itemsize > record.file_size:
             raise ExtractError(f"cannot read {remote}: tensor '{name}' runs past its storage record")
@@ -219,8 +225,9 @@ def _zip_fetch(remote: RemoteFile, names: list[str], spans: dict, decode: bool =
     out = dict(whole)
     for name, (ref, _) in zipped.items():
         raw = got[wanted[name]]
-        out[name] = (torch.as_strided(torch.frombuffer(bytearray(raw), dtype=ref.storage.dtype), ref.shape, ref.stride)
-                     if raw else torch.empty(ref.shape, dtype=ref.storage.dtype))
+        dtype = getattr(torch, ref.storage.dtype)
+        out[name] = (torch.as_strided(torch.frombuffer(bytearray(raw), dtype=dtype), ref.shape, ref.stride)
+                     if raw else torch.empty(ref.shape, dtype=dtype))
     return {name: tensor.to(torch.float64, copy=True).numpy() for name, tensor in out.items()}
 
 

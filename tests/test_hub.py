@@ -8,10 +8,12 @@ import json
 import pickle
 import re
 import time
+import tracemalloc
 import zipfile
 from pathlib import Path
 
 import duckdb
+import gguf
 import numpy as np
 import polars as pl
 import pytest
@@ -166,6 +168,47 @@ def test_hub_gguf_by_range(hub, tmp_path):
     hub.served.clear()
     assert open_checkpoint("hf://org/gguf/tiny.gguf").name == "tiny"
     assert hub.served == {}
+
+
+def test_hub_gguf_with_a_large_header_fetches_no_byte_twice(hub, tmp_path):
+    """A 2.2 MB header (metadata) before a 2 MB tensor no survey reads: the prefix grows until it parses,
+    fetching only bytes not fetched yet, and at most 1 MB past the header; within the issue's bound of
+    1.05 x Q/K + header + 1 MB."""
+    rng = np.random.default_rng(4)
+    weights = {"token_embd.weight": rng.standard_normal((2048, 256)).astype(np.float32)}
+    weights |= {f"blk.{i}.attn_{kind}.weight": rng.standard_normal((rows, 256)).astype(np.float32)
+                for i in range(2) for kind, rows in (("q", 256), ("k", 128))}
+    path = tmp_path / "big.gguf"
+    write_gguf(path, d_model=256, head_dim=64, weights=weights, metadata={"general.description": "x" * 2_200_000})
+    hub.repos["org/gguf"] = {"big.gguf": path.read_bytes()}
+    open_checkpoint("org/gguf/big.gguf").read_layer(1)
+    open_checkpoint("org/gguf/big.gguf").read_layer(0)
+    header = gguf.GGUFReader(path).data_offset
+    qk = sum(w.nbytes for name, w in weights.items() if "attn_" in name)
+    assert header > 2_200_000 and qk > 700_000
+    assert hub.served["big.gguf"] <= header + (1 << 20) + qk  # old: prefixes doubled, each refetched whole
+    assert hub.served["big.gguf"] <= 1.05 * qk + header + 1e6
+
+
+def test_hub_reads_hold_no_more_memory_than_the_folders(hub, tmp_path):
+    """Peak traced memory (numpy arrays and buffers included) of reading every layer: the hub's read-ahead
+    fetches raw bytes into the range cache and decodes nothing, so it stays near the folder's."""
+    model = tm.build("llama", dtype=torch.bfloat16, hidden_size=512, num_hidden_layers=6)
+    folder = tm.save(model, tmp_path / "model")
+    serve(hub, "org/wide", folder)
+
+    def peak(source: str) -> int:
+        ckpt = open_checkpoint(source)
+        tracemalloc.start()
+        for layer in range(ckpt.spec.n_layers):
+            ckpt.read_layer(layer)
+        ckpt.close()
+        top = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        return top
+
+    local, remote = peak(str(folder)), peak("org/wide")
+    assert remote <= 1.6 * local, (remote, local)  # one raw layer in flight; old: two layers ahead as float64
 
 
 def hub_module_prefix() -> int:

@@ -32,6 +32,6 @@ def record(writer, ckpt) -> None:
     read: those read by workers, or by an earlier run of the same files)."""
     if ckpt.digest is None or not ckpt.digest.deferred:
         return
-    pending, revision = ckpt.digest.pending, ckpt.settle_revision()
+    pending, revision = ckpt.digest.pending, ckpt.digest.settle()
     with writer.connection() as con, transaction(con):
         con.execute("UPDATE models SET revision = ? WHERE model = ? AND revision = ?", [revision, ckpt.name, pending])
