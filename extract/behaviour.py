@@ -44,7 +44,6 @@ class Run:
     """A model's forward pass on B repeated sequences of length 2T: per layer, what LayerRun holds."""
 
     layers: list[LayerRun]
-    tokens: np.ndarray
     seconds: float
 
 
@@ -265,5 +264,5 @@ def run(model, allowed: np.ndarray, *, length: int, sequences: int, seed: int, n
     if len(recorder.layers) != n_layers:
         raise ExtractError(f"{label}: {len(recorder.layers)} attention calls went through transformers' attention "
                            f"registry for {n_layers} layers; this family computes attention its own way")
-    return Run(recorder.layers, tokens, time.perf_counter() - started)
+    return Run(recorder.layers, time.perf_counter() - started)
 

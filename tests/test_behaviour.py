@@ -164,8 +164,10 @@ def test_planted_previous_token_and_induction_heads(tmp_path):
 
 
 def test_seeds_reproduce(tmp_path):
+    import headforms
+
     folder, db = extracted(tmp_path, "llama")
-    api.behaviour(str(folder), db=db, length=5, sequences=2, seed=3, resamples=30)
+    headforms.behaviour(str(folder), db=db, length=5, sequences=2, seed=3, resamples=30)  # the package's API
     first = behaviour_rows(db)
     api.behaviour(str(folder), db=db, length=5, sequences=2, seed=3, resamples=30)
     assert behaviour_rows(db).equals(first)
@@ -201,8 +203,12 @@ def test_behaviour_by_parity_recomputed(views_db):
     data = joined(views_db)
     assert data.filter(pl.col("parity").is_null()).height == 2  # the planted model's zero heads
     assert "bert" not in view["model"].to_list()                 # no behaviour rows: no row
+    typed = data.filter(pl.col("parity").is_not_null())
+    types = set(typed.select("model", "parity").unique().rows())
+    contrasts = {(m, "I+ - I-") for m, _ in types if {(m, "I+"), (m, "I-")} <= types}
+    assert set(view.select("model", "parity").rows()) == types | contrasts and view.height == len(types | contrasts)
     scores = ("self_score", "previous_score", "induction_score", "self_logit")
-    for (model, parity), group in data.filter(pl.col("parity").is_not_null()).group_by("model", "parity"):
+    for (model, parity), group in typed.group_by("model", "parity"):
         row = view.filter((pl.col("model") == model) & (pl.col("parity") == parity)).row(0, named=True)
         assert row["heads"] == group.height
         for score in scores:
@@ -264,6 +270,11 @@ def test_cli_and_its_refusals(tmp_path, monkeypatch):
     clip = tm.save(tm.build("clip_vision", dtype=torch.float32), tmp_path / "clip")
     api.extract(str(clip), db=db, tower="vision", resamples=20)
     refused([str(clip), "--tower", "vision", "--length", "4"], "token ids", "vision")
+    api.extract(str(clip), db=db, tower="text", resamples=20)  # the same checkpoint's text tower runs
+    result = runner.invoke(cli.main, ["behaviour", str(clip), "--tower", "text", "--db", str(db), "--length", "4",
+                                      "--sequences", "2"])
+    assert result.exit_code == 0 and "clip-text: 8 heads" in result.output, result.output
+    assert behaviour_rows(db, "clip-text")["reproduction_error"].max() < 1e-5
 
 
 @pytest.fixture

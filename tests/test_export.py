@@ -15,6 +15,8 @@ EXPECTED = ({f"{stem}.{ext}" for stem in TABLES for ext in ("csv", "parquet")} |
 # Exported empty from the demo warehouse, which holds no training checkpoints (the figure says so);
 # tests/test_dynamics.py exports them from checkpoints.
 EMPTY_ON_DEMO = {"training_dynamics"}
+# the demo fixture runs extract only, not behaviour (tests/test_behaviour.py fills and checks these)
+EMPTY_ON_DEMO |= {"behaviour_by_parity", "behaviour_correlations", "behaviour_self_score"}
 
 
 @pytest.fixture(scope="module")
