@@ -418,16 +418,16 @@ def behaviour_self_score(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
         _parity_scatter(ax, rows, "c_sym_minus_d_sym", "self_score")
         ax.axvline(0, color="black", lw=0.6, ls="--")
         row = contrast.get(model, {})
-        _title(ax, f"{model} ({rows.height} heads)\nmedian self-score I+ minus I-: "
-                   f"{shown(row.get('median_self_score'))} [{shown(row.get('self_score_low'))}, "
-                   f"{shown(row.get('self_score_high'))}]; Spearman {shown(spearman.get(model))}", 5.2, 8)
+        ax.set_title(f"{model} ({rows.height} heads)\nmedian self-score I+ minus I-: "
+                     f"{shown(row.get('median_self_score'))} [{shown(row.get('self_score_low'))}, "
+                     f"{shown(row.get('self_score_high'))}]; Spearman {shown(spearman.get(model))}", fontsize=8)
         ax.set_xlabel(r"$c_{sym} - d_{sym}$ (the form's symmetric part: > 0 positive-leaning)", fontsize=8)
         ax.set_ylabel("self-score: mean attention weight on the token itself", fontsize=8)
         ax.set_yscale("log")
         ax.tick_params(labelsize=7)
         ax.legend(fontsize=7, frameon=False)
-    _suptitle(fig, "Behaviour beside form: does a head whose S leans positive (type I+) attend to its own token?\n"
-                   "repeated random tokens; differences of medians with 95% layer-bootstrap intervals", 9)
+    fig.suptitle("Behaviour beside form: does a head whose S leans positive (type I+) attend to its own token?\n"
+                 "repeated random tokens; differences of medians with 95% layer-bootstrap intervals", fontsize=9)
     return _save(fig, path)
 
 
