@@ -14,6 +14,8 @@ import numpy as np
 import polars as pl
 from matplotlib.colors import CenteredNorm
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
+from matplotlib.textpath import text_to_path
 
 SQRT3_2 = np.sqrt(3) / 2
 DPI = 150
@@ -35,15 +37,81 @@ def _by_model(frame: pl.DataFrame) -> list[tuple[str, pl.DataFrame]]:
     return [(key[0], rows) for key, rows in frame.group_by("model", maintain_order=True)]
 
 
+# Layout: every figure is laid out by constrained layout; titles are wrapped to the width they may take and
+# legends sit beside or above the panels, so that text stays on the canvas for one model as for twenty.
+MARGIN = 0.3  # inches of a panel's width taken by its axis labels and ticks, not available to its title
+
+
+def _figure(width: float, height: float) -> Figure:
+    """An empty figure of width x height inches, laid out by constrained layout when drawn."""
+    return Figure(figsize=(width, height), layout="constrained", dpi=DPI)
+
+
 def _panel_grid(n: int, ncols: int, panel: tuple[float, float]) -> tuple[Figure, list]:
     """A figure with n panels on a grid of at most ncols columns; unused cells are hidden."""
     cols = min(max(n, 1), ncols)  # no model to draw: one empty panel's canvas for the title
     rows = max(-(-n // cols), 1)
-    fig = Figure(figsize=(panel[0] * cols, panel[1] * rows), layout="constrained", dpi=DPI)
+    fig = _figure(panel[0] * cols, panel[1] * rows)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax in axes[n:]:
         ax.set_visible(False)
     return fig, list(axes[:n])
+
+
+def _inches(text: str, fontsize: float) -> float:
+    """Width of the widest line of `text` (mathtext included) at `fontsize`, in inches."""
+    font = FontProperties(size=fontsize)
+    return max(text_to_path.get_text_width_height_descent(line, font, ismath=line.count("$") >= 2)[0]
+               for line in text.split("\n")) / 72
+
+
+def _wrap(text: str, inches: float, fontsize: float) -> str:
+    """`text` with each line broken at spaces (never inside $...$) to fit `inches` at `fontsize`; a word
+    wider than that (a long model name) stays whole on its own line."""
+    lines = []
+    for paragraph in text.split("\n"):
+        words: list[str] = []
+        for token in paragraph.split(" "):  # a space inside $...$ joins its neighbours
+            if words and words[-1].count("$") % 2:
+                words[-1] += " " + token
+            else:
+                words.append(token)
+        line = words[0]
+        for word in words[1:]:
+            if _inches(f"{line} {word}", fontsize) <= inches:
+                line = f"{line} {word}"
+            else:
+                lines.append(line)
+                line = word
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _suptitle(fig: Figure, text: str, fontsize: float) -> None:
+    """The figure's title, wrapped to its width."""
+    fig.suptitle(_wrap(text, fig.get_figwidth() - MARGIN, fontsize), fontsize=fontsize)
+
+
+def _title(ax, text: str, inches: float, fontsize: float, **kwargs) -> None:
+    """A panel's title, wrapped to the `inches` its panel is wide less its axis labels on either side."""
+    ax.set_title(_wrap(text, inches - 2 * MARGIN, fontsize), fontsize=fontsize, **kwargs)
+
+
+def _legend_outside(fig: Figure, axes: list, fontsize: float) -> None:
+    """One legend for every panel (their labelled artists, each label once), right of the panels, halfway down:
+    constrained layout narrows the panels to make room (at the top it would cover the figure's title)."""
+    entries = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    if entries:
+        fig.legend(entries.values(), entries.keys(), loc="outside right center", fontsize=fontsize, frameon=False)
+
+
+def _legend_beside(ax, fontsize: float) -> None:
+    """A panel's own legend (its counts differ per model), right of the panel: constrained layout makes room."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0, fontsize=fontsize, frameon=False,
+              handletextpad=0.3)
 
 
 def _number(value: float | None) -> str:
@@ -75,14 +143,14 @@ def profiles(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
         ax.annotate("$d=1$\nNSD", corners[0], xytext=(-4, -4), textcoords="offset points", ha="right", va="top", fontsize=9)
         ax.text(0.86, 0.5, "$d=0$: $S=H+P$", rotation=-60, ha="center", va="center", fontsize=8, color="0.3")
         ax.text(0.14, 0.5, "$c=0$: $S=H-P$", rotation=60, ha="center", va="center", fontsize=8, color="0.3")
-        ax.set_title(f"{model} ({rows.height} heads)", fontsize=10)
+        _title(ax, f"{model} ({rows.height} heads)", 5.0, 10)
         ax.set_xlim(-0.22, 1.22)
         ax.set_ylim(-0.14, 1.08)
         ax.set_aspect("equal")
         ax.axis("off")
         ax.legend(loc="upper left", fontsize=8, frameon=False, handletextpad=0.3)
-    fig.suptitle("Figure 9. Profiles of the symmetric parts on $\\Delta$\n"
-                 "($H$: spectrum symmetric about zero, $P$: positive semidefinite)", fontsize=11)
+    _suptitle(fig, "Figure 9. Profiles of the symmetric parts on $\\Delta$\n"
+                   "($H$: spectrum symmetric about zero, $P$: positive semidefinite)", 11)
     return _save(fig, path)
 
 
@@ -92,7 +160,7 @@ def parity_by_layer(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
     models = _by_model(data)
     columns = PARITY_COLUMNS
     widest = max(rows.height for _, rows in models)
-    fig = Figure(figsize=(min(2.5 + 0.32 * widest, 16), 1.0 + 1.45 * len(models)), layout="constrained", dpi=DPI)
+    fig = _figure(min(2.5 + 0.32 * widest, 16), 1.0 + 1.45 * len(models))
     axes = fig.subplots(len(models), 1, squeeze=False)[:, 0]
     for ax, (model, rows) in zip(axes, models):
         grid = rows.select(columns).to_numpy().T      # types x layers
@@ -103,9 +171,9 @@ def parity_by_layer(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
         ax.set_yticks(range(3), [label for _, _, label in PARITY.values()], fontsize=8)
         ax.set_xticks(range(rows.height), rows["layer"].to_list(), fontsize=7)
         ax.set_xlabel("layer", fontsize=8)
-        ax.set_title(f"{model} ({rows['heads'].sum()} heads)", fontsize=9, loc="left")
+        _title(ax, f"{model} ({rows['heads'].sum()} heads)", fig.get_figwidth() - 0.5, 9, loc="left")
     fig.colorbar(image, ax=list(axes), label="% of the layer's heads", shrink=0.95, pad=0.01)
-    fig.suptitle(r"Figure 12. Parity by layer (Type II: $c_S + d_S \leq 1/50$)", fontsize=11)
+    _suptitle(fig, r"Figure 12. Parity by layer (Type II: $c_S + d_S \leq 1/50$)", 11)
     return _save(fig, path)
 
 
@@ -120,8 +188,8 @@ def _trained_vs_random(con: duckdb.DuckDBPyConnection, path: Path, column: str, 
     norm = CenteredNorm(vcenter=0.5, halfrange=deviation)
     layers = [rows["layer"].max() + 1 for _, rows in models]
     heads = max(rows["head"].max() + 1 for _, rows in models)
-    fig = Figure(figsize=(2.2 + 0.42 * heads, 1.0 + 0.21 * sum(layers) + 0.5 * len(models)),
-                 layout="constrained", dpi=DPI)
+    panel = max(1.1 + 0.21 * heads, max(_inches(model, 8) for model, _ in models) + 3 * MARGIN)  # a name fits
+    fig = _figure(2 * panel, 2.2 + 0.21 * sum(layers) + 0.8 * len(models))
     axes = fig.subplots(len(models), 2, squeeze=False, gridspec_kw={"height_ratios": layers})
     for (left, right), (model, rows), n_layers in zip(axes, models, layers):
         n_heads = rows["head"].max() + 1
@@ -129,16 +197,18 @@ def _trained_vs_random(con: duckdb.DuckDBPyConnection, path: Path, column: str, 
         for ax, side in ((left, "trained"), (right, "random")):
             grid = np.full((n_layers, n_heads), np.nan)
             grid[layer, head] = rows[side].to_numpy().astype(float)
-            image = ax.imshow(grid, cmap="RdBu_r", norm=norm, aspect="equal")
-            ax.set_title(f"{model}: {'trained heads' if side == 'trained' else 'random baseline'}", fontsize=8)
+            image = ax.imshow(grid, cmap="RdBu_r", norm=norm, aspect="auto")  # the panel fills its cell
+            _title(ax, f"{model}: {'trained heads' if side == 'trained' else 'random baseline'}", panel, 8)
             step = max(1, n_layers // 10)
             ax.set_yticks(range(0, n_layers, step))
             ax.set_xticks(range(0, n_heads, max(1, n_heads // 12)))
             ax.tick_params(labelsize=7)
             ax.set_xlabel("head", fontsize=8)
             ax.set_ylabel("layer", fontsize=8)
-    fig.colorbar(image, ax=axes.ravel().tolist(), label=label, shrink=min(1.0, 6 / sum(layers) + 0.4), pad=0.02)
-    fig.suptitle(title, fontsize=10)
+    bar = fig.colorbar(image, ax=axes.ravel().tolist(), location="top", shrink=0.8, aspect=30)
+    bar.set_label(label, fontsize=8)
+    bar.ax.tick_params(labelsize=7)
+    _suptitle(fig, title, 10)
     return _save(fig, path)
 
 
@@ -176,13 +246,12 @@ def mean_spectrum(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
         mean_u = rows["mean_u"].to_numpy()
         ax.bar(rows["rank"].to_numpy(), mean_u, width=1.0, color=np.where(mean_u >= 0, "tab:red", "tab:blue"))
         ax.axhline(0, color="black", lw=0.6)
-        ax.set_title(f"{model} (mean of {rows['heads'].max()} heads, {rows.height} eigenvalues each)", fontsize=9)
+        _title(ax, f"{model} (mean of {rows['heads'].max()} heads, {rows.height} eigenvalues each)", 6.0, 9)
         ax.set_xlabel("index $i$ (eigenvalues in decreasing order)", fontsize=8)
         ax.set_ylabel(r"mean $\lambda_i(S)/\|\lambda(S)\|$", fontsize=8)
         ax.set_xlim(-1, rows.height)
         ax.tick_params(labelsize=7)
-    fig.suptitle("Figure 3. The mean eigenvalue distribution of symmetric parts (sorted, unit-length spectra)",
-                 fontsize=10)
+    _suptitle(fig, "Figure 3. The mean eigenvalue distribution of symmetric parts (sorted, unit-length spectra)", 10)
     return _save(fig, path)
 
 
@@ -193,7 +262,7 @@ def pairing_distribution(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
         FROM heads h JOIN model_medians m USING (model)
         WHERE h.pairing IS NOT NULL ORDER BY h.model""")
     models = _by_model(data)
-    fig = Figure(figsize=(6.5, 0.8 + 1.5 * max(len(models), 1)), layout="constrained", dpi=DPI)
+    fig = _figure(6.5, 0.8 + 1.5 * max(len(models), 1))
     axes = fig.subplots(max(len(models), 1), 1, squeeze=False, sharex=True)[:, 0]  # no pairing at all: one empty panel
     bins = np.linspace(0, 1, 51)
     for ax, (model, rows) in zip(axes, models):
@@ -202,12 +271,12 @@ def pairing_distribution(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
         ax.axvline(median, color="black", ls="--", lw=1.2)
         ax.text(median, 0.95, f" median {median:.3f}", transform=ax.get_xaxis_transform(),
                 ha="left", va="top", fontsize=8, bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
-        ax.set_title(f"{model} ({rows.height} heads)", fontsize=9, loc="left")
+        _title(ax, f"{model} ({rows.height} heads)", 6.5, 9, loc="left")
         ax.set_ylabel("heads", fontsize=8)
         ax.tick_params(labelsize=7)
     axes[-1].set_xlabel(r"pairing score $\mathscr{P}=1-\|\lambda_{+}-\lambda_{-}\|/\|S\|$", fontsize=9)
     axes[-1].set_xlim(0, 1)
-    fig.suptitle("Figure 11. Distribution of the trained-head pairing scores (dashed: model medians)", fontsize=10)
+    _suptitle(fig, "Figure 11. Distribution of the trained-head pairing scores (dashed: model medians)", 10)
     return _save(fig, path)
 
 
@@ -228,7 +297,7 @@ def theta_accumulation(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
     shown = {(model, figure): text for model, figure, text in _frame(
         con, "SELECT model, figure, shown FROM model_intervals WHERE view = 'theta_accumulation'").iter_rows()}
     models = _by_model(data)
-    fig, axes = _panel_grid(max(len(models), 1), 2, (5.2, 4.6))
+    fig, axes = _panel_grid(max(len(models), 1), 2, (6.6, 4.6))  # 5 inches of plot, its legend beside
     for ax, (model, rows) in zip(axes, models):
         ax.scatter(rows["random_theta_position"], rows["random_theta_distance"], s=10, color="0.55", marker=".",
                    label=f"random baseline ({rows.height})")
@@ -238,9 +307,9 @@ def theta_accumulation(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
         ax.plot([bottom, top], [bottom, top], color="black", lw=0.8, ls="--")
         ax.text(top / 1.5, top / 1.9, "distance = position", ha="right", va="top", rotation=45, fontsize=7,
                 rotation_mode="anchor", transform_rotates_text=True)
-        ax.set_title(f"{model} ({rows.height} heads)\nmedian distance {shown.get((model, 'median_theta_distance'))}, "
-                     f"position {shown.get((model, 'median_theta_position'))}\nshare below the diagonal "
-                     f"{shown.get((model, 'share_closer_to_theta'))}", fontsize=8)
+        _title(ax, f"{model} ({rows.height} heads)\nmedian distance {shown.get((model, 'median_theta_distance'))}, "
+                   f"position {shown.get((model, 'median_theta_position'))}\nshare below the diagonal "
+                   f"{shown.get((model, 'share_closer_to_theta'))}", 5.0, 8)
         ax.set_xlabel(r"theta_position: distance of the nearest point of $\Theta$ from $(1/2, 1/2, 0, 0)$",
                       fontsize=7)
         ax.set_ylabel(r"theta_distance: distance of the profile to $\Theta$", fontsize=7)
@@ -250,11 +319,11 @@ def theta_accumulation(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
         ax.set_ylim(bottom, top)
         ax.set_aspect("equal")
         ax.tick_params(labelsize=7)
-        ax.legend(loc="upper left", fontsize=7, frameon=False, handletextpad=0.3)
-    fig.suptitle("Observation 2. Profiles near $\\Theta=\\{a=b,\\ cd=0\\}$: trained heads (parity markers) and "
-                 "random heads (grey)\nbelow the dashed diagonal a head lies closer to $\\Theta$ than its foot point "
-                 "lies to the random midpoint\nmedians with 95% layer-bootstrap intervals; log axes (zeros not drawn)",
-                 fontsize=9)
+        _legend_beside(ax, 7)
+    _suptitle(fig, "Observation 2. Profiles near $\\Theta=\\{a=b,\\ cd=0\\}$: trained heads (parity markers) and "
+                   "random heads (grey)\nbelow the dashed diagonal a head lies closer to $\\Theta$ than its foot "
+                   "point lies to the random midpoint\nmedians with 95% layer-bootstrap intervals; log axes (zeros "
+                   "not drawn)", 9)
     return _save(fig, path)
 
 
@@ -265,7 +334,7 @@ def head_types(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
         FROM head_types t JOIN heads h USING (model, layer, head) JOIN head_types_by_model v USING (model)
         ORDER BY t.model, t.layer, t.head""")
     models = _by_model(data)
-    fig = Figure(figsize=(10.4, 4.8 * max(len(models), 1)), layout="constrained", dpi=DPI)
+    fig = _figure(10.4, 4.8 * max(len(models), 1))
     if not models:  # no complete model yet (types are computed when a model's last layer is in)
         fig.text(0.5, 0.5, "no complete model with head types in the warehouse", ha="center", va="center")
     colours = matplotlib.colormaps["Dark2"].colors
@@ -280,14 +349,14 @@ def head_types(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
         for ax, what in ((left, "parity"), (right, f"k-means types (k = {rows['k'][0]} by silhouette, "
                                                     f"mean {rows['mean_silhouette'][0]:.2f})\n"
                                                     f"adjusted Rand index with parity {_number(rows['ari_parity'][0])}")):
-            ax.set_title(f"{model}: {what}", fontsize=9)
+            _title(ax, f"{model}: {what}", 5.2, 9)
             ax.set_xlabel("1st", fontsize=7)
             ax.set_ylabel("2nd", fontsize=7)
             ax.set_zlabel("3rd", fontsize=7)
             ax.tick_params(labelsize=6)
             ax.legend(loc="upper left", fontsize=7, frameon=False)
-    fig.suptitle("Figure 5. Sorted unit-length spectra of $S$ projected on their three leading singular directions",
-                 fontsize=10)
+    _suptitle(fig, "Figure 5. Sorted unit-length spectra of $S$ projected on their three leading singular directions",
+              10)
     return _save(fig, path)
 
 
@@ -316,10 +385,9 @@ def parity_by_distance(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
         twin.set_ylim(0, 1)
         twin.set_ylabel("median pairing", fontsize=8)
         twin.tick_params(labelsize=7)
-        ax.set_title(f"{model} ({rows['heads'][0]} heads)", fontsize=9, loc="left")
-        handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
-        ax.legend(handles=handles, fontsize=7, loc="center left")
-    fig.suptitle(r"Parity of $L_\delta = W_K^T R(\delta) W_Q$ by relative distance (RoPE models)", fontsize=10)
+        _title(ax, f"{model} ({rows['heads'][0]} heads)", 5.2, 9, loc="left")
+    _legend_outside(fig, fig.axes, 8)
+    _suptitle(fig, r"Parity of $L_\delta = W_K^T R(\delta) W_Q$ by relative distance (RoPE models)", 10)
     return _save(fig, path)
 
 
@@ -352,11 +420,11 @@ def training_dynamics(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
             ax.set_xlabel("training step", fontsize=8)
             ax.set_ylabel(label, fontsize=8)
             ax.tick_params(labelsize=7)
-            ax.legend(fontsize=7, frameon=False)
-        axes[3 * row].set_title(f"{model} ({rows.height} checkpoints, {rows['heads'][0]} heads each)",
-                                fontsize=9, loc="left")
-    fig.suptitle("Training dynamics against the training step:\n"
-                 "parity shares, median pairing, median symmetric energy", fontsize=10)
+        _title(axes[3 * row], f"{model} ({rows.height} checkpoints, {rows['heads'][0]} heads each)", 3 * 4.6, 9,
+               loc="left")
+    _legend_outside(fig, axes, 8)
+    _suptitle(fig, "Training dynamics against the training step:\n"
+                   "parity shares, median pairing, median symmetric energy", 10)
     return _save(fig, path)
 
 
@@ -418,16 +486,16 @@ def behaviour_self_score(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
         _parity_scatter(ax, rows, "c_sym_minus_d_sym", "self_score")
         ax.axvline(0, color="black", lw=0.6, ls="--")
         row = contrast.get(model, {})
-        ax.set_title(f"{model} ({rows.height} heads)\nmedian self-score I+ minus I-: "
-                     f"{shown(row.get('median_self_score'))} [{shown(row.get('self_score_low'))}, "
-                     f"{shown(row.get('self_score_high'))}]; Spearman {shown(spearman.get(model))}", fontsize=8)
+        _title(ax, f"{model} ({rows.height} heads)\nmedian self-score I+ minus I-: "
+                   f"{shown(row.get('median_self_score'))} [{shown(row.get('self_score_low'))}, "
+                   f"{shown(row.get('self_score_high'))}]; Spearman {shown(spearman.get(model))}", 5.2, 8)
         ax.set_xlabel(r"$c_{sym} - d_{sym}$ (the form's symmetric part: > 0 positive-leaning)", fontsize=8)
         ax.set_ylabel("self-score: mean attention weight on the token itself", fontsize=8)
         ax.set_yscale("log")
         ax.tick_params(labelsize=7)
         ax.legend(fontsize=7, frameon=False)
-    fig.suptitle("Behaviour beside form: does a head whose S leans positive (type I+) attend to its own token?\n"
-                 "repeated random tokens; differences of medians with 95% layer-bootstrap intervals", fontsize=9)
+    _suptitle(fig, "Behaviour beside form: does a head whose S leans positive (type I+) attend to its own token?\n"
+                   "repeated random tokens; differences of medians with 95% layer-bootstrap intervals", 9)
     return _save(fig, path)
 
 

@@ -1,0 +1,94 @@
+"""Every figure of warehouse/figures.py keeps its text on the canvas, for a warehouse of one model and of twenty:
+titles, suptitle, axis and tick labels, colour bar labels and legends, as drawn (constrained layout done)."""
+import shutil
+
+import duckdb
+import matplotlib.legend
+import matplotlib.text
+import pytest
+from click.testing import CliRunner
+
+from headforms import cli
+from headforms.warehouse import figures
+from headforms.warehouse.store import connect
+from tests.test_gguf import write_gguf
+
+# Long names, as the hub's are: a title must wrap or make room, not run off the canvas.
+NAMES = {1: ["Qwen2.5-Coder-7B-Instruct"],
+         20: [f"{'Meta-Llama-3.1-8B-Instruct' if i % 3 else 'tiny'}-{i:02d}" for i in range(20)]}
+
+
+@pytest.fixture(scope="module")
+def tiny_db(tmp_path_factory):
+    """A warehouse of one small RoPE model (every figure has data but the training dynamics)."""
+    folder = tmp_path_factory.mktemp("layout")
+    write_gguf(folder / "tiny.gguf", n_layers=3, n_heads=6, n_kv_heads=3, d_model=24, head_dim=4)
+    db = folder / "tiny.duckdb"
+    result = CliRunner().invoke(cli.main, ["extract", str(folder / "tiny.gguf"), "--db", str(db), "--resamples", "5"])
+    assert result.exit_code == 0, result.output
+    return db
+
+
+@pytest.fixture(scope="module", params=sorted(NAMES))
+def warehouse(request, tiny_db, tmp_path_factory):
+    """The tiny model's rows copied under each name of NAMES[n], as training checkpoints of bases of two each."""
+    path = tmp_path_factory.mktemp("models") / f"{request.param}.duckdb"
+    shutil.copy(tiny_db, path)
+    names = NAMES[request.param]
+    with duckdb.connect(str(path)) as con:
+        tables = [table for (table,) in con.execute(
+            "SELECT table_name FROM duckdb_columns() c JOIN duckdb_tables() t USING (database_name, table_name) "
+            "WHERE column_name = 'model' AND t.database_name = current_database()").fetchall()]
+        for table in tables:
+            con.execute(f"CREATE TEMP TABLE original AS SELECT * FROM {table}")
+            con.execute(f"DELETE FROM {table}")
+            con.execute(f"INSERT INTO {table} SELECT original.* REPLACE (name AS model) "
+                        f"FROM original, unnest(?) AS n(name)", [names])
+            con.execute("DROP TABLE original")
+        con.execute("UPDATE models SET base_model = concat('base-', (list_position(?, model) - 1) // 2), "
+                    "training_step = 1000 * ((list_position(?, model) - 1) % 2)", [names, names])
+    return request.param, path
+
+
+def _drawn_text(fig) -> list:
+    """(artist, window extent) of every text and legend a draw of `fig` draws (constrained layout first)."""
+    drawn = []
+    real = {cls: cls.draw for cls in (matplotlib.text.Text, matplotlib.legend.Legend)}
+
+    def recording(cls):
+        def draw(self, renderer):
+            real[cls](self, renderer)
+            if self.get_visible() and (cls is matplotlib.legend.Legend or self.get_text()):
+                drawn.append((self, self.get_window_extent(renderer)))
+        return draw
+
+    try:
+        for cls in real:
+            cls.draw = recording(cls)
+        fig.draw_without_rendering()  # as savefig draws: the layout first, then every artist where it put it
+    finally:
+        for cls, draw in real.items():
+            cls.draw = draw
+    return drawn
+
+
+@pytest.mark.parametrize("name", list(figures.FIGURES))
+def test_text_stays_on_the_canvas(name, warehouse, tmp_path, monkeypatch):
+    models, db = warehouse
+    built = []
+    monkeypatch.setattr(figures, "_save", lambda fig, path: built.append(fig) or path)
+    draw, _ = figures.FIGURES[name]
+    con = connect(db, read_only=True)
+    try:
+        draw(con, tmp_path / name)
+    finally:
+        con.close()
+    [fig] = built
+    canvas = fig.bbox
+    drawn = _drawn_text(fig)
+    assert fig.get_suptitle() in [artist.get_text() for artist, _ in drawn if isinstance(artist, matplotlib.text.Text)]
+    outside = [(getattr(artist, "get_text", lambda: "legend")()[:60], [round(v) for v in extent.extents])
+               for artist, extent in drawn
+               if extent.x0 < canvas.x0 - 1 or extent.y0 < canvas.y0 - 1
+               or extent.x1 > canvas.x1 + 1 or extent.y1 > canvas.y1 + 1]
+    assert not outside, f"{models} models, canvas {[round(v) for v in canvas.extents]}: {outside}"
