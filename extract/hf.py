@@ -24,9 +24,9 @@ from typing import Callable
 import numpy as np
 from safetensors import safe_open
 
-from headforms.extract.checkpoint import Checkpoint, Digest, ExtractError, ModelSpec, hf_cache_commit
+from headforms.extract.checkpoint import Checkpoint, Digest, ExtractError, hf_cache_commit
 from headforms.extract.formats import IncompleteFile, extent_problem, header_cut, refuse_foreign, size_mismatch
-from headforms.extract.layouts import Layout, model_spec
+from headforms.extract.layouts import model_spec
 from headforms.extract.norms import HF_NORMS, norm_for
 
 _DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}  # safetensors -> torch names

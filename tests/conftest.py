@@ -2,6 +2,7 @@
 import json
 import os
 import shutil
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -16,6 +17,9 @@ if os.environ.get("MUTANT_UNDER_TEST") == "stats":
     # tests/mutate.py: mutmut's stats run records in this process which tests reach which function (it keeps
     # that setting in-process as well); CLI subprocesses could not record, so they do not inherit it.
     del os.environ["MUTANT_UNDER_TEST"]
+
+# The tracebacks of the suite's own failing CLI runs go to a temporary log, not the user's state folder.
+os.environ.setdefault("HEADFORMS_LOG", str(Path(tempfile.mkdtemp(prefix="headforms-tests-")) / "errors.log"))
 
 
 def pytest_collection_modifyitems(items):

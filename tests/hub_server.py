@@ -157,3 +157,26 @@ class HubServer(ThreadingHTTPServer):
     def close(self) -> None:
         self.shutdown()
         self.server_close()
+
+
+def serve_hub(monkeypatch, tmp_path, *, hf_home: bool = True) -> HubServer:
+    """A HubServer on a local port that huggingface_hub and headforms use (online, fast retries), with the
+    headforms range cache (and, with hf_home, HF_HOME and HF_HUB_CACHE) in tmp_path; the caller closes it."""
+    import importlib
+
+    from headforms.extract import hub as hub_module
+
+    server = HubServer()
+    constants = importlib.import_module("huggingface_hub.constants")
+    monkeypatch.setattr(constants, "ENDPOINT", server.endpoint)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        server.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HEADFORMS_CACHE", str(tmp_path / "cache"))
+    if hf_home:
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
+    monkeypatch.setattr(hub_module, "BACKOFF", 0.01)
+    return server

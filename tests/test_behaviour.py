@@ -2,7 +2,6 @@
 warehouse's form (statistics.md section 8), checked against transformers' output_attentions and softmax inputs."""
 from __future__ import annotations
 
-import importlib
 import shutil
 import sys
 
@@ -17,8 +16,7 @@ from scipy import stats
 import tests.tiny_models as tm
 from headforms import api, cli
 from headforms.extract import behaviour as run_model
-from headforms.extract import hub as hub_module
-from tests.hub_server import HubServer
+from tests.hub_server import serve_hub
 
 # llama: RoPE, no biases; qwen2: RoPE, grouped-query (4 query heads, 2 key heads), q/k biases; gpt2: Conv1D
 # c_attn with biases, LayerNorm; bert: bidirectional, post-norm, biases.
@@ -280,17 +278,7 @@ def test_cli_and_its_refusals(tmp_path, monkeypatch):
 @pytest.fixture
 def hub(monkeypatch, tmp_path):
     """The local hub on a port (online); the headforms cache and HF_HOME in tmp_path."""
-    server = HubServer()
-    constants = importlib.import_module("huggingface_hub.constants")
-    monkeypatch.setattr(constants, "ENDPOINT", server.endpoint)
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                        server.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setenv("HEADFORMS_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.setattr(hub_module, "BACKOFF", 0.01)
+    server = serve_hub(monkeypatch, tmp_path)
     yield server
     server.close()
 

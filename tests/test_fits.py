@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from scipy import optimize, special, stats
 
-from headforms.compute.fits import FAMILIES, GENGAMMA_GRID, N_PARAMS, NATURAL_LR, PRENTICE, STATUSES, fit_families
+from headforms.compute.fits import FAMILIES, N_PARAMS, NATURAL_LR, PRENTICE, STATUSES, fit_families
 
 DISTS = {"gamma": stats.gamma, "lognormal": stats.lognorm, "weibull": stats.weibull_min,
          "gengamma": stats.gengamma}

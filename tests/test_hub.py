@@ -29,7 +29,7 @@ from headforms.extract.checkpoint import ExtractError
 from headforms.extract.hub import FetchError
 from headforms.extract.sources import open_checkpoint
 from headforms.warehouse import load as load_module
-from tests.hub_server import COMMIT, HubServer
+from tests.hub_server import COMMIT, HubServer, serve_hub
 from tests.test_gguf import write_gguf
 
 QK = re.compile(r"\.(q_proj|k_proj)\.weight$")
@@ -38,16 +38,7 @@ QK = re.compile(r"\.(q_proj|k_proj)\.weight$")
 @pytest.fixture
 def hub(monkeypatch, tmp_path):
     """The hub on a local port (online), an empty headforms cache in tmp, fast retries."""
-    server = HubServer()
-    constants = importlib.import_module("huggingface_hub.constants")
-    monkeypatch.setattr(constants, "ENDPOINT", server.endpoint)
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                        server.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setenv("HEADFORMS_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(hub_module, "BACKOFF", 0.01)
+    server = serve_hub(monkeypatch, tmp_path, hf_home=False)
     yield server
     server.close()
 

@@ -13,8 +13,7 @@ import polars as pl
 import pytest
 
 from headforms import api
-from headforms.extract import hub as hub_module
-from tests.hub_server import HubServer
+from tests.hub_server import serve_hub
 from tests.test_dynamics import REPO, commit, dense_heads, neox_files, serve_revisions
 
 SEEDS = {"step0": 0, "step1000": 1}  # revision -> the seed of its weights; main is served as step0
@@ -23,18 +22,7 @@ SEEDS = {"step0": 0, "step1000": 1}  # revision -> the seed of its weights; main
 @pytest.fixture
 def served(monkeypatch, tmp_path):
     """The local hub (online) serving REPO at SEEDS' revisions; the headforms cache and HF_HOME in tmp_path."""
-    server = HubServer()
-    constants = importlib.import_module("huggingface_hub.constants")
-    monkeypatch.setattr(constants, "ENDPOINT", server.endpoint)
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                        server.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setenv("HEADFORMS_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
-    monkeypatch.setattr(hub_module, "BACKOFF", 0.01)
+    server = serve_hub(monkeypatch, tmp_path)
     serve_revisions(server, REPO, {revision: neox_files(tmp_path, seed) for revision, seed in SEEDS.items()})
     yield server
     server.close()

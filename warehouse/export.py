@@ -61,7 +61,8 @@ TABLES: dict[str, tuple[str, str]] = {
                             "and symmetric energy with their random baselines"),
     "nested_fit_tests": (
         "nested_fit_tests", "Likelihood-ratio tests at 1%: share of heads where the generalized gamma "
-                            "improves on gamma and on Weibull, per model and sample ('ok' fits)"),
+                            "improves on gamma, Weibull and lognormal (its interior point q = 0), per model "
+                            "and sample ('ok' fits)"),
     "behaviour_by_parity": (
         "behaviour_by_parity", "Behaviour beside form: per model and parity type, the median self, previous-token and "
                                "induction scores and self-logit with 95% layer-bootstrap intervals, and I+ minus I-"),
