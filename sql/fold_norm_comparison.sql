@@ -1,5 +1,7 @@
 -- A model beside the same weights extracted with --fold-norm (same revision, architecture and qk_norm;
--- store both with --name): medians, parity shares, and the heads whose parity type changes.
+-- store both with --name): medians, parity shares, and the heads whose parity type changes. A local
+-- digest covers the bytes a run reads, the folded gains too, so two digests of one source differ by
+-- construction: those are matched by source.
 SELECT
     plain.model                                                              AS model,
     folded.model                                                             AS folded_model,
@@ -18,7 +20,9 @@ SELECT
     round(100 * count(*) FILTER (WHERE p.parity IS DISTINCT FROM f.parity) / count(*), 1) AS pct_parity_changed
 FROM models plain
 JOIN models folded
-  ON folded.revision = plain.revision AND folded.architecture = plain.architecture
+  ON (folded.revision = plain.revision
+      OR (folded.revision_kind = 'digest' AND plain.revision_kind = 'digest' AND folded.source = plain.source))
+ AND folded.architecture = plain.architecture
  AND folded.qk_norm IS NOT DISTINCT FROM plain.qk_norm
  AND plain.fold_norm IS NULL AND folded.fold_norm IS NOT NULL
 JOIN heads p ON p.model = plain.model
