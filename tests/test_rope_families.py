@@ -72,21 +72,9 @@ def trace_at_positions(model, batch: int = 2, seed: int = 3) -> tm.Trace:
     """Attention inputs, q/k projection outputs and probabilities of a causal model run at POSITIONS."""
     length = len(POSITIONS)
     tokens = torch.randint(3, tm.VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
-    inputs, q, k, hooks = [], [], [], []
-    for module in tm._attention_modules(model):
-        hooks.append(module.register_forward_pre_hook(
-            lambda m, args, kwargs: inputs.append(kwargs.get("hidden_states", args[0] if args else None)),
-            with_kwargs=True))
-        if hasattr(module, "q_proj") and hasattr(module, "k_proj"):
-            hooks.append(module.q_proj.register_forward_hook(lambda m, a, out: q.append(out)))
-            hooks.append(module.k_proj.register_forward_hook(lambda m, a, out: k.append(out)))
-    try:
-        with torch.no_grad():
-            out = model(input_ids=tokens, attention_mask=torch.ones_like(tokens), output_attentions=True,
-                        position_ids=torch.as_tensor(POSITIONS).repeat(batch, 1))
-    finally:
-        for hook in hooks:
-            hook.remove()
+    with tm.captured(model) as (inputs, q, k), torch.no_grad():
+        out = model(input_ids=tokens, attention_mask=torch.ones_like(tokens), output_attentions=True,
+                    position_ids=torch.as_tensor(POSITIONS).repeat(batch, 1))
     return tm.Trace(inputs=tm._numpy(inputs), probs=tm._numpy(out.attentions), q=tm._numpy(q), k=tm._numpy(k),
                     allowed=np.tril(np.ones((length, length), bool)))
 

@@ -7,6 +7,7 @@ are O(1) and the score is exactly scale * x_j^T W_K^T W_Q x_i at relative distan
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
@@ -264,13 +265,11 @@ def _model_inputs(tiny: Tiny, model, batch: int, length: int, seed: int) -> dict
     return {"input_ids": tokens, "attention_mask": torch.ones_like(tokens)} | extra
 
 
-def trace(name: str, model, *, batch: int = 2, length: int = 7, seed: int = 1) -> Trace:
-    """Run model (or its tower) on random inputs, RoPE at distance 0 (position_ids = 0), ALiBi zeroed (Bloom, MPT)."""
-    tiny = TINY[name]
-    kwargs = _model_inputs(tiny, model, batch, length, seed)
-    model = model.get_submodule(tiny.run) if tiny.run else model
-    inputs, q, k = [], [], []
-    hooks = []
+@contextmanager
+def captured(model):
+    """(inputs, q, k): lists that each attention module's input and q/k projection outputs are appended to
+    while the block runs (hooks removed after)."""
+    inputs, q, k, hooks = [], [], [], []
     for module in _attention_modules(model):
         hooks.append(module.register_forward_pre_hook(
             lambda m, args, kwargs: inputs.append(kwargs.get("hidden_states", args[0] if args else None)),
@@ -278,6 +277,18 @@ def trace(name: str, model, *, batch: int = 2, length: int = 7, seed: int = 1) -
         if hasattr(module, "q_proj") and hasattr(module, "k_proj"):
             hooks.append(module.q_proj.register_forward_hook(lambda m, a, out: q.append(out)))
             hooks.append(module.k_proj.register_forward_hook(lambda m, a, out: k.append(out)))
+    try:
+        yield inputs, q, k
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def trace(name: str, model, *, batch: int = 2, length: int = 7, seed: int = 1) -> Trace:
+    """Run model (or its tower) on random inputs, RoPE at distance 0 (position_ids = 0), ALiBi zeroed (Bloom, MPT)."""
+    tiny = TINY[name]
+    kwargs = _model_inputs(tiny, model, batch, length, seed)
+    model = model.get_submodule(tiny.run) if tiny.run else model
     base = getattr(model, "transformer", model)
     if hasattr(base, "build_alibi_tensor"):
         base.build_alibi_tensor = lambda mask, heads, dtype: torch.zeros(mask.shape[0] * heads, 1, mask.shape[-1],
@@ -285,11 +296,9 @@ def trace(name: str, model, *, batch: int = 2, length: int = 7, seed: int = 1) -
     if hasattr(base, "build_mpt_alibi_tensor"):
         base.build_mpt_alibi_tensor = lambda heads, length, *a, **kw: torch.zeros(heads, 1, length)
     try:
-        with torch.no_grad():
+        with captured(model) as (inputs, q, k), torch.no_grad():
             out = model(output_attentions=True, **kwargs)
     finally:
-        for hook in hooks:
-            hook.remove()
         vars(base).pop("build_alibi_tensor", None)
         vars(base).pop("build_mpt_alibi_tensor", None)
     length = out.attentions[0].shape[-1]
