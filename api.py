@@ -35,7 +35,7 @@ def connect(db: str | Path | None = None, *, read_only: bool = True, wait: float
     Read-only by default, so it can be opened beside other readers and between the commits of a
     running extraction (waiting up to `wait` seconds, default store.READ_WAIT, for one to end).
     Close it soon: an extraction cannot commit while it is open."""
-    from headforms.warehouse.store import READ_WAIT, connect as open_warehouse, create_schema, default_db
+    from headforms.warehouse.storing.store import READ_WAIT, connect as open_warehouse, create_schema, default_db
 
     con = open_warehouse(db or default_db(), read_only=read_only, wait=READ_WAIT if wait is None else wait)
     if not read_only:
@@ -55,7 +55,7 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     `source [revision] [name]` a line); `tower` picks the tower of clip/siglip/whisper checkpoints
     (default text/encoder); `fold_norm` ("none", "gain", "center") folds the norm feeding attention
     into W_Q, W_K (recorded in models.fold_norm). `options` are the fields of
-    `headforms.warehouse.load.LoadOptions` (parity_tolerance, seed, device, force, resamples,
+    `headforms.warehouse.running.load.LoadOptions` (parity_tolerance, seed, device, force, resamples,
     distances). Layers are read and analysed in this process, in `jobs` worker processes, or as Ray
     tasks (executor="ray", on the cluster at `ray_address`, else a local one); one writer commits
     them in order, holding the file only while it commits. Returns one row per model: status, layers
@@ -66,11 +66,11 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
 
     from headforms.extract.hub import FetchError
     from headforms.extract.sources import open_target, plan_targets
-    from headforms.warehouse.executors import executor as make_executor
-    from headforms.warehouse.failures import ModelIncomplete, stage
-    from headforms.warehouse import revision as local_revisions
-    from headforms.warehouse.load import LoadOptions, load_models
-    from headforms.warehouse.store import Writer, connect as open_warehouse, create_schema, default_db, \
+    from headforms.warehouse.running.executors import executor as make_executor
+    from headforms.warehouse.storing.failures import ModelIncomplete, stage
+    from headforms.warehouse.storing import revision as local_revisions
+    from headforms.warehouse.running.load import LoadOptions, load_models
+    from headforms.warehouse.storing.store import Writer, connect as open_warehouse, create_schema, default_db, \
         exclusive_run, interruptible, remove_warehouse
 
     unknown = set(options) - {f.name for f in fields(LoadOptions)}
@@ -163,7 +163,7 @@ def cache(clear: bool = False, repo: str | None = None):
 
 def table(db: str | Path | None, view: str):
     """A table or view of the warehouse (e.g. 'parity_by_model') as a polars frame."""
-    from headforms.warehouse.store import query
+    from headforms.warehouse.storing.store import query
 
     con = connect(db)
     try:
@@ -176,7 +176,7 @@ def table(db: str | Path | None, view: str):
 
 def heads(db: str | Path | None = None, model: str | None = None):
     """One row per head (every statistic of statistics.md section 3), of one model or all."""
-    from headforms.warehouse.store import query
+    from headforms.warehouse.storing.store import query
 
     con = connect(db)
     try:
@@ -189,7 +189,7 @@ def heads(db: str | Path | None = None, model: str | None = None):
 
 def spectra(db: str | Path | None, model: str, layer: int, head: int):
     """A head's spectra in long form: spectrum ('S', 'S_pos', 'S_neg', 'T_sv', 'T_sigma', 'L', 'L_sv'), idx, value, imag."""
-    from headforms.warehouse.store import query
+    from headforms.warehouse.storing.store import query
 
     con = connect(db)
     try:
@@ -201,7 +201,7 @@ def spectra(db: str | Path | None, model: str, layer: int, head: int):
 
 def report(db: str | Path | None = None, out: str | Path = "report", *, wait: float = 0.0) -> list[Path]:
     """Write the interactive report (a static site, offline from file://) of the warehouse; returns its pages."""
-    from headforms.warehouse.report import write_report
+    from headforms.warehouse.publishing.report import write_report
 
     con = connect(db, wait=wait)
     try:
@@ -226,8 +226,8 @@ def behaviour(sources: str | Iterable[str], db: str | Path | None = None, *, len
 
     from headforms.extract import behaviour as run_model
     from headforms.extract.sources import open_target, plan_targets
-    from headforms.warehouse.behaviour import behaviour_rows, stored_model, write_behaviour
-    from headforms.warehouse.store import Writer, default_db, exclusive_run
+    from headforms.warehouse.running.behaviour import behaviour_rows, stored_model, write_behaviour
+    from headforms.warehouse.storing.store import Writer, default_db, exclusive_run
 
     if length < 2 or sequences < 1 or resamples < 1:
         raise ValueError(f"length >= 2, sequences >= 1 and resamples >= 1 (got {length}, {sequences}, {resamples})")
@@ -280,7 +280,7 @@ def analyse(w_q, w_k, *, kv_index=None, parity_tolerance: float | None = None, s
     from headforms.compute.statistics import PARITY_TOLERANCE
     import polars as pl
 
-    from headforms.warehouse.load import layer_tables
+    from headforms.warehouse.running.load import layer_tables
 
     w_q, w_k = (np.asarray(_as_numpy(w), dtype=np.float64) for w in (w_q, w_k))
     w_q, w_k = (w[None] if w.ndim == 2 else w for w in (w_q, w_k))

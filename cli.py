@@ -19,8 +19,8 @@ if not __package__:  # `python cli.py` in a checkout: this folder is the `headfo
     _spec.loader.exec_module(sys.modules["headforms"])
 
 from headforms.extract import ExtractError
-from headforms.warehouse.executors import EXECUTORS
-from headforms.warehouse.store import READ_WAIT, WarehouseError, default_db
+from headforms.warehouse.running.executors import EXECUTORS
+from headforms.warehouse.storing.store import READ_WAIT, WarehouseError, default_db
 
 FORMATS = ("table", "csv", "json")
 
@@ -56,7 +56,7 @@ def _error_line(exc: Exception) -> str:
     """One line for a failure: the tool's own message, or where and what happened and where its traceback is."""
     import duckdb
 
-    from headforms.warehouse.failures import ModelIncomplete, place_of, words
+    from headforms.warehouse.storing.failures import ModelIncomplete, place_of, words
 
     place = place_of(exc)
     if isinstance(exc, ModelIncomplete):
@@ -285,7 +285,7 @@ def sql(query, db, fmt, write, wait):
     headforms sql "select * from signature_check"
     headforms sql "select model, median(pairing) from heads group by all" --format csv
     """
-    from headforms.warehouse.store import connect
+    from headforms.warehouse.storing.store import connect
 
     con = connect(db, read_only=not write, wait=wait)
     try:
@@ -315,8 +315,8 @@ def _print(frame, fmt: str) -> None:
 @WAIT_READ
 def status(db, fmt, wait):
     """Models in the warehouse: head counts, progress and provenance; and a running extraction's progress."""
-    from headforms.warehouse.progress import running
-    from headforms.warehouse.store import connect, query
+    from headforms.warehouse.running.progress import running
+    from headforms.warehouse.storing.store import connect, query
 
     con = connect(db, read_only=True, wait=wait)
     try:
@@ -348,8 +348,8 @@ def status(db, fmt, wait):
 @WAIT_READ
 def export(db, out_dir, paper_format, wait):
     """Write the paper's tables (CSV, Parquet) and figures (PNG), named after the table or figure they are."""
-    from headforms.warehouse.export import export as export_all
-    from headforms.warehouse.store import connect
+    from headforms.warehouse.publishing.export import export as export_all
+    from headforms.warehouse.storing.store import connect
 
     con = connect(db, read_only=True, wait=wait)
     try:
@@ -388,8 +388,8 @@ def check(db, quick, wait):
     to resume), on a line with its place (table; model, layer, head); exits with status 1 when there
     is a violation.
     """
-    from headforms.warehouse.check import check_warehouse
-    from headforms.warehouse.store import connect
+    from headforms.warehouse.storing.check import check_warehouse
+    from headforms.warehouse.storing.store import connect
 
     con = connect(db, read_only=True, wait=wait)
     try:

@@ -244,8 +244,8 @@ def _demo_run(db: Path) -> dict:
     import headforms.compute.analysis as ca
     import headforms.extract as extract
     import headforms.extract.checkpoint as ec
-    import headforms.warehouse.load as wl
-    import headforms.warehouse.summaries as su
+    import headforms.warehouse.running.load as wl
+    import headforms.warehouse.running.summaries as su
 
     timers = Timers()
     per_model: dict[str, dict] = {}
@@ -992,7 +992,7 @@ def hub_projection() -> None:
 # ---------------------------------------------------------------------------------------------
 # 7. fixed costs
 
-IMPORTS = ("import headforms.cli, headforms.api, headforms.warehouse.load, headforms.warehouse.executors, "
+IMPORTS = ("import headforms.cli, headforms.api, headforms.warehouse.running.load, headforms.warehouse.running.executors, "
            "headforms.extract.hf, headforms.extract.gguf_file")
 DENSE_IMPORTS = "import numpy, scipy.stats"
 
@@ -1092,8 +1092,8 @@ def write_survey(folder: Path) -> list[str]:
 def reader_latency(files: list[str], db: Path) -> list[float]:
     """Seconds per read (open read-only with the default wait, count heads, close), polled every 0.2 s
     from this process while a serial extraction of `files` runs in another."""
-    from headforms.warehouse.progress import progress_path
-    from headforms.warehouse.store import READ_WAIT, connect
+    from headforms.warehouse.running.progress import progress_path
+    from headforms.warehouse.storing.store import READ_WAIT, connect
 
     proc = subprocess.Popen([str(HEADFORMS), "extract", *files, "--db", str(db)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

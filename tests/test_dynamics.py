@@ -17,7 +17,7 @@ from headforms import api, cli
 from headforms.extract import MODEL_SETS
 from headforms.extract.checkpoint import ExtractError
 from headforms.extract.sources import PYTHIA_STEPS, REVISION_SETS, Target, plan_targets, read_set_file, training_step
-from headforms.warehouse.export import export
+from headforms.warehouse.publishing.export import export
 from tests import tiny_models
 from tests.dense import dense_reference
 from tests.test_export import assert_real_image

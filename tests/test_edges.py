@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from headforms import cli
 from headforms.extract import sources
 from headforms.extract.checkpoint import Checkpoint
-from headforms.warehouse import export, figures, load, report, summaries
+from headforms.warehouse.publishing import export, figures, report
+from headforms.warehouse.running import load, summaries
 from tests import tiny_models as tm
 
 HEAD_DIM = 6

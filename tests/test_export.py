@@ -8,8 +8,8 @@ import pytest
 from matplotlib import image
 from polars.testing import assert_frame_equal
 
-from headforms.warehouse.export import LIST_SEPARATOR, TABLES, export
-from headforms.warehouse.figures import FIGURES
+from headforms.warehouse.publishing.export import LIST_SEPARATOR, TABLES, export
+from headforms.warehouse.publishing.figures import FIGURES
 
 EXPECTED = ({f"{stem}.{ext}" for stem in TABLES for ext in ("csv", "parquet")} | set(FIGURES) | {"index.csv"})
 # Exported empty from the demo warehouse, which holds no training checkpoints (the figure says so);

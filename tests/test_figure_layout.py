@@ -1,4 +1,4 @@
-"""Every figure of warehouse/figures.py keeps its text on the canvas, for a warehouse of one model and of twenty:
+"""Every figure of warehouse/publishing/figures.py keeps its text on the canvas, for a warehouse of one model and of twenty:
 titles, suptitle, axis and tick labels, colour bar labels and legends, as drawn (constrained layout done)."""
 import shutil
 
@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from headforms import cli
-from headforms.warehouse import figures
-from headforms.warehouse.store import connect
+from headforms.warehouse.publishing import figures
+from headforms.warehouse.storing.store import connect
 from tests.test_gguf import write_gguf
 
 # Long names, as the hub's are: a title must wrap or make room, not run off the canvas.

@@ -13,7 +13,7 @@ from scipy import stats
 
 from conftest import NESTED_CRITICAL
 from headforms import cli
-from headforms.warehouse.store import connect, create_schema
+from headforms.warehouse.storing.store import connect, create_schema
 
 FREE_PARAMETERS = {"gamma": 2, "lognormal": 2, "weibull": 2, "gengamma": 3}  # statistics.md section 7
 SPECTRUM = {"S_pos": "S_pos", "S_neg": "S_neg", "T": "T_sigma", "L_abs": "L"}
@@ -220,7 +220,7 @@ def test_old_warehouse_is_refused(tmp_path, command):
 def test_check_guards_the_prentice_columns(demo_db, tmp_path, damage):
     """`check`'s fit_status invariant: a boundary fit names a known limit law and has no Prentice parameters; an
     ok one has them and no law; a gengamma's natural a, c are q^-2, q / sigma. Each damage is found, only there."""
-    from headforms.warehouse.check import check_warehouse
+    from headforms.warehouse.storing.check import check_warehouse
 
     path = tmp_path / "w.duckdb"
     shutil.copy(demo_db, path)

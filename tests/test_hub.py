@@ -28,7 +28,7 @@ from headforms.extract import hub as hub_module
 from headforms.extract.checkpoint import ExtractError
 from headforms.extract.hub import FetchError
 from headforms.extract.sources import open_checkpoint
-from headforms.warehouse import load as load_module
+from headforms.warehouse.running import load as load_module
 from tests.hub_server import COMMIT, HubServer, serve_hub
 from tests.test_gguf import write_gguf
 

@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from headforms import cli
-from headforms.warehouse.store import VIEWS
+from headforms.warehouse.storing.store import VIEWS
 from tests.test_gguf import write_gguf
 
 DUPLICATES = "select table_name, count(*) from information_schema.tables group by 1 having count(*) > 1"

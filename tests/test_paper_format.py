@@ -11,9 +11,9 @@ from click.testing import CliRunner
 from polars.testing import assert_frame_equal
 
 from headforms import cli
-from headforms.warehouse import figures
-from headforms.warehouse.export import PAPER_FOLDER, PAPER_FORMAT
-from headforms.warehouse.store import connect, create_schema
+from headforms.warehouse.publishing import figures
+from headforms.warehouse.publishing.export import PAPER_FOLDER, PAPER_FORMAT
+from headforms.warehouse.storing.store import connect, create_schema
 
 # The header lines of the published files (scripts/survey_results/*.csv in the paper's repository).
 PUBLISHED_HEADERS = {

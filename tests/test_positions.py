@@ -333,7 +333,7 @@ def test_default_distances():
 
 
 def test_check_guards_distance_profiles(tiny_warehouse, tmp_path):
-    from headforms.warehouse.check import check_warehouse
+    from headforms.warehouse.storing.check import check_warehouse
 
     db = tmp_path / "w.duckdb"
     db.write_bytes((tiny_warehouse / "w.duckdb").read_bytes())

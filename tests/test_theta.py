@@ -9,7 +9,7 @@ from scipy.optimize import minimize_scalar
 from headforms.compute.analysis import analyse_layer
 from headforms.compute.baseline import random_forms
 from headforms.compute.statistics import theta
-from headforms.warehouse.store import connect
+from headforms.warehouse.storing.store import connect
 
 MIDPOINT = np.array([0.5, 0.5, 0.0, 0.0])
 SEGMENTS = (np.array([1.0, 1.0, -2.0, 0.0]), np.array([1.0, 1.0, 0.0, -2.0]))
@@ -129,7 +129,7 @@ def test_theta_accumulation_view(demo_con, request, copy):
 
 def test_old_warehouses_gain_the_columns(tmp_path):
     """A heads table created without the theta columns gets them (NULL) when the schema is applied."""
-    from headforms.warehouse.store import SCHEMA, create_schema
+    from headforms.warehouse.storing.store import SCHEMA, create_schema
 
     columns = ["theta_distance", "theta_position", "random_theta_distance", "random_theta_position"]
     con = duckdb.connect(str(tmp_path / "old.duckdb"))

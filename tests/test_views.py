@@ -7,7 +7,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from conftest import ZERO_HEADS
-from headforms.warehouse.store import connect
+from headforms.warehouse.storing.store import connect
 
 TOLERANCES = [0.01, 0.02, 0.03, 0.05, 0.10]   # parity_sensitivity's tolerances
 TYPES = {"pct_type_I_plus": "I+", "pct_type_II": "II", "pct_type_I_minus": "I-"}

@@ -143,7 +143,7 @@ def test_layer_rows_count_the_bytes_their_read_fetched(tmp_path):
     from types import SimpleNamespace
 
     from headforms.extract import open_checkpoint
-    from headforms.warehouse.load import LoadOptions, layer_rows
+    from headforms.warehouse.running.load import LoadOptions, layer_rows
     from tests import tiny_models as tm
 
     local = open_checkpoint(str(tm.save(tm.build("llama"), tmp_path / "m")), name="m")
@@ -164,7 +164,7 @@ def test_distances_of_a_rope_refused_beyond_zero_are_zero_only():
     from headforms.compute.rotary import DEFAULT_DISTANCES
     from headforms.extract import ExtractError
     from headforms.extract.layouts import model_spec
-    from headforms.warehouse.load import LoadOptions, deltas
+    from headforms.warehouse.running.load import LoadOptions, deltas
 
     base = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 32}
     _, plain = model_spec(base)
@@ -181,7 +181,7 @@ def test_distances_of_a_rope_refused_beyond_zero_are_zero_only():
 
 @pytest.mark.parametrize("distances", [(), (-1, 4)])
 def test_distances_must_be_non_negative_and_at_least_one(distances):
-    from headforms.warehouse.load import LoadOptions
+    from headforms.warehouse.running.load import LoadOptions
 
     with pytest.raises(ValueError, match=rf"^distances must be non-negative integers, at least one; got "
                                          rf"{re.escape(repr(distances))}$"):

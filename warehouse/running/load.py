@@ -6,7 +6,7 @@ in a single transaction: the warehouse holds the old model or the new one, never
 A failing run (a bad weight, say) removes what it wrote, leaving the warehouse as it was.
 
 Reading and analysis (`layer_rows`) happen outside the warehouse, in this process or in an
-executor's workers (warehouse/executors.py); the one writer opens the file only to commit,
+executor's workers (warehouse/running/executors.py); the one writer opens the file only to commit,
 so other processes can read it between two commits. Small layers share a commit (up to
 COMMIT_SECONDS of work, and whatever workers finished meanwhile): whole layers still, in order.
 """
@@ -30,10 +30,10 @@ from headforms.compute.rotary import DEFAULT_DISTANCES, PROFILE_COLUMNS, Rotatio
 from headforms.compute.statistics import PARITY_TOLERANCE, lobes
 from headforms.extract import Checkpoint, ExtractError
 from headforms.extract.hub import FetchError
-from headforms.warehouse.failures import ModelIncomplete, place_of, stage, words
-from headforms.warehouse.progress import RunProgress
-from headforms.warehouse.store import WarehouseError, Writer, insert, transaction
-from headforms.warehouse.summaries import write_summaries
+from headforms.warehouse.storing.failures import ModelIncomplete, place_of, stage, words
+from headforms.warehouse.running.progress import RunProgress
+from headforms.warehouse.storing.store import WarehouseError, Writer, insert, transaction
+from headforms.warehouse.running.summaries import write_summaries
 
 
 def tool_version() -> str:
@@ -108,7 +108,7 @@ def load_models(writer: Writer, ckpts: list[Checkpoint], opts: LoadOptions, exec
     Every model is checked against the warehouse before any work starts. The executor (default:
     this process) reads and analyses the layers of all models, ahead of the writer; the writer
     commits them model by model, layer by layer, in order."""
-    from headforms.warehouse.executors import Serial
+    from headforms.warehouse.running.executors import Serial
 
     plans = [_plan(writer, ckpt, opts) for ckpt in ckpts]
     executor = executor or Serial()

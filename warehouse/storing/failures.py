@@ -6,7 +6,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from headforms.warehouse.store import WarehouseError
+from headforms.warehouse.storing.store import WarehouseError
 
 
 @dataclass(frozen=True)

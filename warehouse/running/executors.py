@@ -1,6 +1,6 @@
 """Where a run's layers are read and analysed: in this process, in worker processes (--jobs N), or as
 Ray tasks (--executor ray). Every executor runs the same unit of work, `load.layer_rows`, and yields
-its results in task order, so the one writer (warehouse/load.py) commits whole layers in order.
+its results in task order, so the one writer (warehouse/running/load.py) commits whole layers in order.
 
 Workers open the checkpoint themselves from a `CheckpointRef` (its source, pinned to the revision
 the driver resolved), so no weights travel from the driver; results come back as Arrow tables.
@@ -46,7 +46,7 @@ _OPEN: dict = {}  # a worker's open checkpoints: consecutive tasks mostly read t
 
 def run_task(ref: CheckpointRef, opts, layer: int):
     """One layer's rows, in a worker: the checkpoint is opened once per worker and model."""
-    from headforms.warehouse.load import layer_rows
+    from headforms.warehouse.running.load import layer_rows
 
     if ref not in _OPEN:
         for old in _OPEN.values():
@@ -74,7 +74,7 @@ class Serial:
     """Every layer in this process, computed only when the writer asks for it (one layer in memory)."""
 
     def map(self, tasks: Iterable[tuple]) -> Results:
-        from headforms.warehouse import load
+        from headforms.warehouse.running import load
 
         return Results(load.layer_rows(ckpt, opts, layer) for ckpt, opts, layer in tasks)
 
@@ -144,7 +144,7 @@ class Processes(_Windowed):
 
         self.work, self.window = work, WINDOW * jobs
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["headforms.warehouse.load", "headforms.extract.hf",
+        context.set_forkserver_preload(["headforms.warehouse.running.load", "headforms.extract.hf",
                                         "headforms.extract.gguf_file"])
         self.pool = ProcessPoolExecutor(jobs, mp_context=context,
                                         initializer=_worker_setup, initargs=(os.getpid(),))
@@ -175,7 +175,7 @@ class Ray(_Windowed):
         try:
             import ray
         except ImportError:
-            from headforms.warehouse.store import WarehouseError
+            from headforms.warehouse.storing.store import WarehouseError
 
             raise WarehouseError("--executor ray needs Ray: pip install 'headforms[ray]'") from None
         self.ray, self.started = ray, not ray.is_initialized()

@@ -13,7 +13,7 @@ import duckdb
 import polars as pl
 
 SCHEMA = Path(__file__).with_name("schema.sql")
-VIEWS = Path(__file__).resolve().parent.parent / "sql"
+VIEWS = Path(__file__).resolve().parents[2] / "sql"
 DEFAULT_DB = "warehouse.duckdb"
 DB_ENV = "HEADFORMS_DB"
 # A reader's default wait: an extraction holds the file only while it commits (well under a second),

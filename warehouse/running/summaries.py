@@ -7,8 +7,8 @@ import polars as pl
 
 from headforms.compute import bootstrap
 from headforms.compute.head_types import DIMENSIONS, head_types, projection, unit_spectra
-from headforms.warehouse.failures import stage
-from headforms.warehouse.store import insert, query
+from headforms.warehouse.storing.failures import stage
+from headforms.warehouse.storing.store import insert, query
 
 # (view, figure, aggregate, per-head SQL expression): each figure recomputed on a resample exactly as its
 # view computes it. h is a row of heads, g of spectral_geometry, m of models. Percent figures count a

@@ -17,7 +17,7 @@ import duckdb
 from headforms.compute.analysis import SAMPLES
 from headforms.compute.fits import FAMILIES, LIMIT_LAWS, N_PARAMS, STATUSES
 
-# Rows per head of each spectrum (as warehouse/load.py writes them), in terms of the head's
+# Rows per head of each spectrum (as warehouse/running/load.py writes them), in terms of the head's
 # n_pos, n_neg and the model's r = min(N, 2n) and n = head_dim.
 SPECTRUM_ROWS = {
     "S": "r", "S_pos": "n_pos", "S_neg": "n_neg", "T_sv": "r", "T_sigma": "(r + 1) // 2",

@@ -7,7 +7,7 @@ once; a model it holds under another revision is hashed before the run, to compa
 """
 from __future__ import annotations
 
-from headforms.warehouse.store import transaction
+from headforms.warehouse.storing.store import transaction
 
 
 def prepare(con, ckpts) -> None:

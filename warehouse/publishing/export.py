@@ -9,8 +9,8 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from headforms.warehouse import figures
-from headforms.warehouse.failures import stage, writable_folder
+from headforms.warehouse.publishing import figures
+from headforms.warehouse.storing.failures import stage, writable_folder
 
 # Output file stem -> (view of sql/, what it is in the paper). Each table is written as .csv and .parquet.
 TABLES: dict[str, tuple[str, str]] = {

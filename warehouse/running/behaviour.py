@@ -15,7 +15,7 @@ import polars as pl
 from headforms.compute import bootstrap
 from headforms.compute.behaviour import self_logit_parts
 from headforms.extract.checkpoint import ExtractError
-from headforms.warehouse.store import insert, query, transaction
+from headforms.warehouse.storing.store import insert, query, transaction
 
 SCORES = ("self_score", "previous_score", "induction_score", "self_logit")
 PARITIES = ("I+", "II", "I-")

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from headforms.warehouse.failures import stage, writable_folder
-from headforms.warehouse.store import query
+from headforms.warehouse.storing.failures import stage, writable_folder
+from headforms.warehouse.storing.store import query
 
 PARITY_COLOURS = {"I+": "#d62728", "II": "#2ca02c", "I-": "#1f77b4", None: "#7f7f7f"}
 # Vertices of a regular tetrahedron for the profile simplex: a (antisymmetric), b, c (PSD-like), d (NSD-like).

@@ -1,0 +1,2 @@
+"""Putting models into the warehouse: layers read and analysed by an executor, committed in order, then each
+model's summaries; progress for `status`; behaviour rows. Uses `storing/`; never draws or exports."""
