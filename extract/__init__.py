@@ -1,25 +1,10 @@
 """Checkpoints and their layouts: everything that knows where a head's W_Q and W_K live.
 
-`open_checkpoint(source)` resolves a source (local folder, GGUF file, `pkg:` reference,
+`open_checkpoint(source, ReadOptions(...))` resolves a source (local folder, GGUF file, `pkg:` reference,
 hub id) to a `Checkpoint`; `Checkpoint.read_layer(i)` yields that layer's query and key
-maps as float64 arrays, one layer in memory at a time.
+maps as float64 arrays, one layer in memory at a time. Imports nothing above it (no warehouse, no API).
 """
-import sys
-import types
-
-from headforms.extract.checkpoint import Checkpoint, ExtractError, ModelSpec
+from headforms.extract.checkpoint import Checkpoint, ExtractError, ModelSpec, ReadOptions
 from headforms.extract.sources import MODEL_SETS, open_checkpoint
 
-__all__ = ["Checkpoint", "ExtractError", "ModelSpec", "MODEL_SETS", "open_checkpoint"]
-
-
-class _CallableModule(types.ModuleType):
-    """`headforms.extract(sources, db=...)` is the API's extract; `headforms.extract.sources` etc. stay modules."""
-
-    def __call__(self, *args, **kwargs):
-        from headforms.api import extract
-
-        return extract(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+__all__ = ["Checkpoint", "ExtractError", "ModelSpec", "MODEL_SETS", "ReadOptions", "open_checkpoint"]

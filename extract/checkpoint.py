@@ -12,6 +12,7 @@ from typing import Callable
 
 import numpy as np
 
+from headforms.extract.caches import cache_root
 from headforms.extract.rope import Rope
 
 
@@ -42,6 +43,17 @@ class ModelSpec:
         return np.arange(self.n_heads) // (self.n_heads // self.n_kv_heads)
 
 
+@dataclass(frozen=True)
+class ReadOptions:
+    """How a checkpoint is read, built once by the API and passed whole to every opener: a new reading option
+    is a field here, the API's argument and the one reader that uses it."""
+
+    revision: str | None = None  # hub revision (branch, tag or commit) or a local checkpoint's given name for it
+    qk_norm: str = "refuse"      # "refuse" QK-norm models, or "fold" their gains into W_Q, W_K
+    tower: str | None = None     # which tower of a multi-tower model (clip, siglip, whisper); None: the first
+    fold_norm: str = "none"      # "none", "gain" or "center": fold the pre-attention norm in (extract.norms)
+
+
 @dataclass
 class Checkpoint:
     """A resolved checkpoint: provenance plus a reader of one layer's Q/K maps at a time."""
@@ -59,6 +71,7 @@ class Checkpoint:
     meter: object = field(default=None, repr=False)  # hub sources: a Meter of the bytes fetched over the network
     revision_kind: str = "given"     # 'hub', 'hf-cache', 'digest' or 'given' (models.revision_kind)
     digest: Digest | None = field(default=None, repr=False)  # local files without a pinned revision
+    options: ReadOptions = ReadOptions()  # how it was opened (a worker reopens it with the same)
 
     @property
     def revision(self) -> str:
@@ -194,8 +207,6 @@ def _stat_key(path: Path) -> tuple[int, int]:
 
 
 def _cache_file(path: Path) -> Path:
-    from headforms.extract.hub import cache_root
-
     key = hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:32]
     return cache_root() / "digests" / f"{key}.json"
 

@@ -14,7 +14,7 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType
 
-from headforms.extract.checkpoint import Checkpoint, Digest, ExtractError, ModelSpec, hf_cache_commit
+from headforms.extract.checkpoint import Checkpoint, Digest, ExtractError, ModelSpec, ReadOptions, hf_cache_commit
 from headforms.extract.formats import extent_problem, header_cut, refuse_foreign
 from headforms.extract.layouts import SEPARATE, Layout
 from headforms.extract.norms import GGUF_NORMS, norm_for
@@ -261,10 +261,10 @@ def _qk_norm_refusal(arch: str, layout: GGUFArchitecture) -> str:
             "pass --qk-norm fold to fold the norm gains into W_Q and W_K (L then acts on RMS-normalised q, k)")
 
 
-def open_gguf(path: Path, *, name: str, source: str, revision: str | None, qk_norm: str = "refuse",
-              fold_norm: str = "none") -> Checkpoint:
-    """Open a llama.cpp GGUF file; revision None: a Hugging Face cache snapshot's commit, else a Digest of the
-    header and the tensors read. qk_norm, fold_norm: see gguf_checkpoint."""
+def open_gguf(path: Path, *, name: str, source: str, options: ReadOptions = ReadOptions()) -> Checkpoint:
+    """Open a llama.cpp GGUF file; options.revision None: a Hugging Face cache snapshot's commit, else a Digest
+    of the header and the tensors read. The other options: see gguf_checkpoint."""
+    revision = options.revision
     path = Path(path)
     reader = _open_reader(path)
     commit = None if revision else hf_cache_commit(path.absolute())
@@ -277,20 +277,22 @@ def open_gguf(path: Path, *, name: str, source: str, revision: str | None, qk_no
                 digest.update(path, t.name, t.data)
         return [t.data for t in tensors]
 
-    return gguf_checkpoint(reader, data_of, path, name=name, source=source, revision=revision or commit,
+    return gguf_checkpoint(reader, data_of, path, name=name, source=source, pinned=revision or commit,
                            revision_kind="given" if revision else "hf-cache" if commit else "digest", digest=digest,
-                           checkpoint_bytes=path.stat().st_size, qk_norm=qk_norm, fold_norm=fold_norm)
+                           checkpoint_bytes=path.stat().st_size, options=options)
 
 
-def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source: str, revision: str | None,
-                    checkpoint_bytes: int, meter=None, qk_norm: str = "refuse", fold_norm: str = "none",
-                    revision_kind: str = "hub", digest: Digest | None = None) -> Checkpoint:
+def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source: str, pinned: str | None,
+                    checkpoint_bytes: int, options: ReadOptions, meter=None, revision_kind: str = "hub",
+                    digest: Digest | None = None) -> Checkpoint:
     """A Checkpoint over a parsed GGUF header; data_of(tensors) gives those tensors' raw data arrays
     (local: views of the mapped file; hub: fetched by range). `path` names the file in errors.
 
-    qk_norm="refuse" rejects files with RMS QK-norm gains; "fold" folds attn_q_norm / attn_k_norm into
-    W_Q, W_K and marks the spec qk_norm="folded". fold_norm as in extract.norms.
+    pinned: the revision when it needs no hashing. options.qk_norm="refuse" rejects files with RMS QK-norm gains;
+    "fold" folds attn_q_norm / attn_k_norm into W_Q, W_K and marks the spec qk_norm="folded". options.fold_norm
+    as in extract.norms. (A GGUF file holds one tower: options.tower is refused before this.)
     """
+    qk_norm, fold_norm = options.qk_norm, options.fold_norm
     if qk_norm not in ("refuse", "fold"):
         raise ExtractError(f"unknown qk-norm option '{qk_norm}'; expected 'refuse' or 'fold'")
     meta = {key: field.contents() for key, field in reader.fields.items()
@@ -386,11 +388,11 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
             digest.save()
         layers.clear()
 
-    checkpoint = Checkpoint(name=name, source=source, pinned=revision, spec=spec, reader=read, close=close,
+    checkpoint = Checkpoint(name=name, source=source, pinned=pinned, spec=spec, reader=read, close=close,
                             qk_bytes=sum(int(t.n_bytes) for layer in layers for t in [*layer.values()])
                             + sum(int(t.n_bytes) for t in gains),
                             checkpoint_bytes=checkpoint_bytes, meter=meter, revision_kind=revision_kind,
-                            digest=digest)
+                            digest=digest, options=options)
     _check_extent(reader, path, checkpoint_bytes, checkpoint)
     return checkpoint
 

@@ -24,10 +24,11 @@ from typing import Callable
 import numpy as np
 from safetensors import safe_open
 
-from headforms.extract.checkpoint import Checkpoint, Digest, ExtractError, hf_cache_commit
+from headforms.extract.checkpoint import Checkpoint, Digest, ExtractError, ReadOptions, hf_cache_commit
 from headforms.extract.formats import IncompleteFile, extent_problem, header_cut, refuse_foreign, size_mismatch
-from headforms.extract.layouts import model_spec
+from headforms.extract.spec import model_spec
 from headforms.extract.norms import HF_NORMS, norm_for
+from headforms.extract.torch_pickle import RecordingUnpickler, TensorRef
 
 _DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}  # safetensors -> torch names
 _FLOAT_DTYPES = frozenset(_DTYPES.values())
@@ -281,9 +282,8 @@ def _unpickle_prefix(read: Callable[[int, int], bytes], start: int, size: int) -
     anything but a state dict (the loader then says what)."""
     import pickle
 
-    from headforms.extract.remote import _RecordingUnpickler, _TensorRef
 
-    class Sized(_RecordingUnpickler):
+    class Sized(RecordingUnpickler):
         """Keeps each storage's size (its element count is the persistent id's last field)."""
 
         def persistent_load(self, pid):
@@ -315,7 +315,7 @@ def _unpickle_prefix(read: Callable[[int, int], bytes], start: int, size: int) -
             return None, {}, 0
         if not isinstance(state, dict):
             return None, {}, 0
-        return {name: ref for name, ref in state.items() if isinstance(ref, _TensorRef)}, storages, blob.tell()
+        return {name: ref for name, ref in state.items() if isinstance(ref, TensorRef)}, storages, blob.tell()
 
 
 def _torch_fetch(path: Path, names: list[str], spans: dict, digest: Digest | None = None) -> dict[str, np.ndarray]:
@@ -476,17 +476,17 @@ def _check_tensors(weights: Weights, wanted: list[tuple[str, tuple[int, ...], in
             raise ExtractError(f"tensor '{name}' has dtype {dtype}; supported: {', '.join(sorted(_FLOAT_DTYPES))}")
 
 
-def open_hf_folder(folder: Path, *, name: str, source: str, revision: str | None, qk_norm: str = "refuse",
-                   tower: str | None = None, fold_norm: str = "none") -> Checkpoint:
+def open_hf_folder(folder: Path, *, name: str, source: str, options: ReadOptions = ReadOptions()) -> Checkpoint:
     """A Checkpoint over a local Hugging Face folder; validates config and every layer's Q/K tensors up front.
 
-    revision=None: a folder inside a Hugging Face cache snapshot is its commit; any other folder a Digest of
-    config.json, the weight files' headers and the tensors read. qk_norm, tower, fold_norm: see hf_checkpoint.
+    options.revision None: a folder inside a Hugging Face cache snapshot is its commit; any other folder a Digest
+    of config.json, the weight files' headers and the tensors read.
     """
+    revision = options.revision
     folder = Path(folder)
     refuse_foreign(folder)  # a CTranslate2, ONNX, GPTQ ... folder is named before its config.json can mislead
     config = _read_config(folder)
-    model_spec(config, qk_norm=qk_norm, tower=tower)  # an unsupported config is refused before the weights are read
+    model_spec(config, options)  # an unsupported config is refused before the weights are read
     weights = _find_weights(folder)
     refuse_foreign(folder, config=config, tensors=weights.meta)  # GPTQ, AWQ, MLX known by their tensors alone
     commit = None if revision else hf_cache_commit(folder.absolute())
@@ -495,8 +495,8 @@ def open_hf_folder(folder: Path, *, name: str, source: str, revision: str | None
         digest = Digest({path: _header_bytes(weights, path) for path in weights.files},
                         preamble=(folder / "config.json").read_bytes())
         weights.fetch = partial(weights.fetch, digest=digest)
-    return hf_checkpoint(config, weights, name=name, source=source, qk_norm=qk_norm, tower=tower, fold_norm=fold_norm,
-                         revision=revision or commit, revision_kind="given" if revision else "hf-cache" if commit
+    return hf_checkpoint(config, weights, name=name, source=source, options=options,
+                         pinned=revision or commit, revision_kind="given" if revision else "hf-cache" if commit
                          else "digest", digest=digest,
                          checkpoint_bytes=sum(os.path.getsize(f) for f in weights.files))
 
@@ -508,14 +508,15 @@ def _header_bytes(weights: Weights, path: Path) -> bytes:
     return json.dumps(table).encode()
 
 
-def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, revision: str | None, qk_norm: str,
-                  tower: str | None = None, fold_norm: str = "none", checkpoint_bytes: int | None = None,
-                  meter=None, revision_kind: str = "hub", digest: Digest | None = None) -> Checkpoint:
+def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, options: ReadOptions,
+                  pinned: str | None, checkpoint_bytes: int | None = None, meter=None, revision_kind: str = "hub",
+                  digest: Digest | None = None) -> Checkpoint:
     """A Checkpoint over a config and its weight files (local or on the hub); checks every layer's Q/K up front.
 
-    qk_norm: "refuse" or "fold"; tower: which tower of a multi-tower model (see model_spec); fold_norm:
-    "none", "gain" or "center" (extract.norms): fold the pre-norm feeding attention into W_Q, W_K."""
-    layout, spec = model_spec(config, qk_norm=qk_norm, tower=tower)
+    pinned: the revision when it needs no hashing (the hub's commit, a cache snapshot's, or given); options.qk_norm,
+    options.tower: see model_spec; options.fold_norm (extract.norms) folds the pre-norm feeding attention in."""
+    layout, spec = model_spec(config, options)
+    fold_norm = options.fold_norm
     norm = norm_for(spec, fold_norm, HF_NORMS)
     if norm is not None:
         spec = replace(spec, fold_norm=fold_norm)
@@ -557,6 +558,6 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, rev
         if digest is not None:
             digest.save()
 
-    return weights.checked(Checkpoint(name=name, source=source, pinned=revision, spec=spec, reader=reader, close=close,
+    return weights.checked(Checkpoint(name=name, source=source, pinned=pinned, spec=spec, reader=reader, close=close,
                                       qk_bytes=qk_bytes, checkpoint_bytes=checkpoint_bytes, meter=meter,
-                                      revision_kind=revision_kind, digest=digest))
+                                      revision_kind=revision_kind, digest=digest, options=options))

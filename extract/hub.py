@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+from headforms.extract.caches import cache_root
 from headforms.extract.checkpoint import ExtractError
 
-CACHE_ENV = "HEADFORMS_CACHE"
 RETRIES = 6            # tries of one range before giving up
 BACKOFF = 0.5          # seconds before the first retry, doubling after each
 RETRY_AFTER_CAP = 60.0  # longest Retry-After honoured, seconds
@@ -47,16 +47,6 @@ class Meter:
     def add(self, n: int) -> None:
         with self._lock:
             self.bytes += n
-
-
-def cache_root() -> Path:
-    """$HEADFORMS_CACHE, else `headforms` in the Hugging Face cache (HF_HUB_CACHE, else HF_HOME/hub, as
-    huggingface_hub resolves them), so a job given its own HF_HOME gets its own ranges too."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV]).expanduser()
-    from huggingface_hub import constants
-
-    return Path(constants.HF_HUB_CACHE).expanduser() / "headforms"
 
 
 def _repo_dir(repo_id: str) -> Path:

@@ -12,18 +12,17 @@ import pickle
 import struct
 import sys
 import zipfile
-from collections import OrderedDict
-from typing import NamedTuple
 
 import numpy as np
 
-from headforms.extract.checkpoint import Checkpoint, ExtractError
+from headforms.extract.checkpoint import Checkpoint, ExtractError, ReadOptions
 from headforms.extract.formats import header_cut
 from headforms.extract.gguf_file import _Cut, _HeaderReader, gguf_checkpoint
 from headforms.extract.hf import (Weights, hf_checkpoint, parse_config, read_header, safetensors_spans, span_array,
                                   spans_meta, torch_state_dict, torch_zip_extent)
 from headforms.extract.hub import HubRepo, RangeReader, RemoteFile
-from headforms.extract.layouts import model_spec
+from headforms.extract.spec import model_spec
+from headforms.extract.torch_pickle import RecordingUnpickler, TensorRef
 
 AHEAD = 2  # layers fetched in the background while one is analysed
 # Hub weight layouts in order of preference: (single file, shard index); safetensors before .bin.
@@ -31,29 +30,27 @@ HUB_LAYOUTS = (("model.safetensors", "model.safetensors.index.json"),
                ("pytorch_model.bin", "pytorch_model.bin.index.json"))
 
 
-def open_hub(repo_id: str, *, name: str, revision: str | None, qk_norm: str, tower: str | None = None,
-             fold_norm: str = "none") -> Checkpoint:
+def open_hub(repo_id: str, *, name: str, options: ReadOptions = ReadOptions()) -> Checkpoint:
     """A hub model (config.json + safetensors or .bin weights) read by range at its resolved commit."""
-    repo = HubRepo.resolve(repo_id, revision)
+    repo = HubRepo.resolve(repo_id, options.revision)
     if "config.json" not in repo.files:
         raise ExtractError(f"'{repo_id}' on the Hugging Face hub has no config.json")
     config_file = repo.file("config.json")
     config = parse_config(config_file.read_at(0, config_file.size), str(config_file))
-    model_spec(config, qk_norm=qk_norm, tower=tower)  # an unsupported config is refused before any header is fetched
+    model_spec(config, options)  # an unsupported config is refused before any header is fetched
     weights = _hub_weights(repo)
-    return hf_checkpoint(config, weights, name=name, source=repo_id, revision=repo.commit, qk_norm=qk_norm,
-                         tower=tower, fold_norm=fold_norm,
+    return hf_checkpoint(config, weights, name=name, source=repo_id, pinned=repo.commit, options=options,
                          checkpoint_bytes=repo.checkpoint_bytes(f.path for f in weights.files), meter=repo.meter)
 
 
-def open_hub_gguf(repo_id: str, filename: str, *, name: str, source: str, revision: str | None,
-                  qk_norm: str = "refuse", fold_norm: str = "none") -> Checkpoint:
+def open_hub_gguf(repo_id: str, filename: str, *, name: str, source: str,
+                  options: ReadOptions = ReadOptions()) -> Checkpoint:
     """A .gguf file of a hub repo: header, metadata and the Q/K tensors read by range."""
-    repo = HubRepo.resolve(repo_id, revision)
+    repo = HubRepo.resolve(repo_id, options.revision)
     remote = repo.file(filename)
     return gguf_checkpoint(_remote_gguf_reader(remote), lambda tensors: _gguf_data(remote, tensors), remote,
-                           name=name, source=source, revision=repo.commit, checkpoint_bytes=remote.size,
-                           meter=repo.meter, qk_norm=qk_norm, fold_norm=fold_norm)
+                           name=name, source=source, pinned=repo.commit, checkpoint_bytes=remote.size,
+                           meter=repo.meter, options=options)
 
 
 def _hub_weights(repo: HubRepo) -> Weights:
@@ -101,65 +98,6 @@ def _safetensors_fetch(remote: RemoteFile, names: list[str], spans: dict, decode
 
 # torch zip checkpoints -----------------------------------------------------------------------
 
-# torch's storage types by the dtype each holds, named: torch is imported only when a .bin tensor is read
-# (importing it adds ~190 MB to a run's memory, which a safetensors or GGUF run never needs).
-_STORAGE_DTYPES = {"DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16",
-                   "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32",
-                   "ShortStorage": "int16", "CharStorage": "int8", "ByteStorage": "uint8", "BoolStorage": "bool"}
-
-
-class _StorageType(str):
-    """A pickled storage type, as the name of its torch dtype."""
-
-
-class _Storage(NamedTuple):
-    key: str
-    dtype: str  # a torch dtype's name
-
-
-class _TensorRef(NamedTuple):
-    """Where a pickled tensor's elements are: its storage record, element offset, shape and strides."""
-
-    storage: _Storage
-    offset: int
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-
-    def extent(self) -> tuple[int, int]:
-        """The storage elements the tensor touches, [first, last + 1)."""
-        if 0 in self.shape:
-            return self.offset, self.offset
-        return self.offset, self.offset + sum((n - 1) * s for n, s in zip(self.shape, self.stride)) + 1
-
-
-def _rebuild_tensor(storage, offset, shape, stride, *_):
-    return _TensorRef(storage, int(offset), tuple(shape), tuple(stride))
-
-
-def _rebuild_parameter(data, *_):
-    return data
-
-
-class _RecordingUnpickler(pickle.Unpickler):
-    """Unpickles data.pkl into _TensorRefs: the only names it resolves are the dict types and torch's
-    tensor/parameter rebuilders and storage types, each to a recorder here; anything else is refused."""
-
-    _NAMES = {("collections", "OrderedDict"): OrderedDict, ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
-              ("torch._utils", "_rebuild_parameter"): _rebuild_parameter}
-
-    def find_class(self, module, name):
-        if (module, name) in self._NAMES:
-            return self._NAMES[module, name]
-        if module == "torch" and name in _STORAGE_DTYPES:
-            return _StorageType(_STORAGE_DTYPES[name])
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
-
-    def persistent_load(self, pid):
-        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], _StorageType)):
-            raise pickle.UnpicklingError(f"unexpected persistent id {pid!r:.80}")
-        return _Storage(str(pid[2]), pid[1])
-
-
 def _zip_header(remote: RemoteFile):
     """Tensor shapes/dtypes of a torch checkpoint from its zip directory and data.pkl alone; a legacy
     (non-zip) pickle is downloaded whole (said in one line) and read by torch's weights-only loader."""
@@ -176,7 +114,7 @@ def _zip_header(remote: RemoteFile):
         if len(pickles) != 1:
             raise ExtractError(f"cannot read {remote}: not a torch checkpoint (no single <name>/data.pkl)")
         root = pickles[0].filename.removesuffix("data.pkl")
-        state = _RecordingUnpickler(archive.open(pickles[0])).load()
+        state = RecordingUnpickler(archive.open(pickles[0])).load()
         records = {i.filename: i for i in archive.infolist()}
     except (zipfile.BadZipFile, pickle.UnpicklingError, EOFError, ValueError, TypeError) as e:
         problem = torch_zip_extent(remote.read_at, remote.size, remote) if isinstance(e, zipfile.BadZipFile) else None
@@ -188,7 +126,7 @@ def _zip_header(remote: RemoteFile):
         raise ExtractError(f"{remote} does not hold a state dict")
     meta, spans = {}, {}
     for name, ref in state.items():
-        if not isinstance(ref, _TensorRef):
+        if not isinstance(ref, TensorRef):
             continue
         record = records.get(f"{root}data/{ref.storage.key}")
         if record is None or record.compress_type != zipfile.ZIP_STORED:

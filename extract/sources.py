@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from headforms.extract.checkpoint import Checkpoint, ExtractError
+from headforms.extract.checkpoint import Checkpoint, ExtractError, ReadOptions
 from headforms.extract.formats import refuse_foreign
 from headforms.extract.gguf_file import open_gguf
 
@@ -53,6 +53,10 @@ def expand_sources(sources: str | list[str]) -> list[tuple[str | None, str]]:
     return [pair for s in sources for pair in (MODEL_SETS[s] if s in MODEL_SETS else [(None, s)])]
 
 
+class ArgumentError(ValueError):
+    """Sources and options that contradict each other (a usage error, said before anything is opened)."""
+
+
 @dataclass(frozen=True)
 class Target:
     """One model for extract: its source and name; a training checkpoint (of_revision) is one revision of a base model."""
@@ -73,29 +77,29 @@ def training_step(revision: str | None) -> int | None:
 def plan_targets(sources: str | list[str], *, name: str | None = None, revision: str | None = None,
                  revisions: str | list[str] | None = None, set_file: str | Path | None = None) -> list[Target]:
     """What extract writes: the sources (model sets expanded), then a set file's lines; `revisions`
-    makes one training checkpoint per source and revision. Raises ValueError for options that
+    makes one training checkpoint per source and revision. Raises ArgumentError for options that
     contradict each other, ExtractError for an unreadable set file."""
     sources = [sources] if isinstance(sources, str) else list(sources)
     if isinstance(revisions, str):
         revisions = [r.strip() for r in revisions.split(",")]
     if revisions is not None and (not revisions or not all(revisions)):
-        raise ValueError("--revisions needs a comma-separated list of revisions, e.g. step1000,step2000")
+        raise ArgumentError("--revisions needs a comma-separated list of revisions, e.g. step1000,step2000")
     if revision and revisions:
-        raise ValueError("--revision and --revisions exclude each other")
+        raise ArgumentError("--revision and --revisions exclude each other")
     if revisions and set_file is not None:
-        raise ValueError("--revisions does not apply to --set: give each line of the set file its revision")
+        raise ArgumentError("--revisions does not apply to --set: give each line of the set file its revision")
     targets = [target for source in sources for target in _source_targets(source)]
     if set_file is not None:
         targets += read_set_file(set_file)
     if not targets:
-        raise ValueError("give a SOURCE or --set FILE")
+        raise ArgumentError("give a SOURCE or --set FILE")
     if name:
         if len(targets) != 1:
-            raise ValueError("--name needs exactly one source")
+            raise ArgumentError("--name needs exactly one source")
         targets = [replace(targets[0], **({"base": name} if targets[0].of_revision else {"name": name}))]
     if revisions:
         if any(target.of_revision for target in targets):
-            raise ValueError("--revisions does not apply to a set that lists its own revisions")
+            raise ArgumentError("--revisions does not apply to a set that lists its own revisions")
         return [Target(t.source, revision=r, base=t.name, of_revision=True) for t in targets for r in revisions]
     return [t if t.revision or not revision else replace(t, revision=revision) for t in targets]
 
@@ -135,23 +139,23 @@ def _source_targets(source: str) -> list[Target]:
     return [Target(s, name=name) for name, s in expand_sources(source)]
 
 
-def open_target(target: Target, **options) -> Checkpoint:
-    """A target's checkpoint (options as for open_checkpoint); a training checkpoint is named
+def open_target(target: Target, options: ReadOptions = ReadOptions()) -> Checkpoint:
+    """A target's checkpoint, read with `options` at the target's revision; a training checkpoint is named
     base@revision and records its base model and step."""
+    options = replace(options, revision=target.revision)
     if not target.of_revision:
-        return open_checkpoint(target.source, revision=target.revision, name=target.name, **options)
-    ckpt = open_checkpoint(target.source, revision=target.revision, name=target.base, **options)
+        return open_checkpoint(target.source, options, name=target.name)
+    ckpt = open_checkpoint(target.source, options, name=target.base)
     return replace(ckpt, name=target.name or f"{ckpt.name}@{target.revision}", base_model=ckpt.name,
                    training_step=training_step(target.revision))
 
 
-def open_checkpoint(source: str, *, revision: str | None = None, name: str | None = None,
-                    qk_norm: str = "refuse", tower: str | None = None, fold_norm: str = "none") -> Checkpoint:
+def open_checkpoint(source: str, options: ReadOptions = ReadOptions(), *, name: str | None = None) -> Checkpoint:
     """Resolve a folder, .gguf file, `pkg:NAME`, hub id (`name`, `org/name`) or hub GGUF file
-    (`org/name/file.gguf`, `hf://org/name/file.gguf`) to a Checkpoint.
+    (`org/name/file.gguf`, `hf://org/name/file.gguf`) to a Checkpoint read with `options`.
 
-    tower picks a tower of a multi-tower model (clip, siglip, whisper); the default name then ends in -TOWER.
-    fold_norm: "none", "gain" or "center": fold the norm feeding attention into W_Q, W_K (extract.norms)."""
+    With options.tower (a tower of a multi-tower model: clip, siglip, whisper) the default name ends in -TOWER."""
+    tower = options.tower
     if source.startswith(HF_SCHEME) or (source.endswith(".gguf") and source.count("/") >= 2
                                         and not source.startswith(("/", ".", "~")) and not Path(source).exists()):
         parts = source.removeprefix(HF_SCHEME).split("/", 2)
@@ -162,21 +166,19 @@ def open_checkpoint(source: str, *, revision: str | None = None, name: str | Non
         from headforms.extract.remote import open_hub_gguf
 
         return open_hub_gguf("/".join(parts[:2]), parts[2], name=name or Path(parts[2]).stem, source=source,
-                             revision=revision, qk_norm=qk_norm, fold_norm=fold_norm)
+                             options=options)
     if source.startswith("pkg:"):
         package = source[len("pkg:"):]
         return _open_local(_package_model(package), name=name or _towered(package, tower), source=source,
-                           revision=revision, qk_norm=qk_norm, tower=tower, fold_norm=fold_norm)
+                           options=options)
     path = Path(source).expanduser()
     if path.exists():
-        return _open_local(path, name=name, source=source, revision=revision, qk_norm=qk_norm, tower=tower,
-                           fold_norm=fold_norm)
+        return _open_local(path, name=name, source=source, options=options)
     if source.startswith(("/", ".", "~")) or source.endswith(_PATH_SUFFIXES) or source.count("/") >= 2:
         raise ExtractError(f"no such file or folder: {source}")
     from headforms.extract.remote import open_hub  # torch loads only when a hub model is opened
 
-    return open_hub(source, name=name or _towered(source.rsplit("/", 1)[-1], tower), revision=revision,
-                    qk_norm=qk_norm, tower=tower, fold_norm=fold_norm)
+    return open_hub(source, name=name or _towered(source.rsplit("/", 1)[-1], tower), options=options)
 
 
 def _towered(name: str, tower: str | None) -> str:
@@ -184,19 +186,17 @@ def _towered(name: str, tower: str | None) -> str:
     return f"{name}-{tower}" if tower else name
 
 
-def _open_local(path: Path, *, name: str | None, source: str, revision: str | None,
-                qk_norm: str, tower: str | None = None, fold_norm: str = "none") -> Checkpoint:
+def _open_local(path: Path, *, name: str | None, source: str, options: ReadOptions) -> Checkpoint:
     """A local model folder (config.json + weights) or GGUF file; names default to folder name / file stem."""
     if path.is_dir():
         from headforms.extract.hf import open_hf_folder  # torch and safetensors load only when a folder is opened
 
-        return open_hf_folder(path, name=name or _towered(path.resolve().name, tower), source=source,
-                              revision=revision, qk_norm=qk_norm, tower=tower, fold_norm=fold_norm)
+        return open_hf_folder(path, name=name or _towered(path.resolve().name, options.tower), source=source,
+                              options=options)
     if path.suffix == ".gguf":
-        if tower is not None:
+        if options.tower is not None:
             raise ExtractError(f"{path}: --tower applies to Hugging Face folders with several towers, not GGUF files")
-        return open_gguf(path, name=name or path.stem, source=source, revision=revision, qk_norm=qk_norm,
-                         fold_norm=fold_norm)
+        return open_gguf(path, name=name or path.stem, source=source, options=options)
     refuse_foreign(path)  # an ONNX, GGML, TensorFlow, ... file is named
     raise ExtractError(f"cannot read {path}: give a model folder (config.json + weights) or a .gguf file")
 

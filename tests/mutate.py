@@ -41,10 +41,13 @@ TARGETS = {
                             "test_bootstrap.py", "test_head_types.py", "test_positions.py", "test_norm_gains.py",
                             "test_api.py", "test_real_models.py", "test_device_path.py", "test_threads.py"],
     "headforms/extract/layouts.py": ["test_layouts.py", "test_architectures.py", "test_gguf.py", "test_positions.py"],
+    "headforms/extract/spec.py": ["test_layouts.py", "test_architectures.py", "test_gguf.py", "test_positions.py"],
     # of test_concurrency.py only the damaged blocks: its --jobs and Ray runs reach load.py too, at seconds a test
     "headforms/warehouse/storing/check.py": ["test_check.py", "test_concurrency.py::test_check_reports_every_damaged_block"],
-    "headforms/warehouse/running/load.py": ["test_cli.py", "test_api.py", "test_views.py", "test_wiring.py", "test_export.py",
-                                    "test_robustness.py"],
+    "headforms/warehouse/running/load.py": ["test_cli.py", "test_api.py", "test_views.py", "test_wiring.py",
+                                            "test_export.py", "test_robustness.py"],
+    "headforms/warehouse/running/layers.py": ["test_cli.py", "test_api.py", "test_views.py", "test_wiring.py",
+                                              "test_export.py", "test_robustness.py"],
 }
 PACKAGE_PARTS = ["__init__.py", "api.py", "cli.py", "extract", "compute", "warehouse", "sql", "README.md"]
 # Tests that judge the repository rather than the package (a wheel of the checkout): not run on mutants.
@@ -206,7 +209,7 @@ PY_EQUIVALENT = {
         "theta's clip to t <= 0 never binds on the simplex (t = -(3c + d)/6 and -(c + 3d)/6)",
     "headforms.compute.statistics.x_theta__mutmut_32":
         "gaps are NaN only for a zero form, whose theta is NaN whichever vertex argmin picks",
-    "headforms.extract.layouts.x_model_spec__mutmut_128":
+    "headforms.extract.spec.x_model_spec__mutmut_128":
         "rpartition = partition on 'family.tower', the only dotted architecture names",
     "headforms.extract.layouts.xǁLayoutǁqk_maps__mutmut_70":
         "reshape(-2, ...): numpy takes any negative size as the unknown one",
@@ -214,7 +217,7 @@ PY_EQUIVALENT = {
         "'SOURCE' in the models row: DuckDB column names are case-insensitive",
     "headforms.warehouse.running.load.x__plan__mutmut_37":
         "a replacement's `created` as None rather than False: only its truth is read",
-    "headforms.warehouse.running.load.x_layer_tables__mutmut_180":
+    "headforms.warehouse.running.layers.x_layer_tables__mutmut_180":
         "'DELTA' in distance_profiles: DuckDB column names are case-insensitive",
 }
 

@@ -19,7 +19,8 @@ import pytest
 from headforms import api
 from headforms.extract import open_checkpoint
 from headforms.warehouse.running.executors import Processes, Ray, run_task
-from headforms.warehouse.running.load import LoadOptions, load_models
+from headforms.warehouse.running.layers import LoadOptions
+from headforms.warehouse.running.load import load_models
 from headforms.warehouse.storing.store import Writer, create_schema, connect
 from tests.test_gguf import write_gguf
 from tests.test_robustness import (DRIVER, INTERRUPTED, MINILM, ROOT, Paused, assert_one_error, assert_same,
@@ -32,9 +33,10 @@ __all__ = ["clean_minilm"]  # a fixture of test_robustness, used here
 BEFORE_LAYER = r"""
 import sys
 from headforms import cli
+import headforms.warehouse.running.layers as layers
 import headforms.warehouse.running.load as load
 
-real = load.layer_rows
+real = layers.layer_rows
 
 def layer_rows(ckpt, opts, layer):
     if layer == int(sys.argv[1]):
@@ -42,7 +44,7 @@ def layer_rows(ckpt, opts, layer):
         sys.stdin.readline()
     return real(ckpt, opts, layer)
 
-load.layer_rows = layer_rows
+layers.layer_rows = layer_rows
 load.COMMIT_SECONDS = 0  # one layer per commit: layers before argv[1] are all committed when it stops
 cli.main(sys.argv[2:], prog_name="headforms")
 """
@@ -208,11 +210,11 @@ def test_small_layers_share_a_commit(survey, tmp_path, monkeypatch):
     with 0 each layer has its own. The writer's clock is the test's: each layer takes exactly one second."""
     import contextlib
 
-    from headforms.warehouse.running import load
+    from headforms.warehouse.running import layers, load
 
     files, serial = survey
     commits = []
-    real_transaction, real_layer_rows = load.transaction, load.layer_rows
+    real_transaction, real_layer_rows = load.transaction, layers.layer_rows
     clock = [0.0]
 
     @contextlib.contextmanager
@@ -226,7 +228,7 @@ def test_small_layers_share_a_commit(survey, tmp_path, monkeypatch):
         return real_layer_rows(ckpt, opts, layer)
 
     monkeypatch.setattr(load, "transaction", counting)
-    monkeypatch.setattr(load, "layer_rows", one_second)
+    monkeypatch.setattr(layers, "layer_rows", one_second)
     monkeypatch.setattr(load, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     # commits: the models row, the layers (layers committed so far after each), the model marked complete
     for seconds, layer_counts in ((60, [0, 3, 3]), (0.5, [0, 2, 3, 3]), (0, [0, 1, 2, 3, 3])):

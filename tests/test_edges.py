@@ -16,7 +16,7 @@ from headforms import cli
 from headforms.extract import sources
 from headforms.extract.checkpoint import Checkpoint
 from headforms.warehouse.publishing import export, figures, report
-from headforms.warehouse.running import load, summaries
+from headforms.warehouse.running import layers, load, summaries
 from tests import tiny_models as tm
 
 HEAD_DIM = 6
@@ -222,7 +222,7 @@ def test_failed_summary_keeps_the_layers_and_the_same_command_finishes(force, sm
 STAGES = {
     "open": (sources, "open_target", "extract", r"step open \(/.*/m\): RuntimeError: injected"),
     "read": (Checkpoint, "read_layer", "extract", r"model 'm', layer 1, step read: RuntimeError: injected"),
-    "compute": (load, "analyse_layer", "extract", r"model 'm', layer 1, step compute: RuntimeError: injected"),
+    "compute": (layers, "analyse_layer", "extract", r"model 'm', layer 1, step compute: RuntimeError: injected"),
     "write": (load, "_insert_layers", "extract", r"model 'm', layer 0, step write: RuntimeError: injected"),
     "summaries": (summaries, "model_intervals", "extract",
                   r"model 'm': summaries \(intervals\) failed \(RuntimeError: injected\); its 2 layers are kept, "

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from safetensors.numpy import save_file
 
 from headforms import api, cli
-from headforms.extract.checkpoint import ExtractError
+from headforms.extract.checkpoint import ExtractError, ReadOptions
 from headforms.extract.formats import FOREIGN, human_size
 from headforms.extract.gguf_file import open_gguf
 from headforms.extract.hf import torch_zip_extent
@@ -154,10 +154,10 @@ def test_gguf_padded_after_its_last_tensor_is_whole(tmp_path):
     path = gguf_with_odd_last_tensor(tmp_path / "m.gguf")
     spans = tensor_spans_gguf(path)
     assert spans[-1][2] % 32 and path.stat().st_size == -(-spans[-1][2] // 32) * 32  # padding follows
-    checkpoint = open_gguf(path, name="m", source="m", revision="r")
+    checkpoint = open_gguf(path, name="m", source="m", options=ReadOptions(revision="r"))
     assert checkpoint.read_layer(1)[0].shape == (4, 8, 32)
     path.write_bytes(path.read_bytes()[:spans[-1][2]])  # the padding is not missing data
-    open_gguf(path, name="m", source="m", revision="r")
+    open_gguf(path, name="m", source="m", options=ReadOptions(revision="r"))
 
 
 @pytest.mark.parametrize("extra", [33, 5000])

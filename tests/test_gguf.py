@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from headforms.extract.checkpoint import ExtractError
+from headforms.extract.checkpoint import ExtractError, ReadOptions
 from headforms.extract.gguf_file import GGUF_ARCHITECTURES, SCALE_RULES, dequantizable, open_gguf
 from tests import gguf_convert
 from tests import tiny_models as tm
@@ -59,7 +59,7 @@ def write_gguf(path: Path, arch: str = "llama", *, n_layers: int = 2, n_heads: i
 
 @pytest.fixture(scope="module")
 def smol():
-    checkpoint = open_gguf(SMOL, name="SmolLM2-135M", source=str(SMOL), revision=None)
+    checkpoint = open_gguf(SMOL, name="SmolLM2-135M", source=str(SMOL), options=ReadOptions())
     yield checkpoint
     checkpoint.close()
 
@@ -101,7 +101,7 @@ def test_smollm2_forms_match_transformers(smol, hf_smol, layer):
 
 def test_small_file_roundtrip(tmp_path):
     weights = write_gguf(tmp_path / "tiny.gguf")
-    checkpoint = open_gguf(tmp_path / "tiny.gguf", name="tiny", source="tiny.gguf", revision=None)
+    checkpoint = open_gguf(tmp_path / "tiny.gguf", name="tiny", source="tiny.gguf", options=ReadOptions())
     spec = checkpoint.spec
     assert (spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.d_model, spec.head_dim) == (2, 4, 2, 32, 8)
     assert checkpoint.revision.startswith("sha256:")
@@ -112,7 +112,7 @@ def test_small_file_roundtrip(tmp_path):
 
 def test_qwen2_is_stored_split_half(tmp_path):
     write_gguf(tmp_path / "q.gguf", "qwen2")
-    spec = open_gguf(tmp_path / "q.gguf", name="q", source="q", revision="r").spec
+    spec = open_gguf(tmp_path / "q.gguf", name="q", source="q", options=ReadOptions(revision="r")).spec
     assert spec.config["rope_pairing"] == "split-half"
 
 
@@ -122,7 +122,7 @@ def test_unsupported_architecture(tmp_path):
     assert "gemma2" not in supported and {"llama", "qwen3", "phi3", "falcon", "gpt2", "bloom"} <= set(supported)
     message = rf"^unsupported GGUF architecture 'mamba'; supported: {', '.join(supported)}$"
     with pytest.raises(ExtractError, match=message):
-        open_gguf(tmp_path / "m.gguf", name="m", source="m", revision="r")
+        open_gguf(tmp_path / "m.gguf", name="m", source="m", options=ReadOptions(revision="r"))
 
 
 # A cut file's message in outline; tests/test_formats.py checks its sizes and first missing tensor.
@@ -135,7 +135,7 @@ def test_truncated_small_file(tmp_path, keep):
     data = (tmp_path / "full.gguf").read_bytes()
     (tmp_path / "cut.gguf").write_bytes(data[:keep])
     with pytest.raises(ExtractError, match=INCOMPLETE):
-        open_gguf(tmp_path / "cut.gguf", name="c", source="c", revision="r")
+        open_gguf(tmp_path / "cut.gguf", name="c", source="c", options=ReadOptions(revision="r"))
 
 
 @pytest.mark.parametrize("keep", [1_000_000, 50_000_000])
@@ -144,13 +144,13 @@ def test_truncated_smollm2(tmp_path, keep):
     with open(SMOL, "rb") as f:
         (tmp_path / "cut.gguf").write_bytes(f.read(keep))
     with pytest.raises(ExtractError, match=INCOMPLETE):
-        open_gguf(tmp_path / "cut.gguf", name="c", source="c", revision="r")
+        open_gguf(tmp_path / "cut.gguf", name="c", source="c", options=ReadOptions(revision="r"))
 
 
 def test_not_a_gguf_file(tmp_path):
     (tmp_path / "x.gguf").write_text("not a model\n" * 10)
     with pytest.raises(ExtractError, match="GGUF magic invalid"):
-        open_gguf(tmp_path / "x.gguf", name="x", source="x", revision="r")
+        open_gguf(tmp_path / "x.gguf", name="x", source="x", options=ReadOptions(revision="r"))
 
 
 def test_unsupported_quantisation(tmp_path):
@@ -162,14 +162,14 @@ def test_unsupported_quantisation(tmp_path):
     }
     write_gguf(tmp_path / "k.gguf", n_layers=1, n_heads=4, n_kv_heads=4, d_model=256, head_dim=64, weights=weights)
     with pytest.raises(ExtractError, match=r"^cannot dequantize tensor blk\.0\.attn_q\.weight: .*type Q8_K$"):
-        open_gguf(tmp_path / "k.gguf", name="k", source="k", revision="r")
+        open_gguf(tmp_path / "k.gguf", name="k", source="k", options=ReadOptions(revision="r"))
 
 
 def test_non_finite_weights(tmp_path):
     weights = write_gguf(tmp_path / "ok.gguf")
     weights["blk.1.attn_k.weight"][3, 5] = np.nan
     write_gguf(tmp_path / "nan.gguf", weights=weights)
-    checkpoint = open_gguf(tmp_path / "nan.gguf", name="n", source="n", revision="r")
+    checkpoint = open_gguf(tmp_path / "nan.gguf", name="n", source="n", options=ReadOptions(revision="r"))
     checkpoint.read_layer(0)
     with pytest.raises(ExtractError, match=r"^layer 1: tensor blk\.1\.attn_k\.weight has non-finite values$"):
         checkpoint.read_layer(1)
@@ -180,10 +180,10 @@ def test_missing_and_misshapen_tensors(tmp_path):
     del weights["blk.1.attn_q.weight"]
     write_gguf(tmp_path / "missing.gguf", weights=weights)
     with pytest.raises(ExtractError, match=r"has no tensor blk\.1\.attn_q\.weight"):
-        open_gguf(tmp_path / "missing.gguf", name="m", source="m", revision="r")
+        open_gguf(tmp_path / "missing.gguf", name="m", source="m", options=ReadOptions(revision="r"))
     write_gguf(tmp_path / "shape.gguf", head_dim=4, weights=write_gguf(tmp_path / "ok.gguf"))
     with pytest.raises(ExtractError, match=r"blk\.0\.attn_q\.weight has shape \(32, 32\), expected \(16, 32\)"):
-        open_gguf(tmp_path / "shape.gguf", name="s", source="s", revision="r")
+        open_gguf(tmp_path / "shape.gguf", name="s", source="s", options=ReadOptions(revision="r"))
 
 
 def _moe(**kw) -> dict:
@@ -297,7 +297,7 @@ def tiny(monkeypatch):
 def test_every_architecture_reproduces_model_logits(arch, name, overrides, tiny, tmp_path):
     model = tiny(name, **overrides)
     path = gguf_convert.write(model, arch, tmp_path / f"{name}.gguf")
-    ckpt = open_gguf(path, name=name, source=str(path), revision=None, qk_norm="fold")
+    ckpt = open_gguf(path, name=name, source=str(path), options=ReadOptions(qk_norm="fold"))
     spec, config = ckpt.spec, model.config.get_text_config()
     assert (spec.architecture, spec.n_layers, spec.n_heads, spec.d_model) == (
         arch, config.num_hidden_layers, config.num_attention_heads, config.hidden_size)
@@ -336,8 +336,8 @@ def test_granite_score_scale_is_its_attention_multiplier(tiny, tmp_path):
     """Granite's file carries attention.scale; the same tensors read as llama (1/sqrt(n)) miss the logits."""
     model = tiny("gguf_granite")
     trace = tm.trace("gguf_granite", model)
-    good = open_gguf(gguf_convert.write(model, "granite", tmp_path / "g.gguf"), name="g", source="g", revision="r")
-    bad = open_gguf(gguf_convert.write(model, "llama", tmp_path / "l.gguf"), name="l", source="l", revision="r")
+    good = open_gguf(gguf_convert.write(model, "granite", tmp_path / "g.gguf"), name="g", source="g", options=ReadOptions(revision="r"))
+    bad = open_gguf(gguf_convert.write(model, "llama", tmp_path / "l.gguf"), name="l", source="l", options=ReadOptions(revision="r"))
     assert good.spec.score_scale == pytest.approx(0.3) and bad.spec.score_scale == pytest.approx(8**-0.5)
     assert logit_error(good, trace, 0, good.spec.kv_index, model) < 1e-5
     assert logit_error(bad, trace, 0, bad.spec.kv_index, model) > 1e-2
@@ -354,7 +354,7 @@ def test_gemma_27b_score_scale(tmp_path):
     assert rule({}, "gemma3", shape | {"n_layers": 46}) == 128**-0.5
     for n_layers, expected in ((62, 12**-0.5), (26, 16**-0.5)):  # through a file's metadata
         write_gguf(tmp_path / "g.gguf", "gemma3", n_layers=n_layers, n_heads=4, n_kv_heads=2, d_model=48, head_dim=16)
-        assert open_gguf(tmp_path / "g.gguf", name="g", source="g", revision="r").spec.score_scale == expected
+        assert open_gguf(tmp_path / "g.gguf", name="g", source="g", options=ReadOptions(revision="r")).spec.score_scale == expected
 
 
 def test_recorded_rope_pairing_and_packing(tiny, tmp_path):
@@ -363,7 +363,7 @@ def test_recorded_rope_pairing_and_packing(tiny, tmp_path):
                                          ("phi3", "gguf_phi3", "split-half", "fused"),
                                          ("stablelm", "gguf_stablelm", "split-half", "separate")):
         path = gguf_convert.write(tiny(name), arch, tmp_path / f"{arch}.gguf")
-        config = open_gguf(path, name=name, source=name, revision="r").spec.config
+        config = open_gguf(path, name=name, source=name, options=ReadOptions(revision="r")).spec.config
         assert (config["rope_pairing"], config["gguf_packing"]) == (pairing, packing)
     assert config["rope_dims"] == 2  # stablelm rotates a quarter of its 8 dimensions
 
@@ -374,7 +374,7 @@ def test_phi2_files_fused_or_separate(tiny, tmp_path):
     trace = tm.trace("gguf_phi2", model)
     for fuse, packing in ((False, "separate"), (True, "fused")):
         path = gguf_convert.write(model, "phi2", tmp_path / f"{packing}.gguf", fuse=fuse)
-        ckpt = open_gguf(path, name="phi2", source="phi2", revision="r")
+        ckpt = open_gguf(path, name="phi2", source="phi2", options=ReadOptions(revision="r"))
         assert ckpt.spec.config["gguf_packing"] == packing and ckpt.spec.config["rope_dims"] == 4
         assert logit_error(ckpt, trace, 1, ckpt.spec.kv_index, model) < 1e-5
 
@@ -384,14 +384,14 @@ def test_qk_norm_refused_by_default(arch, name, tiny, tmp_path):
     path = gguf_convert.write(tiny(name), arch, tmp_path / f"{arch}.gguf")
     with pytest.raises(ExtractError, match=rf"^GGUF {arch} file uses QK-norm \(attn_q_norm, attn_k_norm\), .*"
                                            r"pass --qk-norm fold"):
-        open_gguf(path, name=name, source=name, revision="r")
+        open_gguf(path, name=name, source=name, options=ReadOptions(revision="r"))
 
 
 def test_gemma3_norm_gains_stored_plus_one(tiny, tmp_path):
     """The file's gain is Gemma's 1 + w (llama.cpp adds the 1): reading it as w + 1 again breaks the logits."""
     model = tiny("gemma3_text", query_pre_attn_scalar=16)
     path = gguf_convert.write(model, "gemma3", tmp_path / "g.gguf")
-    ckpt = open_gguf(path, name="g", source="g", revision="r", qk_norm="fold")
+    ckpt = open_gguf(path, name="g", source="g", options=ReadOptions(revision="r", qk_norm="fold"))
     q_norm = model.model.layers[0].self_attn.q_norm.weight.detach().double().numpy()
     w_q = tm._attention_modules(model)[0].q_proj.weight.detach().double().numpy()
     folded = w_q.reshape(4, 16, 32) * (1 + q_norm)[:, None]
@@ -412,10 +412,10 @@ def test_gemma3_norm_gains_stored_plus_one(tiny, tmp_path):
 def test_non_bilinear_scores_refused(arch, metadata, reason, tmp_path):
     write_gguf(tmp_path / "m.gguf", arch, metadata=metadata)
     with pytest.raises(ExtractError, match=rf"^GGUF {arch} is refused: [^\n]*{reason}"):
-        open_gguf(tmp_path / "m.gguf", name="m", source="m", revision="r")
+        open_gguf(tmp_path / "m.gguf", name="m", source="m", options=ReadOptions(revision="r"))
     if metadata:  # the same file without the key is read
         write_gguf(tmp_path / "ok.gguf", arch)
-        assert open_gguf(tmp_path / "ok.gguf", name="m", source="m", revision="r").spec.architecture == arch
+        assert open_gguf(tmp_path / "ok.gguf", name="m", source="m", options=ReadOptions(revision="r")).spec.architecture == arch
 
 
 @pytest.mark.parametrize("arch", ["stablelm", "command-r"])
@@ -427,7 +427,7 @@ def test_qk_layernorm_refused_even_when_folding(arch, qk_norm, tmp_path):
                 for i in range(2) for kind, heads in (("q", 4), ("k", 2))}
     write_gguf(tmp_path / "ln.gguf", arch, weights=weights)
     with pytest.raises(ExtractError, match=rf"^GGUF {arch} file has QK LayerNorm .*subtracts the mean"):
-        open_gguf(tmp_path / "ln.gguf", name="m", source="m", revision="r", qk_norm=qk_norm)
+        open_gguf(tmp_path / "ln.gguf", name="m", source="m", options=ReadOptions(revision="r", qk_norm=qk_norm))
 
 
 QUANTISED = [t for t in gguf.GGMLQuantizationType if dequantizable(t)]
@@ -460,7 +460,7 @@ def test_every_dequantizable_type_is_read(qtype, tmp_path):
                    for kind, rows in (("q", 32), ("k", 16))}
     weights = {name: (np.ascontiguousarray(r).view(np.uint8), qtype) for name, r in raw.items()}
     write_gguf(tmp_path / "q.gguf", n_layers=1, n_heads=4, n_kv_heads=2, d_model=width, head_dim=8, weights=weights)
-    w_q, w_k = open_gguf(tmp_path / "q.gguf", name="q", source="q", revision="r").read_layer(0)
+    w_q, w_k = open_gguf(tmp_path / "q.gguf", name="q", source="q", options=ReadOptions(revision="r")).read_layer(0)
     for got, name, heads in ((w_q, "blk.0.attn_q.weight", 4), (w_k, "blk.0.attn_k.weight", 2)):
         assert got.shape == (heads, 8, width) and got.dtype == np.float64 and got.std() > 0
         if qtype != gguf.GGMLQuantizationType.F64:
@@ -493,7 +493,7 @@ def test_quantised_fused_qkv_reads_q_and_k_rows(qtype, tiny, tmp_path):
     """Only the Q and K rows of a quantised attn_qkv are decoded; they are the whole tensor's decoded rows."""
     model = tiny("gguf_phi3")
     path = gguf_convert.write(model, "phi3", tmp_path / "p.gguf", qtype=qtype)
-    w_q, w_k = open_gguf(path, name="p", source="p", revision="r").read_layer(1)
+    w_q, w_k = open_gguf(path, name="p", source="p", options=ReadOptions(revision="r")).read_layer(1)
     tensor = next(t for t in gguf.GGUFReader(path).tensors if t.name == "blk.1.attn_qkv.weight")
     fused = gguf.quants.dequantize(tensor.data, qtype)
     assert fused.shape == (64, 32)  # Q 32 rows, K 16, V 16

@@ -25,7 +25,7 @@ from safetensors import safe_open
 import tests.tiny_models as tm
 from headforms import api, cli
 from headforms.extract import hub as hub_module
-from headforms.extract.checkpoint import ExtractError
+from headforms.extract.checkpoint import ExtractError, ReadOptions
 from headforms.extract.hub import FetchError
 from headforms.extract.sources import open_checkpoint
 from headforms.warehouse.running import load as load_module
@@ -385,7 +385,7 @@ def test_unknown_repo_revision_and_bad_id(hub, tmp_path):
     with pytest.raises(ExtractError, match=r"^no model 'org/absent' on the Hugging Face hub \(or it is private"):
         open_checkpoint("org/absent")
     with pytest.raises(ExtractError, match=r"^no revision 'v9' of 'org/tiny' on the Hugging Face hub$"):
-        open_checkpoint("org/tiny", revision="v9")
+        open_checkpoint("org/tiny", ReadOptions(revision="v9"))
     with pytest.raises(ExtractError, match=r"^not a file, folder, pkg: reference or hub id"):
         open_checkpoint("bad id with spaces")
     with pytest.raises(ExtractError, match=r"^'org/tiny' on the Hugging Face hub has no file none\.gguf$"):

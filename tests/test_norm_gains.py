@@ -14,7 +14,7 @@ from polars.testing import assert_frame_equal
 
 from headforms import cli
 from headforms.compute.norm_gains import fold_gain
-from headforms.extract.checkpoint import ExtractError
+from headforms.extract.checkpoint import ExtractError, ReadOptions
 from headforms.extract.gguf_file import open_gguf
 from headforms.extract.hf import open_hf_folder
 from tests import tiny_models as tm
@@ -77,8 +77,8 @@ CASES = [(name, "gain") for name in NORM_MODULES] + [(name, "center") for name i
 def test_folded_forms_reproduce_logits_on_normalised_inputs(name, mode, tmp_path):
     model = tm.build(name)
     tm.save(model, tmp_path)
-    ckpt = open_hf_folder(tmp_path, name="t", source="t", revision="r", qk_norm="fold", fold_norm=mode)
-    plain = open_hf_folder(tmp_path, name="t", source="t", revision="r", qk_norm="fold")
+    ckpt = open_hf_folder(tmp_path, name="t", source="t", options=ReadOptions(revision="r", qk_norm="fold", fold_norm=mode))
+    plain = open_hf_folder(tmp_path, name="t", source="t", options=ReadOptions(revision="r", qk_norm="fold"))
     assert ckpt.spec.fold_norm == mode and plain.spec.fold_norm is None
     trace = normalised_trace(name, model, center=mode == "center")
     for layer in range(2):
@@ -106,17 +106,17 @@ def test_gguf_attn_norm_folds(tmp_path):
         weights[f"blk.{i}.attn_k.weight"] = layer.self_attn.k_proj.weight.detach().numpy().astype(np.float32)
         weights[f"blk.{i}.attn_norm.weight"] = layer.input_layernorm.weight.detach().numpy().astype(np.float32)
     write_gguf(tmp_path / "t.gguf", n_layers=2, n_heads=4, n_kv_heads=2, d_model=32, head_dim=8, weights=weights)
-    ckpt = open_gguf(tmp_path / "t.gguf", name="t", source="t", revision="r", fold_norm="gain")
+    ckpt = open_gguf(tmp_path / "t.gguf", name="t", source="t", options=ReadOptions(revision="r", fold_norm="gain"))
     assert ckpt.spec.fold_norm == "gain"
     trace = normalised_trace("llama", model, center=False)
     for layer in range(2):
         assert logit_error(ckpt, trace, layer, ckpt.spec.kv_index, model) < 1e-5
     with pytest.raises(ExtractError, match="RMSNorm does not subtract the mean"):
-        open_gguf(tmp_path / "t.gguf", name="t", source="t", revision="r", fold_norm="center")
+        open_gguf(tmp_path / "t.gguf", name="t", source="t", options=ReadOptions(revision="r", fold_norm="center"))
     del weights["blk.1.attn_norm.weight"]
     write_gguf(tmp_path / "m.gguf", n_layers=2, n_heads=4, n_kv_heads=2, d_model=32, head_dim=8, weights=weights)
     with pytest.raises(ExtractError, match=r"has no tensor blk\.1\.attn_norm\.weight \(needed by --fold-norm\)"):
-        open_gguf(tmp_path / "m.gguf", name="m", source="m", revision="r", fold_norm="gain")
+        open_gguf(tmp_path / "m.gguf", name="m", source="m", options=ReadOptions(revision="r", fold_norm="gain"))
     assert gguf  # the writer's package
 
 
@@ -130,7 +130,7 @@ def test_gguf_attn_norm_folds(tmp_path):
 def test_refusals(name, mode, message, tmp_path):
     tm.save(tm.build(name), tmp_path)
     with pytest.raises(ExtractError, match=message):
-        open_hf_folder(tmp_path, name="t", source="t", revision="r", qk_norm="fold", fold_norm=mode)
+        open_hf_folder(tmp_path, name="t", source="t", options=ReadOptions(revision="r", qk_norm="fold", fold_norm=mode))
 
 
 @pytest.fixture(scope="module")

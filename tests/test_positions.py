@@ -15,9 +15,10 @@ from click.testing import CliRunner
 from headforms import api, cli
 from headforms.compute.reduction import reduce_factors
 from headforms.compute.rotary import DEFAULT_DISTANCES, Rotation, distance_forms, distance_profiles
+from headforms.extract.checkpoint import ReadOptions
 from headforms.extract.gguf_file import open_gguf
 from headforms.extract.hf import open_hf_folder
-from headforms.extract.layouts import model_spec
+from headforms.extract.spec import model_spec
 from tests import tiny_models as tm
 from tests.dense import dense_reference
 from tests.test_gguf import write_gguf
@@ -162,7 +163,7 @@ def test_distance_forms_reproduce_model_logits(case, tmp_path):
     name = case.split("_")[0] if case.startswith("llama_") else case
     model = tm.build(name, **HF_CASES[case])
     tm.save(model, tmp_path)
-    ckpt = open_hf_folder(tmp_path, name="tiny", source=str(tmp_path), revision="r")
+    ckpt = open_hf_folder(tmp_path, name="tiny", source=str(tmp_path), options=ReadOptions(revision="r"))
     assert ckpt.spec.rope.refusal is None
     assert ckpt.spec.rope.pairing == ("interleaved" if name == "gptj" else "split-half")
     inputs, probs = rope_trace(model)
@@ -191,7 +192,7 @@ def test_gguf_permuted_llama_reproduces_model_logits(tmp_path):
             weights[f"blk.{i}.attn_{kind}.weight"] = llama_cpp_permute(
                 proj.weight.detach().numpy(), heads).astype(np.float32)
     write_gguf(tmp_path / "tiny.gguf", n_layers=2, n_heads=4, n_kv_heads=2, d_model=32, head_dim=8, weights=weights)
-    ckpt = open_gguf(tmp_path / "tiny.gguf", name="tiny", source="tiny.gguf", revision="r")
+    ckpt = open_gguf(tmp_path / "tiny.gguf", name="tiny", source="tiny.gguf", options=ReadOptions(revision="r"))
     rope = ckpt.spec.rope
     assert (rope.pairing, rope.theta, rope.rotary_dims) == ("interleaved", model.config.rope_parameters["rope_theta"], 8)
     inputs, probs = rope_trace(model)
@@ -288,7 +289,7 @@ def test_distance_profiles_rows_and_values(tiny_warehouse):
         models = con.execute("select model, distances, fold_norm from models order by model").fetchall()
     assert models == [("gpt2", None, None), ("llama_gqa", [0, 1, 5, 64], None)]
     assert set(rows["model"]) == {"llama_gqa"} and rows.height == 2 * 4 * 4
-    ckpt = open_hf_folder(folder / "llama_gqa", name="t", source="t", revision="r")
+    ckpt = open_hf_folder(folder / "llama_gqa", name="t", source="t", options=ReadOptions(revision="r"))
     freq = np.asarray(ckpt.spec.rope.frequencies)
     for (layer, head, delta), row in zip(rows.select("layer", "head", "delta").rows(), rows.iter_rows(named=True)):
         w_q, w_k = ckpt.read_layer(layer)

@@ -22,8 +22,9 @@ import tests.tiny_models as tm
 from headforms import api, cli
 from headforms.extract import checkpoint as checkpoint_module
 from headforms.extract import hf
+from headforms.extract.checkpoint import ReadOptions
 from headforms.extract.sources import open_checkpoint
-from headforms.warehouse.running import load as load_module
+from headforms.warehouse.running import layers as layers_module
 from tests.test_gguf import write_gguf
 
 QK = re.compile(r"\.(q_proj|k_proj)\.weight$")
@@ -161,18 +162,18 @@ def test_changed_bytes_are_another_revision_refused_without_force(tmp_path):
 
 def test_interrupted_first_run_resumes_under_its_pending_name(tmp_path, reads, monkeypatch):
     folder, db = padded(tmp_path / "tiny", pad=(1, 1)), tmp_path / "w.duckdb"
-    layer_rows = load_module.layer_rows
+    layer_rows = layers_module.layer_rows
 
     def interrupted(ckpt, opts, layer):
         if layer == 1:
             raise KeyboardInterrupt
         return layer_rows(ckpt, opts, layer)
 
-    monkeypatch.setattr(load_module, "layer_rows", interrupted)
+    monkeypatch.setattr(layers_module, "layer_rows", interrupted)
     with pytest.raises(KeyboardInterrupt):
         api.extract(str(folder), db=db, name="m")
     assert stored(db)[0].startswith("pending:")
-    monkeypatch.setattr(load_module, "layer_rows", layer_rows)
+    monkeypatch.setattr(layers_module, "layer_rows", layer_rows)
     summary = api.extract(str(folder), db=db, name="m")
     assert summary["status"][0] == "resumed"
     assert stored(db) == (open_checkpoint(str(folder)).revision, "digest")
@@ -204,14 +205,14 @@ def test_inside_a_hugging_face_cache_snapshot_the_revision_is_its_commit(tmp_pat
     ckpt = open_checkpoint(str(source))
     assert (ckpt.revision, ckpt.revision_kind, ckpt.digest) == (commit, "hf-cache", None)
     assert reads["hashed"] == []
-    given = open_checkpoint(str(source), revision="mine")
+    given = open_checkpoint(str(source), ReadOptions(revision="mine"))
     assert (given.revision, given.revision_kind) == ("mine", "given")
 
 
 def cache_root_under(env: dict) -> Path:
     """extract.hub.cache_root() in a fresh interpreter with only `env` of the cache variables set."""
     clean = {k: v for k, v in os.environ.items() if k not in ("HEADFORMS_CACHE", "HF_HOME", "HF_HUB_CACHE")}
-    out = subprocess.run([sys.executable, "-c", "from headforms.extract.hub import cache_root; print(cache_root())"],
+    out = subprocess.run([sys.executable, "-c", "from headforms.extract.caches import cache_root; print(cache_root())"],
                          env=clean | env, capture_output=True, text=True, check=True)
     return Path(out.stdout.strip())
 

@@ -29,7 +29,8 @@ from tests.test_gguf import write_gguf
 from tests.test_layouts import _Payload, rewrite
 from headforms.warehouse.running import load
 from headforms.warehouse.storing.check import check_warehouse
-from headforms.warehouse.running.load import LoadOptions, load_model
+from headforms.warehouse.running.layers import LoadOptions
+from headforms.warehouse.running.load import load_model
 from headforms.warehouse.storing.store import connect, create_schema, interruptible
 
 ROOT = Path(headforms.__file__).resolve().parent  # the package folder: the checkout, or a mutated copy of it

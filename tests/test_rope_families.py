@@ -16,6 +16,7 @@ import transformers
 from headforms import api
 from headforms.compute.reduction import reduce_factors
 from headforms.compute.rotary import Rotation, distance_forms
+from headforms.extract.checkpoint import ReadOptions
 from headforms.extract.gguf_file import GGUF_ARCHITECTURES, open_gguf
 from headforms.extract.hf import open_hf_folder
 from headforms.extract.layouts import LAYOUTS, layout_key
@@ -144,8 +145,7 @@ def test_hf_distance_forms_reproduce_model_logits(name, tmp_path):
     for module in model.modules():  # Falcon's eager path adds a boolean mask as 0/1
         if type(module).__name__ == "FalconAttention":
             module.register_forward_pre_hook(_additive_mask, with_kwargs=True)
-    ckpt = open_hf_folder(tmp_path, name=name, source=str(tmp_path), revision="r", qk_norm="fold",
-                          tower=tm.TINY[name].tower)
+    ckpt = open_hf_folder(tmp_path, name=name, source=str(tmp_path), options=ReadOptions(revision="r", qk_norm="fold", tower=tm.TINY[name].tower))
     if name in REFUSED_BEYOND_ZERO:
         assert REFUSED_BEYOND_ZERO[name] in ckpt.spec.rope.refusal
         return
@@ -192,7 +192,7 @@ def test_gguf_distance_forms_reproduce_model_logits(arch, name, overrides, metad
     """The file's rope.freq_base, rope.dimension_count, scaling and its architecture's pairing as stored."""
     model = tiny(name, **(rope_overrides(name) | PER_LAYER.get(arch, {}) | overrides))
     path = gguf_convert.write(model, arch, tmp_path / f"{name}.gguf", metadata=metadata)
-    ckpt = open_gguf(path, name=name, source=str(path), revision="r", qk_norm="fold")
+    ckpt = open_gguf(path, name=name, source=str(path), options=ReadOptions(revision="r", qk_norm="fold"))
     r = ckpt.spec.rope
     assert r.theta == gguf_convert.rope_theta(model.config.get_text_config())
     kind = GGUF_ARCHITECTURES[arch].qk_norm if ckpt.spec.qk_norm == "folded" else None
@@ -219,7 +219,7 @@ def test_hf_cohere2_full_attention_layers_refused_beyond_distance_zero(tiny, tmp
     """cohere2 (read by discovery) rotates only its sliding-window layers: refused beyond distance 0."""
     model = tiny("gguf_cohere2", **PER_LAYER["cohere2"])
     tm.save(model, tmp_path)
-    ckpt = open_hf_folder(tmp_path, name="c", source=str(tmp_path), revision="r")
+    ckpt = open_hf_folder(tmp_path, name="c", source=str(tmp_path), options=ReadOptions(revision="r"))
     assert ckpt.spec.rope.refusal == HF_PER_LAYER_ROPE["cohere2"]
     assert_one_rotation_misses_a_layer(ckpt, model, None, wrong_layer=1)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from headforms.extract.checkpoint import ExtractError
+from headforms.extract.checkpoint import ExtractError, ReadOptions
 from headforms.extract.sources import MODEL_SETS, expand_sources, open_checkpoint
 from tests.test_gguf import write_gguf
 
@@ -18,9 +18,9 @@ def fake_hf(monkeypatch):
     """Stand-in for extract.hf: records how open_hf_folder was called and returns the arguments."""
     calls = []
 
-    def open_hf_folder(folder, *, name, source, revision, qk_norm="refuse", tower=None, fold_norm="none"):
-        calls.append(dict(folder=Path(folder), name=name, source=source, revision=revision, qk_norm=qk_norm,
-                          tower=tower, fold_norm=fold_norm))
+    def open_hf_folder(folder, *, name, source, options):
+        calls.append(dict(folder=Path(folder), name=name, source=source, revision=options.revision,
+                          qk_norm=options.qk_norm, tower=options.tower, fold_norm=options.fold_norm))
         return calls[-1]
 
     module = types.ModuleType("headforms.extract.hf")
@@ -85,24 +85,24 @@ def test_nonexistent_path(source):
 def test_gguf_path_names(tmp_path):
     write_gguf(tmp_path / "tiny-model.gguf")
     assert open_checkpoint(str(tmp_path / "tiny-model.gguf")).name == "tiny-model"
-    assert open_checkpoint(str(tmp_path / "tiny-model.gguf"), name="other", revision="v1").revision == "v1"
+    assert open_checkpoint(str(tmp_path / "tiny-model.gguf"), ReadOptions(revision="v1"), name="other").revision == "v1"
 
 
 def test_folder_dispatch(tmp_path, fake_hf):
     (tmp_path / "my-model").mkdir()
-    call = open_checkpoint(str(tmp_path / "my-model"), qk_norm="fold", fold_norm="gain")
+    call = open_checkpoint(str(tmp_path / "my-model"), ReadOptions(qk_norm="fold", fold_norm="gain"))
     assert (call["folder"], call["name"], call["source"], call["qk_norm"], call["fold_norm"]) == (
         tmp_path / "my-model", "my-model", str(tmp_path / "my-model"), "fold", "gain")
     assert open_checkpoint(str(tmp_path / "my-model"), name="x")["name"] == "x"
-    call = open_checkpoint(str(tmp_path / "my-model"), tower="vision")
+    call = open_checkpoint(str(tmp_path / "my-model"), ReadOptions(tower="vision"))
     assert (call["name"], call["tower"]) == ("my-model-vision", "vision")  # two towers of a folder: two models
-    assert open_checkpoint(str(tmp_path / "my-model"), name="x", tower="vision")["name"] == "x"
+    assert open_checkpoint(str(tmp_path / "my-model"), ReadOptions(tower="vision"), name="x")["name"] == "x"
 
 
 def test_tower_of_a_gguf_file_refused(tmp_path):
     write_gguf(tmp_path / "tiny-model.gguf")
     with pytest.raises(ExtractError, match=r"--tower applies to Hugging Face folders with several towers"):
-        open_checkpoint(str(tmp_path / "tiny-model.gguf"), tower="text")
+        open_checkpoint(str(tmp_path / "tiny-model.gguf"), ReadOptions(tower="text"))
 
 
 def test_other_file(tmp_path):

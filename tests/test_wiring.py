@@ -143,7 +143,7 @@ def test_layer_rows_count_the_bytes_their_read_fetched(tmp_path):
     from types import SimpleNamespace
 
     from headforms.extract import open_checkpoint
-    from headforms.warehouse.running.load import LoadOptions, layer_rows
+    from headforms.warehouse.running.layers import LoadOptions, layer_rows
     from tests import tiny_models as tm
 
     local = open_checkpoint(str(tm.save(tm.build("llama"), tmp_path / "m")), name="m")
@@ -163,8 +163,8 @@ def test_distances_of_a_rope_refused_beyond_zero_are_zero_only():
     is not implemented gets (0,), asked for or not, and asking for more is refused; no RoPE, no distances."""
     from headforms.compute.rotary import DEFAULT_DISTANCES
     from headforms.extract import ExtractError
-    from headforms.extract.layouts import model_spec
-    from headforms.warehouse.running.load import LoadOptions, deltas
+    from headforms.extract.spec import model_spec
+    from headforms.warehouse.running.layers import LoadOptions, deltas
 
     base = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 32}
     _, plain = model_spec(base)
@@ -181,8 +181,33 @@ def test_distances_of_a_rope_refused_beyond_zero_are_zero_only():
 
 @pytest.mark.parametrize("distances", [(), (-1, 4)])
 def test_distances_must_be_non_negative_and_at_least_one(distances):
-    from headforms.warehouse.running.load import LoadOptions
+    from headforms.warehouse.running.layers import LoadOptions
 
     with pytest.raises(ValueError, match=rf"^distances must be non-negative integers, at least one; got "
                                          rf"{re.escape(repr(distances))}$"):
         LoadOptions(distances=distances)
+
+
+
+@pytest.mark.parametrize("family, option", [("clip_text", {"tower": "vision"}), ("llama", {"fold_norm": "gain"})])
+def test_a_worker_reopens_a_checkpoint_with_the_options_it_was_read_with(family, option, tmp_path):
+    """--jobs and Ray workers reopen each checkpoint from its CheckpointRef: the same tower, the same folded norm,
+    at the pinned revision, so a worker reads the very maps the driver planned (a ref that kept only qk_norm read
+    the first tower, unfolded)."""
+    from dataclasses import replace
+
+    from headforms.extract import ReadOptions, open_checkpoint
+    from headforms.warehouse.running.executors import CheckpointRef
+    from tests import tiny_models as tm
+
+    folder = tm.save(tm.build(family), tmp_path / family)
+    read = ReadOptions(**option)
+    ckpt = open_checkpoint(str(folder), read)
+    worker = CheckpointRef.of(ckpt).open()
+    assert worker.options == replace(read, revision=ckpt.revision)
+    assert (worker.name, worker.revision, worker.spec) == (ckpt.name, ckpt.revision, ckpt.spec)
+    planned, read_by_worker = ckpt.read_layer(1), worker.read_layer(1)
+    for ours, theirs in zip(planned, read_by_worker):
+        np.testing.assert_array_equal(ours, theirs)
+    default = open_checkpoint(str(folder)).read_layer(1)  # the options matter: without them, other maps
+    assert any(a.shape != b.shape or not np.array_equal(a, b) for a, b in zip(default, planned))

@@ -1,5 +1,5 @@
 """Where a run's layers are read and analysed: in this process, in worker processes (--jobs N), or as
-Ray tasks (--executor ray). Every executor runs the same unit of work, `load.layer_rows`, and yields
+Ray tasks (--executor ray). Every executor runs the same unit of work, `layers.layer_rows`, and yields
 its results in task order, so the one writer (warehouse/running/load.py) commits whole layers in order.
 
 Workers open the checkpoint themselves from a `CheckpointRef` (its source, pinned to the revision
@@ -12,9 +12,14 @@ import signal
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
+
+from headforms.compute import threads
+from headforms.extract.checkpoint import ReadOptions
+from headforms.extract.sources import open_checkpoint
+from headforms.warehouse.running import layers
 
 EXECUTORS = ("local", "ray")
 WINDOW = 2  # tasks in flight per worker: enough to keep workers busy while the writer commits
@@ -22,23 +27,21 @@ WINDOW = 2  # tasks in flight per worker: enough to keep workers busy while the 
 
 @dataclass(frozen=True)
 class CheckpointRef:
-    """What a worker needs to open the same checkpoint: source (absolute when local), pinned revision, name."""
+    """What a worker needs to open the same checkpoint: source (absolute when local), name, and the options it was
+    read with, at its pinned revision."""
 
     source: str
-    revision: str
     name: str
-    qk_norm: str
+    options: ReadOptions
 
     @classmethod
     def of(cls, ckpt) -> "CheckpointRef":
         path = Path(ckpt.source).expanduser()
         source = str(path.resolve()) if path.exists() else ckpt.source
-        return cls(source, ckpt.revision, ckpt.name, "fold" if ckpt.spec.qk_norm == "folded" else "refuse")
+        return cls(source, ckpt.name, replace(ckpt.options, revision=ckpt.revision))
 
     def open(self):
-        from headforms.extract import open_checkpoint
-
-        return open_checkpoint(self.source, revision=self.revision, name=self.name, qk_norm=self.qk_norm)
+        return open_checkpoint(self.source, self.options, name=self.name)
 
 
 _OPEN: dict = {}  # a worker's open checkpoints: consecutive tasks mostly read the same model
@@ -46,14 +49,12 @@ _OPEN: dict = {}  # a worker's open checkpoints: consecutive tasks mostly read t
 
 def run_task(ref: CheckpointRef, opts, layer: int):
     """One layer's rows, in a worker: the checkpoint is opened once per worker and model."""
-    from headforms.warehouse.running.load import layer_rows
-
     if ref not in _OPEN:
         for old in _OPEN.values():
             old.close()
         _OPEN.clear()
         _OPEN[ref] = ref.open()
-    return layer_rows(_OPEN[ref], opts, layer)
+    return layers.layer_rows(_OPEN[ref], opts, layer)
 
 
 class Results:
@@ -74,9 +75,7 @@ class Serial:
     """Every layer in this process, computed only when the writer asks for it (one layer in memory)."""
 
     def map(self, tasks: Iterable[tuple]) -> Results:
-        from headforms.warehouse.running import load
-
-        return Results(load.layer_rows(ckpt, opts, layer) for ckpt, opts, layer in tasks)
+        return Results(layers.layer_rows(ckpt, opts, layer) for ckpt, opts, layer in tasks)
 
     def close(self) -> None:
         """Nothing to release."""
@@ -86,8 +85,6 @@ def _worker_setup(parent: int) -> None:
     """A worker process leaves Ctrl-C to the writer (which stops it), runs single-threaded (its siblings
     have the other cores), and exits when the writer is gone (killed: nobody would read its results)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from headforms.compute import threads
-
     threads.set_workers(1)
 
     def orphaned():

@@ -5,7 +5,7 @@ row, so an interrupted run resumes where it stopped. Replacing a model (--force)
 in a single transaction: the warehouse holds the old model or the new one, never a mix.
 A failing run (a bad weight, say) removes what it wrote, leaving the warehouse as it was.
 
-Reading and analysis (`layer_rows`) happen outside the warehouse, in this process or in an
+Reading and analysis (`layers.layer_rows`) happen outside the warehouse, in this process or in an
 executor's workers (warehouse/running/executors.py); the one writer opens the file only to commit,
 so other processes can read it between two commits. Small layers share a commit (up to
 COMMIT_SECONDS of work, and whatever workers finished meanwhile): whole layers still, in order.
@@ -13,27 +13,26 @@ COMMIT_SECONDS of work, and whatever workers finished meanwhile): whole layers s
 from __future__ import annotations
 
 import json
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from typing import Callable, Iterator
 
-import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from headforms.compute.analysis import LayerAnalysis, analyse_layer
-from headforms.compute.bootstrap import RESAMPLES
-from headforms.compute.rotary import DEFAULT_DISTANCES, PROFILE_COLUMNS, Rotation
-from headforms.compute.statistics import PARITY_TOLERANCE, lobes
-from headforms.extract import Checkpoint, ExtractError
+from headforms.extract import Checkpoint
 from headforms.extract.hub import FetchError
-from headforms.warehouse.storing.failures import ModelIncomplete, place_of, stage, words
+from headforms.warehouse.running.executors import Serial
+from headforms.warehouse.running.layers import LayerRows, LoadOptions, deltas
 from headforms.warehouse.running.progress import RunProgress
-from headforms.warehouse.storing.store import WarehouseError, Writer, insert, transaction
 from headforms.warehouse.running.summaries import write_summaries
+from headforms.warehouse.storing.failures import ModelIncomplete, place_of, stage, words
+from headforms.warehouse.storing.store import WarehouseError, Writer, insert, transaction
 
 
 def tool_version() -> str:
@@ -43,27 +42,6 @@ def tool_version() -> str:
         return "0+unknown"
 
 
-@dataclass(frozen=True)
-class LoadOptions:
-    """Settings the stored numbers depend on, plus how to run."""
-
-    parity_tolerance: float = PARITY_TOLERANCE
-    seed: int = 0
-    device: str = "cpu"
-    force: bool = False
-    resamples: int = RESAMPLES   # B of the bootstrap intervals, seeded by `seed`
-    distances: tuple[int, ...] | None = None  # RoPE: deltas of distance_profiles; None: DEFAULT_DISTANCES
-
-    def __post_init__(self):
-        if self.resamples < 1:
-            raise ValueError(f"resamples must be at least 1, not {self.resamples}")
-        if self.distances is not None:
-            distances = tuple(sorted(set(int(d) for d in self.distances)))
-            if not distances or distances[0] < 0:
-                raise ValueError(f"distances must be non-negative integers, at least one; got {self.distances!r}")
-            object.__setattr__(self, "distances", distances)
-
-
 @dataclass
 class LoadResult:
     model: str
@@ -71,16 +49,6 @@ class LoadResult:
     layers: int          # layers written by this run
     heads: int           # heads written by this run
     seconds: float
-
-
-@dataclass
-class LayerRows:
-    """One analysed layer: its rows for every table as Arrow tables (the `layers` progress row last)."""
-
-    layer: int
-    heads: int
-    tables: dict[str, pa.Table]
-    bytes_fetched: int = 0  # checkpoint bytes read for it (a hub source's ranged reads)
 
 
 # Layers computed within this many seconds of the first one waiting share its commit (opening, committing
@@ -108,8 +76,6 @@ def load_models(writer: Writer, ckpts: list[Checkpoint], opts: LoadOptions, exec
     Every model is checked against the warehouse before any work starts. The executor (default:
     this process) reads and analyses the layers of all models, ahead of the writer; the writer
     commits them model by model, layer by layer, in order."""
-    from headforms.warehouse.running.executors import Serial
-
     plans = [_plan(writer, ckpt, opts) for ckpt in ckpts]
     executor = executor or Serial()
     run = RunProgress(writer.path, len(plans))
@@ -182,36 +148,90 @@ def _load(writer: Writer, plan: _Plan, rows, run: RunProgress, on_layer) -> Load
     if plan.created:
         with _commit(writer) as con:
             insert(con, "models", pl.DataFrame([record]))
-    written: list[int] = []
+    commits, queued = _Commits(writer, name, run, on_layer), 0
     try:
-        while len(written) < len(plan.todo):
+        while queued < len(plan.todo):
             batch, started, failure = [next(rows)], time.perf_counter(), None
             try:
-                while len(written) + len(batch) < len(plan.todo) and (
+                while queued + len(batch) < len(plan.todo) and (
                         rows.ready() or time.perf_counter() - started < COMMIT_SECONDS):
                     batch.append(next(rows))
             except BaseException as exc:  # the layers already computed are committed before it is raised
                 failure = exc
-            with stage("write", name, (batch[0].layer, batch[-1].layer)), _commit(writer) as con:
-                _insert_layers(con, batch)
-            written += [layer.layer for layer in batch]
-            _report(batch, run, on_layer)
+            queued += len(batch)
+            commits.submit(batch)  # committed in the writer thread while this one computes the next layers
             if failure is not None:
+                commits.wait()
                 raise failure
+        commits.wait()
     except FetchError:  # the network gave out: keep the committed layers, the same command resumes
+        commits.settle()
         with _commit(writer) as con:
             _record_cost(con, ckpt)
         raise
     except Exception:
+        commits.settle()
         with _commit(writer) as con:  # undo this run only; an interruption (Ctrl-C, kill) keeps its layers
             if plan.created:
                 _delete_model(con, name)
-            elif written:
+            elif commits.written:
                 for table in TABLES:
-                    con.execute(f"DELETE FROM {table} WHERE model = ? AND list_contains(?, layer)", [name, written])
+                    con.execute(f"DELETE FROM {table} WHERE model = ? AND list_contains(?, layer)",
+                                [name, commits.written])
         raise
+    except BaseException:  # an interruption: a commit still in progress rolls back, the committed ones stay
+        commits.settle(abort=True)
+        raise
+    finally:
+        commits.close()
+    written = commits.written
     _finish(writer, plan)
     return LoadResult(name, plan.status, len(written), len(written) * ckpt.spec.n_heads, time.perf_counter() - start)
+
+
+class _Commits:
+    """A model's layer commits, one at a time and in order, in a writer thread, while the calling thread computes
+    the next layers (the linear algebra and the commit overlap instead of waiting on each other).
+
+    `submit` first waits for the previous commit and raises its failure; `wait` waits for the last one. An
+    interruption (`settle(abort=True)`) makes a commit still running roll back, so an interrupted run keeps
+    exactly the layers committed before it, as if the commit had not begun."""
+
+    def __init__(self, writer: Writer, name: str, run: RunProgress, on_layer):
+        self.writer, self.name, self.run, self.on_layer = writer, name, run, on_layer
+        self.written: list[int] = []
+        self.pending: Future | None = None
+        self.aborted = threading.Event()
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="headforms-writer")
+
+    def _write(self, batch: list[LayerRows]) -> None:
+        with stage("write", self.name, (batch[0].layer, batch[-1].layer)), _commit(self.writer) as con:
+            _insert_layers(con, batch)
+            if self.aborted.is_set():
+                raise KeyboardInterrupt  # rolls the transaction back
+        self.written += [layer.layer for layer in batch]
+        _report(batch, self.run, self.on_layer)
+
+    def submit(self, batch: list[LayerRows]) -> None:
+        self.wait()
+        self.pending = self.thread.submit(self._write, batch)
+
+    def wait(self) -> None:
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.result()
+
+    def settle(self, abort: bool = False) -> None:
+        """Wait for the commit in progress, its failure left unraised (another one is being raised)."""
+        if abort:
+            self.aborted.set()
+        try:
+            self.wait()
+        except BaseException:
+            pass
+
+    def close(self) -> None:
+        self.thread.shutdown(wait=True)
 
 
 def _finish(writer: Writer, plan: _Plan, before: Callable = lambda con: None) -> None:
@@ -264,47 +284,11 @@ def _delete_model(con, name: str) -> None:
         con.execute(f"DELETE FROM {table} WHERE model = ?", [name])
 
 
-def deltas(spec, opts: LoadOptions) -> tuple[int, ...] | None:
-    """The distances of a model's distance_profiles: None without RoPE; by default DEFAULT_DISTANCES, or
-    only 0 where its RoPE is refused beyond 0 (the reason is in models.config); asked-for ones are checked."""
-    if spec.rope is None:
-        return None
-    if spec.rope.refusal is None:
-        return opts.distances or DEFAULT_DISTANCES
-    if opts.distances not in (None, (0,)):
-        raise ExtractError(f"RoPE beyond distance 0 is not computed for this {spec.architecture} checkpoint: "
-                           f"{spec.rope.refusal}; pass --distances 0")
-    return (0,)
-
-
 def _record_cost(con, ckpt: Checkpoint) -> None:
     """Add this run's hub bytes to the model's bytes_fetched (runs that resume add up)."""
     if ckpt.bytes_fetched is not None:
         con.execute("UPDATE models SET bytes_fetched = coalesce(bytes_fetched, 0) + ? WHERE model = ?",
                     [ckpt.bytes_fetched, ckpt.name])
-
-
-def layer_rows(ckpt: Checkpoint, opts: LoadOptions, layer: int) -> LayerRows:
-    """Read and analyse one layer into its rows, the `layers` progress row included; no warehouse access.
-
-    The unit of work of every executor (this process, worker processes, Ray tasks)."""
-    t0 = time.perf_counter()
-    fetched = ckpt.bytes_fetched or 0
-    with stage("read", ckpt.name, layer):
-        wq, wk = ckpt.read_layer(layer)
-    spec = ckpt.spec
-    rotation = Rotation.of(spec.rope.pairing, spec.rope.frequencies) if spec.rope is not None else None
-    with stage("compute", ckpt.name, layer):
-        analysis = analyse_layer(wq, wk, spec.kv_index, layer=layer, seed=opts.seed,
-                                 parity_tolerance=opts.parity_tolerance, device=opts.device,
-                                 rotation=rotation, deltas=deltas(spec, opts))
-        del wq, wk
-        tables = layer_tables(ckpt.name, layer, spec.kv_index, spec.head_dim, analysis)
-    tables["layers"] = pa.table({
-        "model": [ckpt.name], "layer": [layer], "heads": [spec.n_heads],
-        "seconds": [time.perf_counter() - t0], "written_at": [datetime.now(timezone.utc).replace(tzinfo=None)],
-    })
-    return LayerRows(layer, spec.n_heads, tables, (ckpt.bytes_fetched or 0) - fetched)
 
 
 def _model_record(ckpt: Checkpoint, opts: LoadOptions) -> dict:
@@ -324,76 +308,3 @@ def _model_record(ckpt: Checkpoint, opts: LoadOptions) -> dict:
     }
 
 
-def _table(columns: dict, rows: int) -> pa.Table:
-    """An Arrow table from whole columns: a scalar is repeated (a string dictionary-encoded, one value
-    stored once), integers are 32-bit as in the tables, a float's NaN becomes NULL (an undefined statistic)."""
-    arrays = {}
-    for name, value in columns.items():
-        if isinstance(value, pa.Array):
-            arrays[name] = value
-        elif isinstance(value, str):
-            arrays[name] = _repeat([value], [rows])
-        else:
-            value = np.asarray(value)
-            value = np.broadcast_to(value, (rows,)) if value.ndim == 0 else value
-            value = value.astype(np.int32) if value.dtype.kind in "iu" else value  # the tables' INTEGER
-            arrays[name] = pa.array(value, from_pandas=value.dtype.kind == "f")
-    return pa.table(arrays)
-
-
-def layer_tables(model: str, layer: int, kv_index: np.ndarray, head_dim: int,
-                 analysis: LayerAnalysis) -> dict[str, pa.Table]:
-    """The rows of heads, eigenvalues, fits (and distance_profiles) for one analysed layer, as Arrow
-    tables built from whole numpy columns (no per-row work, no intermediate frames)."""
-    stats, sp = analysis.statistics, analysis.spectra
-    n_heads = sp.n_heads
-    heads = np.arange(n_heads)
-    head_cols = {"model": model, "layer": layer, "head": heads, "kv_head": kv_index}
-    head_cols.update({k: pa.array(v, pa.string()) if k == "parity" else v for k, v in stats.items()})
-    head_cols["balanced"] = (stats["n_pos"] == head_dim) & (stats["n_neg"] == head_dim)
-
-    rank = min(head_dim, sp.eig_L.shape[1])
-    plus, minus = lobes(sp.eig_S)
-    spectra = {
-        "S": sp.eig_S, "S_pos": _lobe(plus, stats["n_pos"]), "S_neg": _lobe(minus, stats["n_neg"]),
-        "T_sv": sp.sv_T, "T_sigma": sp.sigma_T, "L": sp.eig_L[:, :rank], "L_sv": sp.sv_L[:, :rank],
-    }
-    parts = []
-    for values in spectra.values():
-        keep = ~np.isnan(values.real)  # lobes are NaN-padded; complex spectra are never NaN
-        head_idx, idx = np.nonzero(keep)
-        parts.append((head_idx, idx, values.real[keep], values.imag[keep] if np.iscomplexobj(values)
-                      else np.zeros(len(idx))))
-    head_idx, idx, value, imag = (np.concatenate(column) for column in zip(*parts))
-    eigen = _table({
-        "model": model, "layer": layer, "head": head_idx.astype(np.int32),
-        "spectrum": _repeat(list(spectra), [len(p[0]) for p in parts]), "idx": idx.astype(np.int32),
-        "value": value.astype(np.float64), "imag": imag.astype(np.float64)}, len(idx))
-
-    combos = [(sample, family, cols) for sample, families in analysis.fits.items() for family, cols in families.items()]
-    fits = _table({
-        "model": model, "layer": layer, "head": np.tile(heads, len(combos)),
-        "sample": _repeat([sample for sample, _, _ in combos], [n_heads] * len(combos)),
-        "family": _repeat([family for _, family, _ in combos], [n_heads] * len(combos)),
-        **{column: np.concatenate([cols[column] for _, _, cols in combos]) for column in combos[0][2]},
-    }, n_heads * len(combos))
-    tables = {"heads": _table(head_cols, n_heads), "eigenvalues": eigen, "fits": fits}
-    if analysis.distances is not None:
-        dist = analysis.distances
-        tables["distance_profiles"] = _table({
-            "model": model, "layer": layer, "head": np.tile(heads, len(dist["delta"])),
-            "delta": dist["delta"].ravel(),
-            **{k: pa.array(dist[k].ravel(), pa.string()) if k == "parity" else dist[k].ravel()
-               for k in PROFILE_COLUMNS}}, dist["delta"].size)
-    return tables
-
-
-def _repeat(labels: list[str], counts: list[int]) -> pa.DictionaryArray:
-    """labels[0] counts[0] times, then labels[1] counts[1] times, ...: a dictionary-encoded string column."""
-    codes = np.repeat(np.arange(len(labels), dtype=np.int32), counts)
-    return pa.DictionaryArray.from_arrays(codes, pa.array(labels, pa.string()))
-
-
-def _lobe(values: np.ndarray, count: np.ndarray) -> np.ndarray:
-    """The first `count` entries of each row (a lobe's nonzero eigenvalues), NaN after."""
-    return np.where(np.arange(values.shape[1]) < count[:, None], values, np.nan)

@@ -1,11 +1,14 @@
 """Failures said in one line: where a run failed (step, model, layer), carried on the exception to the command
-line; a model kept incomplete; an output folder that cannot be created."""
+line; a model kept incomplete; an output folder that cannot be created; any failure as the line a user reads."""
 from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import duckdb
+
+from headforms.extract.checkpoint import ExtractError
 from headforms.warehouse.storing.store import WarehouseError
 
 
@@ -65,3 +68,14 @@ def writable_folder(folder: Path) -> None:
     except OSError as exc:
         raise WarehouseError(f"cannot create the output folder {folder} ({exc.filename}: {exc.strerror}): "
                              f"choose a folder you can write with --out DIR") from None
+
+
+def one_line(exc: Exception) -> tuple[str, bool]:
+    """A failure as the one line a user reads, and whether its traceback is worth keeping: the tool's own refusals
+    (and DuckDB's words on a query) stand alone; anything else says where it happened and what it was."""
+    place = place_of(exc)
+    if isinstance(exc, ModelIncomplete):
+        return str(exc), True
+    if isinstance(exc, (ExtractError, WarehouseError)) or (isinstance(exc, duckdb.Error) and place is None):
+        return str(exc).strip().splitlines()[0], False
+    return f"{f'{place}: ' if place else ''}{words(exc)}", True

@@ -1,0 +1,96 @@
+"""The package's imports run one way: `cli -> api -> warehouse -> extract -> compute`, no module imports its
+importer (at top level or inside a function), and the command line stands on the API alone."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ROOMS = ("cli", "api", "warehouse", "extract", "compute")  # each may import only those after it
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (packages by their __init__.py)."""
+    found = {}
+    for path in sorted(ROOT.glob("*.py")) + sorted(p for room in ("extract", "compute", "warehouse")
+                                                   for p in (ROOT / room).rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        found[".".join(("headforms", *parts))] = path
+    return found
+
+
+def imports(path: Path, known: set[str]) -> set[str]:
+    """The package modules a file imports anywhere in it (function bodies included): `from a import b` is
+    module a.b when that is a module, else a."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found |= {f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in known else node.module
+                      for alias in node.names}
+    return {name for name in found if name in known}
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    return {name: imports(path, set(found)) for name, path in found.items()}
+
+
+def cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle, as the modules along it, or None (depth-first search, colouring the modules)."""
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = "done"
+        stack.pop()
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in ROOMS else None
+
+
+def test_no_module_imports_its_importer():
+    assert cycle(graph()) is None, " -> ".join(cycle(graph()))
+
+
+def test_rooms_import_downwards_only():
+    """cli -> api -> warehouse -> extract -> compute: a room imports only the rooms after it (or itself)."""
+    backwards = [(a, b) for a, targets in graph().items() for b in targets
+                 if room(a) and room(b) and ROOMS.index(room(b)) < ROOMS.index(room(a))]
+    assert backwards == []
+
+
+def test_cli_imports_only_the_api():
+    """What a command does, a notebook does with the same call: cli.py reaches the package through the API."""
+    assert graph()["headforms.cli"] == {"headforms.api"}
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    """The checks above fail on a cycle: a planted one is found, whole."""
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycle(edges) == ["a", "b", "c", "a"]
+    assert cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_graph_sees_function_level_imports(tmp_path):
+    """An import inside a function counts as much as one at the top."""
+    source = tmp_path / "m.py"
+    source.write_text("def f():\n    from headforms.api import extract\n    import headforms.compute.spectra\n")
+    assert imports(source, {"headforms.api", "headforms.compute.spectra"}) == {"headforms.api",
+                                                                             "headforms.compute.spectra"}

@@ -1,0 +1,159 @@
+"""One layer's rows: the unit of work every executor runs (`layer_rows`: read, analyse, tabulate), with the
+settings the stored numbers depend on (`LoadOptions`). No warehouse access here: the writer (load.py) commits."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import numpy as np
+import pyarrow as pa
+
+from headforms.compute.analysis import LayerAnalysis, analyse_layer
+from headforms.compute.bootstrap import RESAMPLES
+from headforms.compute.rotary import DEFAULT_DISTANCES, PROFILE_COLUMNS, Rotation
+from headforms.compute.statistics import PARITY_TOLERANCE, lobes
+from headforms.extract import Checkpoint, ExtractError
+from headforms.warehouse.storing.failures import stage
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """Settings the stored numbers depend on, plus how to run."""
+
+    parity_tolerance: float = PARITY_TOLERANCE
+    seed: int = 0
+    device: str = "cpu"
+    force: bool = False
+    resamples: int = RESAMPLES   # B of the bootstrap intervals, seeded by `seed`
+    distances: tuple[int, ...] | None = None  # RoPE: deltas of distance_profiles; None: DEFAULT_DISTANCES
+
+    def __post_init__(self):
+        if self.resamples < 1:
+            raise ValueError(f"resamples must be at least 1, not {self.resamples}")
+        if self.distances is not None:
+            distances = tuple(sorted(set(int(d) for d in self.distances)))
+            if not distances or distances[0] < 0:
+                raise ValueError(f"distances must be non-negative integers, at least one; got {self.distances!r}")
+            object.__setattr__(self, "distances", distances)
+
+
+@dataclass
+class LayerRows:
+    """One analysed layer: its rows for every table as Arrow tables (the `layers` progress row last)."""
+
+    layer: int
+    heads: int
+    tables: dict[str, pa.Table]
+    bytes_fetched: int = 0  # checkpoint bytes read for it (a hub source's ranged reads)
+
+
+def deltas(spec, opts: LoadOptions) -> tuple[int, ...] | None:
+    """The distances of a model's distance_profiles: None without RoPE; by default DEFAULT_DISTANCES, or
+    only 0 where its RoPE is refused beyond 0 (the reason is in models.config); asked-for ones are checked."""
+    if spec.rope is None:
+        return None
+    if spec.rope.refusal is None:
+        return opts.distances or DEFAULT_DISTANCES
+    if opts.distances not in (None, (0,)):
+        raise ExtractError(f"RoPE beyond distance 0 is not computed for this {spec.architecture} checkpoint: "
+                           f"{spec.rope.refusal}; pass --distances 0")
+    return (0,)
+
+
+def layer_rows(ckpt: Checkpoint, opts: LoadOptions, layer: int) -> LayerRows:
+    """Read and analyse one layer into its rows, the `layers` progress row included; no warehouse access.
+
+    The unit of work of every executor (this process, worker processes, Ray tasks)."""
+    t0 = time.perf_counter()
+    fetched = ckpt.bytes_fetched or 0
+    with stage("read", ckpt.name, layer):
+        wq, wk = ckpt.read_layer(layer)
+    spec = ckpt.spec
+    rotation = Rotation.of(spec.rope.pairing, spec.rope.frequencies) if spec.rope is not None else None
+    with stage("compute", ckpt.name, layer):
+        analysis = analyse_layer(wq, wk, spec.kv_index, layer=layer, seed=opts.seed,
+                                 parity_tolerance=opts.parity_tolerance, device=opts.device,
+                                 rotation=rotation, deltas=deltas(spec, opts))
+        del wq, wk
+        tables = layer_tables(ckpt.name, layer, spec.kv_index, spec.head_dim, analysis)
+    tables["layers"] = pa.table({
+        "model": [ckpt.name], "layer": [layer], "heads": [spec.n_heads],
+        "seconds": [time.perf_counter() - t0], "written_at": [datetime.now(timezone.utc).replace(tzinfo=None)],
+    })
+    return LayerRows(layer, spec.n_heads, tables, (ckpt.bytes_fetched or 0) - fetched)
+
+
+def _table(columns: dict, rows: int) -> pa.Table:
+    """An Arrow table from whole columns: a scalar is repeated (a string dictionary-encoded, one value
+    stored once), integers are 32-bit as in the tables, a float's NaN becomes NULL (an undefined statistic)."""
+    arrays = {}
+    for name, value in columns.items():
+        if isinstance(value, pa.Array):
+            arrays[name] = value
+        elif isinstance(value, str):
+            arrays[name] = _repeat([value], [rows])
+        else:
+            value = np.asarray(value)
+            value = np.broadcast_to(value, (rows,)) if value.ndim == 0 else value
+            value = value.astype(np.int32) if value.dtype.kind in "iu" else value  # the tables' INTEGER
+            arrays[name] = pa.array(value, from_pandas=value.dtype.kind == "f")
+    return pa.table(arrays)
+
+
+def layer_tables(model: str, layer: int, kv_index: np.ndarray, head_dim: int,
+                 analysis: LayerAnalysis) -> dict[str, pa.Table]:
+    """The rows of heads, eigenvalues, fits (and distance_profiles) for one analysed layer, as Arrow
+    tables built from whole numpy columns (no per-row work, no intermediate frames)."""
+    stats, sp = analysis.statistics, analysis.spectra
+    n_heads = sp.n_heads
+    heads = np.arange(n_heads)
+    head_cols = {"model": model, "layer": layer, "head": heads, "kv_head": kv_index}
+    head_cols.update({k: pa.array(v, pa.string()) if k == "parity" else v for k, v in stats.items()})
+    head_cols["balanced"] = (stats["n_pos"] == head_dim) & (stats["n_neg"] == head_dim)
+
+    rank = min(head_dim, sp.eig_L.shape[1])
+    plus, minus = lobes(sp.eig_S)
+    spectra = {
+        "S": sp.eig_S, "S_pos": _lobe(plus, stats["n_pos"]), "S_neg": _lobe(minus, stats["n_neg"]),
+        "T_sv": sp.sv_T, "T_sigma": sp.sigma_T, "L": sp.eig_L[:, :rank], "L_sv": sp.sv_L[:, :rank],
+    }
+    parts = []
+    for values in spectra.values():
+        keep = ~np.isnan(values.real)  # lobes are NaN-padded; complex spectra are never NaN
+        head_idx, idx = np.nonzero(keep)
+        parts.append((head_idx, idx, values.real[keep], values.imag[keep] if np.iscomplexobj(values)
+                      else np.zeros(len(idx))))
+    head_idx, idx, value, imag = (np.concatenate(column) for column in zip(*parts))
+    eigen = _table({
+        "model": model, "layer": layer, "head": head_idx.astype(np.int32),
+        "spectrum": _repeat(list(spectra), [len(p[0]) for p in parts]), "idx": idx.astype(np.int32),
+        "value": value.astype(np.float64), "imag": imag.astype(np.float64)}, len(idx))
+
+    combos = [(sample, family, cols) for sample, families in analysis.fits.items() for family, cols in families.items()]
+    fits = _table({
+        "model": model, "layer": layer, "head": np.tile(heads, len(combos)),
+        "sample": _repeat([sample for sample, _, _ in combos], [n_heads] * len(combos)),
+        "family": _repeat([family for _, family, _ in combos], [n_heads] * len(combos)),
+        **{column: np.concatenate([cols[column] for _, _, cols in combos]) for column in combos[0][2]},
+    }, n_heads * len(combos))
+    tables = {"heads": _table(head_cols, n_heads), "eigenvalues": eigen, "fits": fits}
+    if analysis.distances is not None:
+        dist = analysis.distances
+        tables["distance_profiles"] = _table({
+            "model": model, "layer": layer, "head": np.tile(heads, len(dist["delta"])),
+            "delta": dist["delta"].ravel(),
+            **{k: pa.array(dist[k].ravel(), pa.string()) if k == "parity" else dist[k].ravel()
+               for k in PROFILE_COLUMNS}}, dist["delta"].size)
+    return tables
+
+
+def _repeat(labels: list[str], counts: list[int]) -> pa.DictionaryArray:
+    """labels[0] counts[0] times, then labels[1] counts[1] times, ...: a dictionary-encoded string column."""
+    codes = np.repeat(np.arange(len(labels), dtype=np.int32), counts)
+    return pa.DictionaryArray.from_arrays(codes, pa.array(labels, pa.string()))
+
+
+def _lobe(values: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """The first `count` entries of each row (a lobe's nonzero eigenvalues), NaN after."""
+    return np.where(np.arange(values.shape[1]) < count[:, None], values, np.nan)
