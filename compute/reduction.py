@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from headforms.compute.threads import map_threads
+from headforms.compute.threads import batches, map_threads
 
 
 def on_cpu(device: str) -> bool:
@@ -33,19 +33,20 @@ def reduce_factors(wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray, device:
     """The R factors [R_K | R_Q] of [W_K^T | W_Q^T] = U [R_K | R_Q], one (r, 2n) per query head, float64.
 
     L = U R_K R_Q^T U^T, and with RoPE L_delta = U R_K R(delta) R_Q^T U^T (compute.rotary).
-    On the CPU (numpy) the heads are factored one at a time over a pool of single-threaded workers
-    (compute.threads), holding one head's N x 2n copy per worker; on another device (cuda, torch)
-    the whole layer is one batched call there.
+    On the CPU (numpy) batches of heads are factored over a pool of single-threaded workers
+    (compute.threads), each batch large enough for numpy to release the GIL, holding its heads'
+    N x 2n copies; on another device (cuda, torch) the whole layer is one batched call there.
     """
     if on_cpu(device):
         q = np.asarray(wq, dtype=np.float64)
         k = np.asarray(wk, dtype=np.float64)
         kv = np.asarray(kv_index, dtype=np.intp)
 
-        def one(h: int) -> np.ndarray:
-            return _factor(np.concatenate([k[kv[h]], q[h]]))
+        def part(heads: slice) -> np.ndarray:
+            return _factor(np.concatenate([k[kv[heads]], q[heads]], axis=1))
 
-        return np.stack(map_threads(one, range(len(q))))
+        parts = batches(len(q), min(q.shape[2], 2 * q.shape[1]))  # R has r = min(N, 2n) rows
+        return np.concatenate(map_threads(part, parts))
     import torch
 
     q = torch.as_tensor(wq, dtype=torch.float64, device=device)

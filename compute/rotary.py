@@ -9,12 +9,12 @@ score x_j^T L_(i-j) x_i (times the score scale): delta = i - j, and R(0) = I giv
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from headforms.compute.statistics import PARITY_TOLERANCE, profile_statistics
-from headforms.compute import threads
-from headforms.compute.threads import chunks, map_threads
+from headforms.compute.threads import Pool, batches
 
 PAIRINGS = ("split-half", "interleaved")
 DEFAULT_DISTANCES = (0,) + tuple(2**k for k in range(13))  # 0, 1, 2, 4, ..., 4096
@@ -80,49 +80,80 @@ def distance_forms(factors, n: int, rotation: Rotation, deltas: np.ndarray):
     return np.concatenate([top, np.zeros(top.shape[:-2] + (factors.shape[-2] - n, top.shape[-1]))], axis=-2)
 
 
-def _profiles(factors, n: int, rotation: Rotation, deltas: np.ndarray) -> tuple[np.ndarray, ...]:
-    """(eig_S, ||L||^2, ||T||^2) of every (delta, head) of a batch, flattened delta-major.
-
-    With l = [[A, B], [0, 0]]: S = [[(A + A^T)/2, B/2], [B^T/2, 0]], ||T||^2 = ||A - A^T||^2/4 + ||B||^2/2."""
-    top = _top_rows(factors, n, rotation, deltas)
-    top = top.reshape((-1,) + tuple(top.shape[2:]))                      # (D*H, n, r)
+def _symmetric_eigenvalues(top) -> np.ndarray:
+    """eig(S) of l = [[A, B], [0, 0]] from its top rows [A | B] (..., n, r), flattened to (-1, r), decreasing:
+    S = [[(A + A^T)/2, B/2], [B^T/2, 0]]. numpy on the CPU; on a device the eigenproblems there, back as numpy."""
+    n, r = top.shape[-2], top.shape[-1]
+    top = top.reshape((-1, n, r))
     a, b = top[..., :n], top[..., n:]
-    r = top.shape[-1]
-    if not isinstance(top, np.ndarray):  # a device: the eigenproblems there, the results back as numpy
-        import torch
-
-        s = top.new_zeros(top.shape[:-2] + (r, r))
-    else:
-        s = np.zeros(top.shape[:-2] + (r, r))
+    s = top.new_zeros(top.shape[:-2] + (r, r)) if not isinstance(top, np.ndarray) else np.zeros(top.shape[:-2] + (r, r))
     s[..., :n, :n] = (a + a.swapaxes(-2, -1)) / 2
     s[..., :n, n:] = b / 2
     s[..., n:, :n] = b.swapaxes(-2, -1) / 2
-    if isinstance(top, np.ndarray):
-        eig_S = np.linalg.eigvalsh(s)[..., ::-1]
-    else:
-        eig_S = torch.linalg.eigvalsh(s).flip(-1).cpu().numpy()
-        top, a, b = (x.cpu().numpy() for x in (top, a, b))
+    if isinstance(s, np.ndarray):
+        return np.linalg.eigvalsh(s)[..., ::-1]
+    import torch
+
+    return torch.linalg.eigvalsh(s).flip(-1).cpu().numpy()
+
+
+def _profiles(factors, n: int, rotation: Rotation, deltas: np.ndarray, solve=None) -> tuple[np.ndarray, ...]:
+    """(eig_S of the deltas where `solve` (a mask; None: all), ||L||^2, ||T||^2 of every delta) of each head of a
+    batch, flattened delta-major. With l = [[A, B], [0, 0]]: ||T||^2 = ||A - A^T||^2/4 + ||B||^2/2."""
+    top = _top_rows(factors, n, rotation, deltas)                         # (D, H, n, r)
+    eig_S = _symmetric_eigenvalues(top if solve is None else top[solve])
+    if not isinstance(top, np.ndarray):
+        top = top.cpu().numpy()
+    top = top.reshape((-1,) + tuple(top.shape[2:]))                      # (D*H, n, r)
+    a, b = top[..., :n], top[..., n:]
     l2 = (top**2).sum(axis=(-2, -1))
     t2 = ((a - a.swapaxes(-2, -1)) ** 2).sum(axis=(-2, -1)) / 4 + (b**2).sum(axis=(-2, -1)) / 2
     return eig_S, l2, t2
+
+
+def later_profiles(pool: Pool, factors, n: int, rotation: Rotation, deltas, *,
+                   parity_tolerance: float = PARITY_TOLERANCE,
+                   eig_S0: Callable[[], np.ndarray] | None = None) -> Callable[[], dict[str, np.ndarray]]:
+    """`distance_profiles`, started now and collected by the function returned: on the CPU batches of heads go to
+    `pool` (compute.threads), so a batch's (D, h, r, r) forms are all that is held at once; on another device
+    the batch is one call, made at once. `eig_S0`, when given, returns eig(S) of L itself (H, r): L_0 = L, so
+    delta 0's eigenproblems are not solved again (CPU only)."""
+    deltas = np.asarray(deltas, dtype=np.int64)
+    H = factors.shape[0]
+    if not isinstance(factors, np.ndarray):
+        parts = _profiles(factors, n, rotation, deltas)
+        return lambda: _columns(*(x.reshape(len(deltas), H, *x.shape[1:]) for x in parts), deltas, parity_tolerance)
+    solve = deltas != 0 if eig_S0 is not None else np.ones(len(deltas), bool)
+    parts = batches(H, len(deltas) * factors.shape[-2])
+    futures = [pool.submit(_profiles, factors[part], n, rotation, deltas, solve) for part in parts]
+
+    def collect() -> dict[str, np.ndarray]:
+        pieces = zip(*(future.result() for future in futures))  # (eig_S, l2, t2) of each part, delta-major
+        solved, l2, t2 = (np.concatenate([x.reshape(-1, part.stop - part.start, *x.shape[1:])
+                                          for x, part in zip(piece, parts)], axis=1) for piece in pieces)
+        eig_S = np.empty(l2.shape + solved.shape[2:])
+        eig_S[solve] = solved
+        if not solve.all():
+            eig_S[~solve] = eig_S0()
+        return _columns(eig_S, l2, t2, deltas, parity_tolerance)
+
+    return collect
+
+
+def _columns(eig_S, l2, t2, deltas: np.ndarray, parity_tolerance: float) -> dict[str, np.ndarray]:
+    """PROFILE_COLUMNS and "delta", each (D, H), from eig(S), ||L||^2 and ||T||^2 of every (delta, head)."""
+    D, H = l2.shape
+    flat = profile_statistics(eig_S.reshape(D * H, -1), l2.ravel(), t2.ravel(), parity_tolerance)
+    out = {name: flat[name].reshape(D, H) for name in PROFILE_COLUMNS}
+    out["delta"] = np.broadcast_to(deltas[:, None], (D, H))
+    return out
 
 
 def distance_profiles(factors, n: int, rotation: Rotation, deltas, *,
                       parity_tolerance: float = PARITY_TOLERANCE) -> dict[str, np.ndarray]:
     """PROFILE_COLUMNS of L_delta for every delta and head, each (D, H), plus "delta" (D, H).
 
-    On the CPU slices of heads go to the single-threaded worker pool (compute.threads), so a
-    slice's (D, h, r, r) forms are all that is held at once; elsewhere the batch is one call."""
-    deltas = np.asarray(deltas, dtype=np.int64)
-    H = factors.shape[0]
-    if isinstance(factors, np.ndarray):
-        parts = map_threads(lambda part: _profiles(factors[part], n, rotation, deltas),
-                            chunks(H, 4 * threads.WORKERS))
-        eig_S, l2, t2 = (np.concatenate([x.reshape(len(deltas), -1, *x.shape[1:]) for x in p], axis=1)
-                         for p in zip(*parts))
-    else:
-        eig_S, l2, t2 = (x.reshape(len(deltas), H, *x.shape[1:]) for x in _profiles(factors, n, rotation, deltas))
-    flat = profile_statistics(eig_S.reshape(len(deltas) * H, -1), l2.ravel(), t2.ravel(), parity_tolerance)
-    out = {name: flat[name].reshape(len(deltas), H) for name in PROFILE_COLUMNS}
-    out["delta"] = np.broadcast_to(deltas[:, None], (len(deltas), H))
-    return out
+    On the CPU batches of heads go to the single-threaded worker pool (compute.threads); elsewhere
+    the batch is one call."""
+    with Pool() as pool:
+        return later_profiles(pool, factors, n, rotation, deltas, parity_tolerance=parity_tolerance)()

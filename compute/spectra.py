@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
-from headforms.compute import threads
-from headforms.compute.threads import chunks, map_threads
+from headforms.compute.threads import Pool, batches
 
 
 @dataclass
@@ -37,6 +37,27 @@ def _nonzero_rows(l) -> int:
     return int(rows[-1]) + 1 if len(rows) else 0
 
 
+def _symmetric_part(l: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(eig_S, sv_T) of a batch: S = (l + l^T)/2's eigenvalues (decreasing), T = (l - l^T)/2's singular values."""
+    lt = l.transpose(0, 2, 1)
+    return np.linalg.eigvalsh((l + lt) / 2)[:, ::-1], np.linalg.svd((l - lt) / 2, compute_uv=False)
+
+
+def _top_part(top: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(eig(A), sv([A | B])) of a batch of l's nonzero rows top = [A | B] (h, m, r), A square."""
+    m = top.shape[1]
+    return np.linalg.eigvals(top[:, :, :m]).astype(np.complex128), np.linalg.svd(top, compute_uv=False)
+
+
+def _assemble(eig_S, sv_T, eig_L, sv_L, r: int) -> tuple[np.ndarray, ...]:
+    """(eig_S, sv_T, eig_L, sv_L) with eig(l) and sv(l) padded by l's r - m zeros, eig(l) sorted by magnitude."""
+    H, m = eig_L.shape
+    eig_L = np.concatenate([eig_L, np.zeros((H, r - m), np.complex128)], axis=1)
+    sv_L = np.concatenate([sv_L, np.zeros((H, r - m))], axis=1)
+    order = np.argsort(-np.abs(eig_L), axis=-1, kind="stable")
+    return eig_S, sv_T, np.take_along_axis(eig_L, order, axis=-1), sv_L
+
+
 def _spectra(l: np.ndarray) -> tuple[np.ndarray, ...]:
     """(eig_S, sv_T, eig_L, sv_L) of a batch (numpy, on the CPU).
 
@@ -47,15 +68,25 @@ def _spectra(l: np.ndarray) -> tuple[np.ndarray, ...]:
     """
     H, r = l.shape[0], l.shape[1]
     m = _nonzero_rows(l)
-    lt = l.transpose(0, 2, 1)
-    eig_S = np.linalg.eigvalsh((l + lt) / 2)[:, ::-1]
-    sv_T = np.linalg.svd((l - lt) / 2, compute_uv=False)
-    eig_L = np.linalg.eigvals(l[:, :m, :m]).astype(np.complex128) if m else np.zeros((H, 0), np.complex128)
-    sv_L = np.linalg.svd(l[:, :m, :], compute_uv=False) if m else np.zeros((H, 0))
-    eig_L = np.concatenate([eig_L, np.zeros((H, r - m), np.complex128)], axis=1)
-    sv_L = np.concatenate([sv_L, np.zeros((H, r - m))], axis=1)
-    order = np.argsort(-np.abs(eig_L), axis=-1, kind="stable")
-    return eig_S, sv_T, np.take_along_axis(eig_L, order, axis=-1), sv_L
+    top = _top_part(l[:, :m]) if m else (np.zeros((H, 0), np.complex128), np.zeros((H, 0)))
+    return _assemble(*_symmetric_part(l), *top, r)
+
+
+def _later_spectra(pool: Pool, l: np.ndarray) -> Callable[[], tuple[np.ndarray, ...]]:
+    """`_spectra` of a CPU batch as pieces on `pool` (by kind of problem and batch of heads, each large enough
+    to run without the GIL); the function returned collects them."""
+    H, r = l.shape[0], l.shape[1]
+    m = _nonzero_rows(l)
+    symmetric = [pool.submit(_symmetric_part, l[part]) for part in batches(H, r)]
+    top = [pool.submit(_top_part, l[part, :m]) for part in batches(H, m)] if m else []
+
+    def collect() -> tuple[np.ndarray, ...]:
+        eig_S, sv_T = (np.concatenate(x) for x in zip(*(f.result() for f in symmetric)))
+        eig_L, sv_L = ((np.concatenate(x) for x in zip(*(f.result() for f in top))) if m else
+                       (np.zeros((H, 0), np.complex128), np.zeros((H, 0))))
+        return _assemble(eig_S, sv_T, eig_L, sv_L, r)
+
+    return collect
 
 
 def _spectra_torch(l) -> tuple[np.ndarray, ...]:
@@ -78,17 +109,28 @@ def _spectra_torch(l) -> tuple[np.ndarray, ...]:
     return tuple(x.cpu().numpy() for x in (eig_S, sv_T, eig_L, sv_L))
 
 
-def spectra(l) -> Spectra:
-    """All spectra of section 2 for a batch (H, r, r) of reduced forms (numpy, or a torch tensor).
-
-    On the CPU, slices of heads go to a pool of single-threaded workers (compute.threads);
-    on another device the batch is computed there in one go and copied back.
-    """
+def later_spectra(pool: Pool, l) -> Callable[[], Spectra]:
+    """The spectra of a batch (H, r, r) of reduced forms, started now and collected by the function returned: on
+    the CPU as pieces on `pool` (compute.threads); on another device (a torch tensor) computed there at once."""
     if not isinstance(l, np.ndarray) and l.device.type == "cpu":
         l = l.numpy()
     if isinstance(l, np.ndarray):
-        parts = map_threads(_spectra, [l[part] for part in chunks(len(l), 4 * threads.WORKERS)])
-        eig_S, sv_T, eig_L, sv_L = (np.concatenate(p) for p in zip(*parts))
-    else:
-        eig_S, sv_T, eig_L, sv_L = _spectra_torch(l)
+        collect = _later_spectra(pool, l)
+        return lambda: _of(*collect())
+    done = _of(*_spectra_torch(l))
+    return lambda: done
+
+
+def spectra(l) -> Spectra:
+    """All spectra of section 2 for a batch (H, r, r) of reduced forms (numpy, or a torch tensor).
+
+    On the CPU, pieces go to a pool of single-threaded workers (compute.threads); on another
+    device the batch is computed there in one go and copied back.
+    """
+    with Pool() as pool:
+        return later_spectra(pool, l)()
+
+
+def _of(eig_S, sv_T, eig_L, sv_L) -> Spectra:
+    """Spectra from its arrays, sigma(T) taken from T's singular values (one of each equal pair)."""
     return Spectra(eig_S=eig_S, sv_T=sv_T, sigma_T=sv_T[:, 0::2].copy(), eig_L=eig_L, sv_L=sv_L)
