@@ -1,0 +1,87 @@
+"""The bench's floor (tests/floor.py) times the problems the tables need: its forms have the spectra of the dense
+N x N forms L = W_K^T W_Q and L_delta = W_K^T R(delta) W_Q, and its rotations are RoPE's."""
+import numpy as np
+import pytest
+
+from headforms.compute.rotary import Rotation
+from headforms.extract.rope import rope
+from tests import floor
+
+H, HKV, n, N = 4, 2, 6, 30
+
+
+def nonzero(values: np.ndarray, scale: float) -> np.ndarray:
+    """The values of magnitude above 1e-9 * scale, sorted."""
+    return np.sort(values[np.abs(values) > 1e-9 * scale])
+
+
+@pytest.fixture(scope="module")
+def layer():
+    rng = np.random.default_rng(19)
+    wq, wk = rng.standard_normal((H, n, N)), rng.standard_normal((HKV, n, N))
+    kv = np.arange(H) // (H // HKV)
+    per_head, per_group = floor.stacks(wq, wk, kv)
+    return wq, wk, kv, np.linalg.qr(per_head.swapaxes(-2, -1), mode="r"), per_group
+
+
+@pytest.mark.parametrize("pairing", ["split-half", "interleaved"])
+def test_rotations_are_ropes(pairing):
+    freq = [1.0, 0.3]  # 4 of 6 coordinates rotated: two stay
+    rot = floor.rotations(n, pairing, freq, [0, 3, 17])
+    for matrix, delta in zip(rot, [0, 3, 17]):
+        np.testing.assert_allclose(matrix, Rotation.of(pairing, freq).matrix(delta, n), atol=1e-15)
+
+
+def test_form_problems_have_the_dense_spectra(layer):
+    wq, wk, kv, R, _ = layer
+    p = floor.form_problems(R, n)
+    for h in range(H):
+        L = wk[kv[h]].T @ wq[h]
+        scale = np.linalg.norm(L)
+        S, T = (L + L.T) / 2, (L - L.T) / 2
+        np.testing.assert_allclose(nonzero(np.linalg.eigvalsh(p["S"][h]), scale),
+                                   nonzero(np.linalg.eigvalsh(S), scale), rtol=1e-9)
+        np.testing.assert_allclose(nonzero(np.linalg.svd(p["T"][h], compute_uv=False), scale),
+                                   nonzero(np.linalg.svd(T, compute_uv=False), scale), rtol=1e-9)
+        np.testing.assert_allclose(nonzero(np.abs(np.linalg.eigvals(p["A"][h])), scale),
+                                   nonzero(np.abs(np.linalg.eigvals(L)), scale), rtol=1e-7)
+        np.testing.assert_allclose(nonzero(np.linalg.svd(p["AB"][h], compute_uv=False), scale),
+                                   nonzero(np.linalg.svd(L, compute_uv=False), scale), rtol=1e-9)
+
+
+def test_distance_problems_have_the_dense_spectra(layer):
+    wq, wk, kv, R, _ = layer
+    conventions = rope(10000.0, 4, "split-half")
+    deltas = [1, 64]
+    s = floor.distance_problems(R, n, conventions, deltas)
+    rot = Rotation.of(conventions.pairing, conventions.frequencies)
+    for d, delta in enumerate(deltas):
+        for h in range(H):
+            L = wk[kv[h]].T @ rot.matrix(delta, n) @ wq[h]
+            scale = np.linalg.norm(L)
+            np.testing.assert_allclose(nonzero(np.linalg.eigvalsh(s[d * H + h]), scale),
+                                       nonzero(np.linalg.eigvalsh((L + L.T) / 2), scale), rtol=1e-9)
+
+
+def test_group_stacks_hold_each_groups_key_and_queries(layer):
+    wq, wk, kv, _, per_group = layer
+    g = H // HKV
+    for j in range(HKV):
+        np.testing.assert_array_equal(per_group[j, :n], wk[j])
+        for i in range(g):
+            np.testing.assert_array_equal(per_group[j, n * (1 + i):n * (2 + i)], wq[j * g + i])
+            assert kv[j * g + i] == j
+
+
+def test_floor_adds_start_compute_over_cores_and_reading():
+    f = floor.Floor({"qr": 1.0, "spectra": 2.0, "distances": 3.0, "baseline": 0.0}, cores=2, start=0.5,
+                    qk_bytes=2_000_000_000, read_gbps=4.0)
+    assert f.compute == 3.0 and f.reading == 0.5 and f.total == 4.0
+
+
+def test_layer_floor_times_every_part(layer):
+    wq, wk, kv, _, _ = layer
+    with_rope = floor.layer_floor(wq, wk, kv, rope=rope(10000.0, 6, "interleaved"), deltas=(0, 1, 2), repeats=1)
+    without = floor.layer_floor(wq, wk, kv, repeats=1)
+    assert set(with_rope) == set(floor.PARTS) and all(v > 0 for v in with_rope.values())
+    assert without["distances"] == 0.0 and all(without[p] > 0 for p in ("qr", "spectra", "baseline"))
