@@ -13,9 +13,7 @@ COMMIT_SECONDS of work, and whatever workers finished meanwhile): whole layers s
 from __future__ import annotations
 
 import json
-import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -148,90 +146,36 @@ def _load(writer: Writer, plan: _Plan, rows, run: RunProgress, on_layer) -> Load
     if plan.created:
         with _commit(writer) as con:
             insert(con, "models", pl.DataFrame([record]))
-    commits, queued = _Commits(writer, name, run, on_layer), 0
+    written: list[int] = []
     try:
-        while queued < len(plan.todo):
+        while len(written) < len(plan.todo):
             batch, started, failure = [next(rows)], time.perf_counter(), None
             try:
-                while queued + len(batch) < len(plan.todo) and (
+                while len(written) + len(batch) < len(plan.todo) and (
                         rows.ready() or time.perf_counter() - started < COMMIT_SECONDS):
                     batch.append(next(rows))
             except BaseException as exc:  # the layers already computed are committed before it is raised
                 failure = exc
-            queued += len(batch)
-            commits.submit(batch)  # committed in the writer thread while this one computes the next layers
+            with stage("write", name, (batch[0].layer, batch[-1].layer)), _commit(writer) as con:
+                _insert_layers(con, batch)
+            written += [layer.layer for layer in batch]
+            _report(batch, run, on_layer)
             if failure is not None:
-                commits.wait()
                 raise failure
-        commits.wait()
     except FetchError:  # the network gave out: keep the committed layers, the same command resumes
-        commits.settle()
         with _commit(writer) as con:
             _record_cost(con, ckpt)
         raise
     except Exception:
-        commits.settle()
         with _commit(writer) as con:  # undo this run only; an interruption (Ctrl-C, kill) keeps its layers
             if plan.created:
                 _delete_model(con, name)
-            elif commits.written:
+            elif written:
                 for table in TABLES:
-                    con.execute(f"DELETE FROM {table} WHERE model = ? AND list_contains(?, layer)",
-                                [name, commits.written])
+                    con.execute(f"DELETE FROM {table} WHERE model = ? AND list_contains(?, layer)", [name, written])
         raise
-    except BaseException:  # an interruption: a commit still in progress rolls back, the committed ones stay
-        commits.settle(abort=True)
-        raise
-    finally:
-        commits.close()
-    written = commits.written
     _finish(writer, plan)
     return LoadResult(name, plan.status, len(written), len(written) * ckpt.spec.n_heads, time.perf_counter() - start)
-
-
-class _Commits:
-    """A model's layer commits, one at a time and in order, in a writer thread, while the calling thread computes
-    the next layers (the linear algebra and the commit overlap instead of waiting on each other).
-
-    `submit` first waits for the previous commit and raises its failure; `wait` waits for the last one. An
-    interruption (`settle(abort=True)`) makes a commit still running roll back, so an interrupted run keeps
-    exactly the layers committed before it, as if the commit had not begun."""
-
-    def __init__(self, writer: Writer, name: str, run: RunProgress, on_layer):
-        self.writer, self.name, self.run, self.on_layer = writer, name, run, on_layer
-        self.written: list[int] = []
-        self.pending: Future | None = None
-        self.aborted = threading.Event()
-        self.thread = ThreadPoolExecutor(1, thread_name_prefix="headforms-writer")
-
-    def _write(self, batch: list[LayerRows]) -> None:
-        with stage("write", self.name, (batch[0].layer, batch[-1].layer)), _commit(self.writer) as con:
-            _insert_layers(con, batch)
-            if self.aborted.is_set():
-                raise KeyboardInterrupt  # rolls the transaction back
-        self.written += [layer.layer for layer in batch]
-        _report(batch, self.run, self.on_layer)
-
-    def submit(self, batch: list[LayerRows]) -> None:
-        self.wait()
-        self.pending = self.thread.submit(self._write, batch)
-
-    def wait(self) -> None:
-        pending, self.pending = self.pending, None
-        if pending is not None:
-            pending.result()
-
-    def settle(self, abort: bool = False) -> None:
-        """Wait for the commit in progress, its failure left unraised (another one is being raised)."""
-        if abort:
-            self.aborted.set()
-        try:
-            self.wait()
-        except BaseException:
-            pass
-
-    def close(self) -> None:
-        self.thread.shutdown(wait=True)
 
 
 def _finish(writer: Writer, plan: _Plan, before: Callable = lambda con: None) -> None:
