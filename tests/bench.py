@@ -1308,8 +1308,9 @@ def targets_24b(syn: dict) -> bool:
     header("targets of section 5")
     rows = []
     synthetic_rows(lambda *row: rows.append((*row[:3], verdict(row[3]))), syn)
+    width = max(len(row[0]) for row in rows)
     for name, value, target, judged in rows:
-        print(f"{name:<72}  {value:>12}  {target:>16}  {judged}")
+        print(f"{name:<{width}}  {value:>12}  {target:>16}  {judged}")
     return "FAIL" not in (row[3] for row in rows)
 
 
