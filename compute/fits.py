@@ -50,6 +50,12 @@ _STIRLING = np.array([1 / 12, -1 / 360, 1 / 1260, -1 / 1680, 1 / 1188, -691 / 36
 _SERIES_Q = 0.3  # below this |q| (a > 11) R comes from Stirling's series, to 1e-16
 
 
+def _trigamma(x):
+    """psi'(x) as scipy's polygamma(1, x) computes it, zeta(2, x) (bit for bit), without polygamma's wrapper
+    also evaluating digamma at every x only to discard it."""
+    return sc.zeta(2.0, x)
+
+
 def _phi(u):
     """phi_k(u) = (e^u - sum_{j<k} u^j / j!) / u^k for k = 0..4, accurate through u = 0 (series
     below |u| = 2, then the downward recurrence; the upward one from e^u beyond)."""
@@ -82,7 +88,7 @@ def _stirling(q):
     a = qb**-2
     r = sc.gammaln(a) - (a - 0.5) * np.log(a) + a - _LOG_SQRT_2PI
     r1 = sc.digamma(a) - np.log(a) + 0.5 / a
-    r2 = sc.polygamma(1, a) - 1.0 / a - 0.5 / a**2
+    r2 = _trigamma(a) - 1.0 / a - 0.5 / a**2
     beyond = (r, -2.0 * r1 / qb**3, 4.0 * r2 / qb**6 + 6.0 * r1 / qb**4)
     return [np.where(small, s, b) for s, b in zip(series, beyond)]
 
@@ -151,7 +157,7 @@ def _gamma_shape(s: np.ndarray) -> np.ndarray:
     t = np.log((3.0 - s + np.sqrt((s - 3.0) ** 2 + 24.0 * s)) / (12.0 * s))
     for _ in range(3):  # Thom's approximation is within 1.5%: 3 steps reach full precision
         k = np.exp(t)
-        t = t - (t - sc.digamma(k) - s) / (1.0 - k * sc.polygamma(1, k))
+        t = t - (t - sc.digamma(k) - s) / (1.0 - k * _trigamma(k))
     return np.exp(t)
 
 
@@ -198,7 +204,7 @@ def _gengamma_slope(c, lc, valid, n):
     a-dependence drops out at the gamma MLE), and its derivative."""
     s, m1, var = (v[:, 0] for v in _tilt(c[:, None], lc, valid, n, moments=True))
     a = _gamma_shape(s)
-    da = m1 / (1.0 / a - sc.polygamma(1, a))
+    da = m1 / (1.0 / a - _trigamma(a))
     return 1.0 / c - a * m1, -1.0 / c**2 - a * var - da * m1
 
 
