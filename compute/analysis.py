@@ -52,14 +52,14 @@ def analyse_layer(
 
 
 def _analyse(wq, wk, kv_index, layer, seed, parity_tolerance, device, rotation, deltas) -> LayerAnalysis:
-    """The layer's linear algebra as pieces on one pool, submitted as soon as their inputs exist (spectra, the
-    random baseline, the distance profiles); the statistics and fits of the spectra run in this thread while
-    the other pieces are still being computed."""
+    """The layer's linear algebra as pieces on one pool, submitted as soon as their inputs exist (the random
+    baseline first, needing none; then spectra and distance profiles, from the reduction's factors); the
+    statistics and fits of the spectra run in this thread while the other pieces are still being computed."""
     n_heads, head_dim, d_model = wq.shape
-    factors = reduce_factors(wq, wk, kv_index, device=device)
     with Pool() as pool:
+        random_later = pool.submit(_random_statistics, seed, layer, n_heads, head_dim, d_model)  # beside the QRs
+        factors = reduce_factors(wq, wk, kv_index, device=device)
         sp_later = later_spectra(pool, forms(factors, head_dim))
-        random_later = pool.submit(_random_statistics, seed, layer, n_heads, head_dim, d_model)
         distances_later = (later_profiles(pool, factors, head_dim, rotation, deltas, parity_tolerance=parity_tolerance,
                                           eig_S0=lambda: sp.eig_S) if rotation is not None else lambda: None)
         sp = sp_later()
