@@ -334,10 +334,10 @@ def print_demo_in_process(res: dict) -> dict:
     print(f"{'all (best run)':<20}{DEMO_HEADS:>6}" + "".join(f"{v:>8.2f}" for v in split.values())
           + f"{res['wall']:>8.2f}{DEMO_HEADS / res['wall']:>9.0f}")
     print("  open = config/headers + sha256 revision of the weight files; read = Q/K to float64; linalg = reduction,\n"
-          "  spectra, statistics, random baseline, RoPE distance profiles (the analysis less its fits); fits = samples\n"
-          "  + 16 fits/head; summary = a complete model's\n"
-          "  bootstrap intervals and head types (their queries included); writes = Arrow tables, inserts,\n"
-          f"  commits and bookkeeping; the rest of the wall ({other:.2f} s) is schema/views and the CLI around it.")
+          "  spectra, statistics, random baseline, RoPE distance profiles (the analysis less its fits); fits =\n"
+          "  samples + 16 fits/head; summary = a complete model's bootstrap intervals and head types (their\n"
+          "  queries included); writes = Arrow tables, inserts, commits and bookkeeping;\n"
+          f"  the rest of the wall ({other:.2f} s) is schema/views and the CLI around it.")
     print(f"  cores busy (CPU time of this process / wall, best run): {res['cpu'] / res['wall']:.2f} of {floor.cores()}; "
           "the linear algebra's parts, unavoidable, on the same weights: the floor (section 2b)")
     return dict(split)
