@@ -40,6 +40,7 @@ HIST_BINS = 20
 # c is about 1.28 of them): log-spaced, both signs, from near-lognormal (a ~ 1e4) to a ~ 1e-4.
 GENGAMMA_GRID = np.geomspace(1e-2, 1e4, 35)
 MAX_ITERS = 60
+GRID_BLOCK = 1 << 18  # values per array when the profile is evaluated on blocks of grid columns
 EDGE_SHARE = 0.95  # a gengamma fit past this share of the grid's outer edge is heading for its limit law
 NATURAL_LR = 3.841458820694124  # chi-square(1) 95% quantile: the LR test of q = 0 behind natural parameters
 PRENTICE = ("prentice_mu", "prentice_sigma", "prentice_q")
@@ -239,8 +240,9 @@ def _gengamma_power(lc, valid, n, lbar, sigma, starts):
     M = len(lc)
     unit = np.concatenate([-GENGAMMA_GRID[::-1], GENGAMMA_GRID])
     grid = unit / sigma[:, None]
-    # one grid column at a time keeps memory at a few (M, m) arrays
-    f = np.concatenate([_gengamma_profile(g[:, None], lc, valid, n, lbar)[0] for g in grid.T],
+    # the grid in blocks of columns: a few (M, k, m) arrays of at most GRID_BLOCK values at a time
+    k = max(1, GRID_BLOCK // lc.size)
+    f = np.concatenate([_gengamma_profile(grid[:, j:j + k], lc, valid, n, lbar)[0] for j in range(0, unit.size, k)],
                        axis=1)
     rows, best = np.arange(M), np.argmax(f, axis=1)
     j = np.clip(best, 1, unit.size - 2)
