@@ -39,9 +39,11 @@ $(TESTKIT): $(STAMP)
 	touch $@
 
 # The report's browser test needs headless Chromium: Debian's package, installed when missing.
-test: $(TESTKIT)
-	command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+CHROMIUM := command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+test: $(TESTKIT)
+	$(CHROMIUM)
 	$(BIN)/python -m pytest -q
 
 bench: $(TESTKIT)
@@ -50,8 +52,10 @@ bench: $(TESTKIT)
 export: $(STAMP)
 	$(BIN)/headforms export --db $(DB) --out export
 
-# Mutation testing (not part of `make test`; SQL part ~13 min, Python part hours on 2 cores): kill rate per module.
+# Mutation testing (not part of `make test`; SQL part ~13 min, Python part hours on 2 cores): kill rate per module
+# (the report's mutants are judged in Chromium too).
 mutate: $(TESTKIT)
+	$(CHROMIUM)
 	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[test,mutate]'
 	$(BIN)/python tests/mutate.py
 

@@ -1,10 +1,10 @@
 """`make mutate`: mutation testing, printing the kill rate per module.
 
-Python: mutmut mutates the functions of compute/, extract/layouts.py, warehouse/storing/check.py and
-warehouse/running/load.py and runs, for each mutant, only the tests that reach the mutated function.
+Python: mutmut mutates the functions of every module of the package and runs, for each mutant, only the
+tests that reach the mutated function.
 mutmut expects the package in a folder of its name, and ours is the repository root, so it runs
 in build/mutate/, where headforms/ links to the checkout's parts. A run counts a seeded tenth of
-each module's mutants (--sample 1: all of them).
+each module's mutants, at least 10 (--sample 1: all of them).
 
 SQL: mutmut does not look inside SQL text, so a small mutator of our own swaps one operator at a
 time in each view of sql/ (count(*) <-> count(col), median <-> avg, <= <-> <, >= <-> >) and drops
@@ -34,20 +34,55 @@ from scipy.stats import binomtest
 ROOT = Path(__file__).resolve().parent.parent
 STAGE = ROOT / "build" / "mutate"
 BIN = Path(sys.executable).parent
-# What is mutated, and the test files that judge it (mutmut then runs, per mutant, those of them that
-# reach the mutated function). The slow end-to-end files of the hub and the browser are left out.
+# What is mutated (every module of the package), and the test files that judge it: mutmut then runs, per mutant,
+# those of them that reach the mutated function. The browser's report test and the paper's hub run are left out
+# (minutes each) except for the report itself; Ray's runs judge only the executors, whose remote path only they reach.
+_LOADING = ["test_cli.py", "test_api.py", "test_views.py", "test_wiring.py", "test_export.py", "test_robustness.py"]
+_READING = ["test_formats.py", "test_sources.py", "test_edges.py", "test_robustness.py", "test_layouts.py",
+            "test_gguf.py", "test_streaming.py", "test_revision.py"]
+_HUB = ["test_hub.py", "test_revisions_cache.py", "test_revision.py", "test_formats.py", "test_wiring.py"]
 TARGETS = {
     "headforms/compute/*": ["test_compute.py", "test_fits.py", "test_fit_status.py", "test_wiring.py", "test_theta.py",
                             "test_bootstrap.py", "test_head_types.py", "test_positions.py", "test_norm_gains.py",
                             "test_api.py", "test_real_models.py", "test_device_path.py", "test_threads.py"],
     "headforms/extract/layouts.py": ["test_layouts.py", "test_architectures.py", "test_gguf.py", "test_positions.py"],
     "headforms/extract/spec.py": ["test_layouts.py", "test_architectures.py", "test_gguf.py", "test_positions.py"],
+    "headforms/extract/architectures.py": ["test_architectures.py", "test_cli.py", "test_gguf.py"],
+    "headforms/extract/discover.py": ["test_rope_families.py", "test_layouts.py", "test_architectures.py"],
+    "headforms/extract/rope.py": ["test_rope_families.py", "test_positions.py", "test_gguf.py", "test_layouts.py"],
+    "headforms/extract/norms.py": ["test_norm_gains.py", "test_layouts.py"],
+    "headforms/extract/behaviour.py": ["test_behaviour.py"],
+    "headforms/extract/gguf_file.py": ["test_gguf.py", "test_formats.py", "test_rope_families.py", "test_positions.py"],
+    "headforms/extract/hf.py": _READING + ["test_positions.py", "test_norm_gains.py", "test_fixed_costs.py"],
+    "headforms/extract/checkpoint.py": _READING,
+    "headforms/extract/formats.py": _READING,
+    "headforms/extract/torch_pickle.py": _READING,
+    "headforms/extract/sources.py": _READING + ["test_dynamics.py"],
+    "headforms/extract/caches.py": _HUB,
+    "headforms/extract/hub.py": _HUB + ["test_dynamics.py"],
+    "headforms/extract/remote.py": _HUB,
     # of test_concurrency.py only the damaged blocks: its --jobs and Ray runs reach load.py too, at seconds a test
     "headforms/warehouse/storing/check.py": ["test_check.py", "test_concurrency.py::test_check_reports_every_damaged_block"],
-    "headforms/warehouse/running/load.py": ["test_cli.py", "test_api.py", "test_views.py", "test_wiring.py",
-                                            "test_export.py", "test_robustness.py"],
-    "headforms/warehouse/running/layers.py": ["test_cli.py", "test_api.py", "test_views.py", "test_wiring.py",
-                                              "test_export.py", "test_robustness.py"],
+    "headforms/warehouse/storing/store.py": ["test_views.py", "test_check.py", "test_robustness.py", "test_one_view.py",
+                                             "test_concurrency.py::test_reader_waits_for_a_commit_in_progress",
+                                             "test_concurrency.py::test_second_extraction_waits_for_the_whole_run",
+                                             "test_api.py", "test_cli.py"],
+    "headforms/warehouse/storing/revision.py": ["test_revision.py", "test_revisions_cache.py", "test_dynamics.py"],
+    "headforms/warehouse/storing/failures.py": ["test_robustness.py", "test_edges.py", "test_cli.py", "test_sources.py"],
+    "headforms/warehouse/running/load.py": _LOADING,
+    "headforms/warehouse/running/layers.py": _LOADING,
+    "headforms/warehouse/running/summaries.py": _LOADING + ["test_bootstrap.py", "test_edges.py", "test_check.py"],
+    "headforms/warehouse/running/behaviour.py": ["test_behaviour.py"],
+    "headforms/warehouse/running/progress.py": ["test_wiring.py", "test_hub.py", "test_cli.py",
+                                                "test_concurrency.py::test_readers_succeed_between_commits_and_see_progress"],
+    "headforms/warehouse/running/executors.py": ["test_wiring.py", "test_concurrency.py"],
+    "headforms/warehouse/publishing/export.py": ["test_export.py", "test_paper_format.py", "test_cli.py", "test_edges.py"],
+    "headforms/warehouse/publishing/figures.py": ["test_export.py", "test_figure_layout.py", "test_paper_format.py",
+                                                  "test_edges.py", "test_bootstrap.py"],
+    "headforms/warehouse/publishing/report.py": ["test_report.py", "test_cli.py", "test_api.py", "test_edges.py"],
+    "headforms/api.py": ["test_api.py", "test_cli.py", "test_revision.py", "test_edges.py", "test_dynamics.py"],
+    "headforms/cli.py": ["test_cli.py", "test_edges.py", "test_robustness.py", "test_api.py", "test_check.py"],
+    "headforms/__init__.py": ["test_api.py"],
 }
 PACKAGE_PARTS = ["__init__.py", "api.py", "cli.py", "extract", "compute", "warehouse", "sql", "README.md"]
 # Tests that judge the repository rather than the package (a wheel of the checkout): not run on mutants.
@@ -55,6 +90,7 @@ DESELECT = ["tests/test_api.py::test_wheel_holds_only_the_headforms_package"]
 # The share of each module's mutants a run draws (seeded): all 4,600 take several hours on 2 cores, a tenth about
 # one, and a random sample estimates each module's kill rate (its Wilson interval is printed beside it).
 SAMPLE = 0.1
+MINIMUM = 10  # a module's sample never has fewer (a module with fewer mutants runs all of them)
 KILLED = {"killed", "timeout", "segfault", "caught by type check", "does not bind"}
 # Test files that name views without judging them (end-to-end or browser runs), and one slow test: left out
 # of the SQL mutants' runs.
@@ -107,8 +143,8 @@ def _module(mutant: str) -> str:
 
 
 def sample(names: list[str], fraction: float, seed: int = 0) -> list[str]:
-    """A seeded random `fraction` of each module's mutants (at least one each): a kill-rate estimate per module
-    in a fraction of the time. Each module's mutants are shuffled once and the sample is a prefix, so a smaller
+    """A seeded random `fraction` of each module's mutants, and at least MINIMUM of them (all of a smaller module's):
+    a kill-rate estimate per module in a fraction of the time. Each module's mutants are shuffled once and the sample is a prefix, so a smaller
     fraction's sample is part of a larger one's (their results are shared)."""
     import random
 
@@ -120,7 +156,7 @@ def sample(names: list[str], fraction: float, seed: int = 0) -> list[str]:
     chosen = []
     for module, group in sorted(by_module.items()):
         random.Random(f"{seed}:{module}").shuffle(group)
-        chosen += group[:max(1, round(fraction * len(group)))]
+        chosen += group[:max(min(MINIMUM, len(group)), round(fraction * len(group)))]
     return chosen
 
 
@@ -298,7 +334,7 @@ def run_sql(env: dict) -> dict[str, Counter]:
     jobs = [(f, view_mutants(f.read_text()), [str(p) for p, t in tests.items()
                                                if re.search(rf"\b{f.stem}\b", t) and p.name not in SQL_NOT_JUDGES])
             for f in sorted((ROOT / "sql").glob("*.sql"))]
-    check = ROOT / "warehouse" / "check.py"
+    check = ROOT / "warehouse" / "storing" / "check.py"
     jobs.insert(0, (check, check_mutants(check.read_text()), [str(ROOT / "tests" / "test_check.py")]))
     counts: dict[str, Counter] = defaultdict(Counter)
     survivors = []
