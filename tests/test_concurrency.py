@@ -54,6 +54,7 @@ cli.main(sys.argv[2:], prog_name="headforms")
 # test, not the machine's speed, decides which layers exist when the writer forms each commit.
 GATED = r"""
 import functools, sys
+sys.path.insert(0, sys.argv.pop(1))  # the folder holding tests/ (the package's folder may be a mutated copy)
 import headforms.warehouse.running.executors as executors
 from tests.test_concurrency import gated_task
 
@@ -61,6 +62,8 @@ gates = sys.argv.pop(1)
 executors.executor = lambda jobs=1, kind="local", address=None: executors.Processes(
     jobs, work=functools.partial(gated_task, gates))
 """ + DRIVER
+
+TESTS = Path(__file__).resolve().parent
 
 # Patience for an event a test waits on: only a hung run reaches it; a slow machine only waits longer.
 PATIENCE = 300.0
@@ -84,8 +87,8 @@ class Gated(Paused):
     def __init__(self, gates: Path, *args: str):
         gates.mkdir()
         self.gates = gates
-        self.proc = subprocess.Popen([sys.executable, "-c", GATED, str(gates), *args], cwd=ROOT, text=True,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen([sys.executable, "-c", GATED, str(TESTS.parent), str(gates), *args], cwd=ROOT,
+                                     text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.stopped = False
 
     def compute(self, layer: int) -> None:
