@@ -111,7 +111,8 @@ def read_set_file(path: str | Path) -> list[Target]:
     try:
         text = Path(path).read_text()
     except (OSError, UnicodeDecodeError) as e:
-        raise ExtractError(f"cannot read set file {path}: {_one_line(e)}") from None
+        why = e.strerror if isinstance(e, OSError) else e.reason
+        raise ExtractError(f"cannot read set file {path}: {type(e).__name__} ({why})") from None
     targets = []
     for number, line in enumerate(text.splitlines(), 1):
         fields = line.split("#", 1)[0].split()
@@ -220,9 +221,3 @@ def _package_model(package: str) -> Path:
         what = ", ".join(str(f) for f in found) if found else "no .gguf file and no folder with config.json and weights"
         raise ExtractError(f"package '{package}' must hold exactly one model; found {what}")
     return found[0]
-
-
-def _one_line(error: BaseException) -> str:
-    """An exception as 'Type: first line of its message'."""
-    text = str(error).splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")

@@ -183,3 +183,28 @@ def test_zero_heads_keep_the_tables_types():
     assert zero.heads["parity"].to_list() == [None, None]
     for name in ("heads", "eigenvalues", "fits"):
         assert getattr(zero, name).schema == getattr(other, name).schema, name
+
+
+def test_subpackages_load_on_first_use():
+    """`headforms.compute`, `.warehouse` and `.cli` load on first use (the package's __getattr__); any other name is
+    an AttributeError that names it."""
+    import importlib
+
+    for name in ("compute", "warehouse", "cli"):
+        assert headforms.__getattr__(name) is importlib.import_module(f"headforms.{name}")
+    with pytest.raises(AttributeError, match="^module 'headforms' has no attribute 'nothing'$"):
+        headforms.__getattr__("nothing")
+
+
+def test_plan_reads_the_tower_asked_for(tmp_path):
+    """plan(tower=...) counts that tower's heads (whisper: 4 per encoder layer, 2 per decoder layer), and its columns
+    keep their types when no model has a warning (an all-null column would otherwise have no type)."""
+    from tests import tiny_models as tm
+
+    folder = tm.save(tm.build("whisper_encoder"), tmp_path / "whisper")
+    encoder, decoder = headforms.plan(str(folder)), headforms.plan(str(folder), tower="decoder")
+    assert (encoder["model"][0], encoder["heads"][0]) == ("whisper", 2 * 4)
+    assert decoder["heads"][0] == 2 * 2
+    assert dict(decoder.schema) == {"model": pl.Utf8, "source": pl.Utf8, "heads": pl.Int64, "qk_bytes": pl.Int64,
+                                    "checkpoint_bytes": pl.Int64, "header_bytes_fetched": pl.Int64,
+                                    "warning": pl.Utf8}

@@ -96,9 +96,18 @@ def test_sql_formats(runner, demo_db):
 def test_sql_errors_are_one_line(runner, demo_db, tmp_path):
     bad = runner.invoke(cli.main, ["sql", "select nope from heads", "--db", str(demo_db)])
     assert bad.exit_code == 1 and bad.output.startswith("Error: ") and len(bad.output.strip().splitlines()) == 1
-    missing = runner.invoke(cli.main, ["sql", "select 1", "--db", str(tmp_path / "none.duckdb")])
-    assert missing.exit_code != 0 and "none.duckdb" in missing.output
-    assert not (tmp_path / "none.duckdb").exists()
+
+
+@pytest.mark.parametrize("command", [["sql", "select 1"], ["status"], ["check"], ["export", "--out", "out"],
+                                     ["report", "--out", "out"]])
+def test_reading_commands_refuse_a_missing_warehouse(runner, tmp_path, command):
+    """A command that only reads a warehouse says that the file is missing (a usage error, exit 2) and creates
+    nothing: no empty warehouse, no output folder."""
+    missing = tmp_path / "none.duckdb"
+    result = runner.invoke(cli.main, [*(str(tmp_path / a) if a == "out" else a for a in command), "--db", str(missing)])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines()[-1] == f"Error: Invalid value for '--db': File '{missing}' does not exist."
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_status_shows_models_and_provenance(runner, demo_db):

@@ -178,12 +178,13 @@ def test_set_file_lines(tmp_path):
     ("gpt2 main gpt2 extra\n", r":1: expected `source \[revision\] \[name\]` or a model set's name, got: gpt2 main"),
     ("gpt2\npaper step0\n", r":2: expected .* got: paper step0$"),
     ("# nothing\n\n", r"^set file .*survey\.txt lists no models$"),
-    (None, r"^cannot read set file .*survey\.txt: FileNotFoundError"),
+    (None, r"^cannot read set file .*survey\.txt: FileNotFoundError \(No such file or directory\)$"),
+    (b"gpt2 \xff\n", r"^cannot read set file .*survey\.txt: UnicodeDecodeError \(invalid start byte\)$"),
 ])
 def test_bad_set_file_is_one_error_and_leaves_the_warehouse(text, message, tmp_path):
     survey = tmp_path / "survey.txt"
     if text is not None:
-        survey.write_text(text)
+        survey.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(ExtractError, match=message):
         read_set_file(survey)
     db = tmp_path / "w.duckdb"

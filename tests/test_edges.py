@@ -258,6 +258,9 @@ def test_a_failure_in_any_stage_is_one_line_with_its_place(stage, small, tmp_pat
     entries = log.read_text()
     assert entries.count(" UTC, headforms ") == 2  # one entry per failed run, each a whole traceback
     assert entries.count("Traceback (most recent call last)") >= 2 and entries.count("RuntimeError: injected") >= 2
+    for entry in re.split(r"^--- .* UTC, headforms .*$", entries, flags=re.M)[1:]:  # each a traceback as Python prints it
+        lines = entry.splitlines()
+        assert lines[1] == "Traceback (most recent call last):" and lines[2].startswith('  File "'), entry
 
 
 def test_the_log_goes_under_xdg_state_home_and_an_unwritable_log_is_said(small, tmp_path, monkeypatch):

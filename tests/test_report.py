@@ -4,6 +4,8 @@ import shutil
 from pathlib import Path
 
 import duckdb
+import numpy as np
+import polars as pl
 import pytest
 from click.testing import CliRunner
 
@@ -116,3 +118,64 @@ def test_index_shows_the_layer_bootstrap_interval_beside_a_figure(demo_db, tmp_p
     index = (tmp_path / "site" / "index.html").read_text()
     assert f"<td>{median:.3g} [0.812, 0.875]</td>" in index  # the layer interval, not the head one
     assert index.count("[") == 1
+
+
+@pytest.fixture(scope="module")
+def figures(demo_db):
+    """The plotly figures of SmolLM2-135M's model page and of its layer 3's page, by div id, with that model's heads."""
+    from headforms.warehouse.publishing import report
+    from headforms.warehouse.storing.store import connect, query
+
+    drawn = {}
+    original = report._figure_html
+    report._figure_html = lambda fig, div_id: drawn.setdefault(div_id, fig) and original(fig, div_id)
+    con = connect(demo_db, read_only=True)
+    try:
+        row = query(con, "SELECT * FROM models WHERE model = 'SmolLM2-135M'").row(0, named=True)
+        heads = query(con, "SELECT * FROM heads WHERE model = 'SmolLM2-135M' ORDER BY layer, head")
+        report._model_body(con, row, heads)
+        report._layer_body(con, row, 3, heads.filter(pl.col("layer") == 3))
+        fits = query(con, "SELECT head, sample, shape, scale FROM fits WHERE model = 'SmolLM2-135M' AND layer = 3 "
+                          "AND family = 'gamma'")
+    finally:
+        report._figure_html = original
+        con.close()
+    return drawn, heads, fits
+
+
+def test_layer_page_draws_each_lobe_with_its_fitted_gamma_density(figures):
+    """Per head and sample: a blue histogram of the stored values and, over 0 to 1.05 x their maximum, the red
+    density of the stored gamma fit, named by its shape."""
+    from scipy import stats
+
+    drawn, heads, fits = figures
+    fig = drawn["spectra"]
+    assert fig.layout.title.text == "Histograms (blue) and fitted gamma densities (red)"
+    histograms = {t.name: t for t in fig.data if t.type == "histogram"}
+    curves = [t for t in fig.data if t.type == "scatter"]
+    assert len(histograms) == 3 * 9 and len(curves) == 3 * 9  # SmolLM2: 9 heads, every fit ok
+    for t in histograms.values():
+        assert t.marker.color == "#9ecae1" and t.histnorm == "probability density"
+    for curve, (name, histogram) in zip(curves, histograms.items()):
+        head, spectrum = int(name.split()[1]), name.split()[2]
+        shape, scale = fits.filter((pl.col("head") == head) & (pl.col("sample") == spectrum.replace("_sigma", ""))
+                                   ).select("shape", "scale").row(0)
+        np.testing.assert_allclose(curve.x, np.linspace(0, max(histogram.x) * 1.05, 120))
+        np.testing.assert_allclose(curve.y, stats.gamma.pdf(curve.x, shape, scale=scale))
+        assert curve.line.color == "#d62728" and curve.name == f"gamma fit k={shape:.3g}"
+
+
+def test_model_page_draws_the_warehouse_numbers(figures):
+    """The simplex (axes hidden), parity by layer with its title, and each per-head map as layers x heads in head
+    order, equal to the stored column."""
+    drawn, heads, _ = figures
+    scene = drawn["simplex"].layout.scene
+    assert (scene.xaxis.visible, scene.yaxis.visible, scene.zaxis.visible) == (False, False, False)
+    assert drawn["parity-by-layer"].layout.title.text == "Parity by layer (percent of heads)"
+    maps = drawn["maps"]
+    assert [a.text for a in maps.layout.annotations] == ["pairing", "random baseline pairing", "symmetric energy",
+                                                         "random baseline symmetric energy"]
+    for trace, column in zip(maps.data, ("pairing", "random_pairing", "symmetric_energy", "random_symmetric_energy")):
+        assert list(trace.x) == list(range(9))
+        np.testing.assert_array_equal(np.array(trace.z, dtype=float),
+                                      heads[column].to_numpy().reshape(30, 9))

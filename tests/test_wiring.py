@@ -211,3 +211,76 @@ def test_a_worker_reopens_a_checkpoint_with_the_options_it_was_read_with(family,
         np.testing.assert_array_equal(ours, theirs)
     default = open_checkpoint(str(folder)).read_layer(1)  # the options matter: without them, other maps
     assert any(a.shape != b.shape or not np.array_equal(a, b) for a, b in zip(default, planned))
+
+
+def test_progress_of_a_live_run_is_seen_and_a_dead_runs_file_is_not(tmp_path):
+    """The side file that `status` reads: each commit's counts while this process runs, nothing once it closes, and
+    nothing for a file whose process is gone (a killed run's) or that is not a progress record."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from headforms.warehouse.running.progress import RunProgress, progress_path, running
+
+    db = tmp_path / "w.duckdb"
+    run = RunProgress(db, models=2)
+    run.model("m", n_layers=4, layers_done=1)
+    run.layers(count=2, heads=24, bytes_fetched=100)
+    state = running(db)
+    assert progress_path(db) == tmp_path / "w.duckdb.progress.json"
+    assert {k: state[k] for k in ("pid", "models", "models_done", "model", "n_layers", "layers_done", "heads_done",
+                                  "bytes_fetched")} == {"pid": os.getpid(), "models": 2, "models_done": 0, "model": "m",
+                                                        "n_layers": 4, "layers_done": 3, "heads_done": 24,
+                                                        "bytes_fetched": 100}
+    assert state["heads_per_second"] > 0 and state["updated"] >= state["started"]
+    run.model_done()
+    assert running(db)["models_done"] == 1
+    run.close()
+    assert running(db) is None and not progress_path(db).exists()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    for stale in ({**state, "pid": int(gone.stdout)}, {"models": 1}, [1, 2]):
+        progress_path(db).write_text(json.dumps(stale))
+        assert running(db) is None, stale
+    progress_path(db).write_text("{")
+    assert running(db) is None
+
+
+def test_a_failure_in_words():
+    """One line per failure: an OS error's reason with its path when it has one, else the exception's type and its
+    message's first line (only the type for an empty message)."""
+    from headforms.warehouse.storing.failures import words
+
+    assert words(FileNotFoundError(2, "No such file or directory", "/x/y")) == "No such file or directory: /x/y"
+    assert words(PermissionError(13, "Permission denied")) == "Permission denied"
+    assert words(ValueError("first\nsecond")) == "ValueError: first"
+    assert words(RuntimeError()) == "RuntimeError"
+
+
+def test_a_worker_leaves_ctrl_c_to_the_writer_and_runs_single_threaded(monkeypatch):
+    """A --jobs worker ignores SIGINT (the writer stops it) and computes on one thread (its siblings have the other
+    cores); run here on this process, its settings restored afterwards."""
+    import os
+    import signal
+
+    from headforms.compute import threads
+    from headforms.warehouse.running.executors import _worker_setup
+
+    monkeypatch.setattr(threads, "WORKERS", threads.WORKERS)
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        _worker_setup(os.getpid())
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN and threads.WORKERS == 1
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_ray_executor_without_ray_says_what_to_install(monkeypatch):
+    import sys
+
+    from headforms.warehouse.running.executors import Ray
+    from headforms.warehouse.storing.store import WarehouseError
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
+    with pytest.raises(WarehouseError, match=r"^--executor ray needs Ray: pip install 'headforms\[ray\]'$"):
+        Ray()
