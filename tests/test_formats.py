@@ -264,6 +264,15 @@ def test_truncated_bin(llama_bin, db):
     assert found["least"] and keep < in_bytes(found["b"]) <= size * 1.0005  # the records still needed, at least
 
 
+def test_bin_cut_inside_its_end_record_needs_exactly_its_size(llama_bin):
+    """One byte short, inside the end-of-directory record: every storage is there, and the bytes the header needs
+    at least are the whole file's (said to the byte, the two sizes reading alike in kB)."""
+    raw = (llama_bin / "pytorch_model.bin").read_bytes()
+    problem = torch_zip_extent(lambda offset, n: raw[offset:offset + n], len(raw) - 1, "z.bin")
+    assert str(problem) == (f"cannot read z.bin: it is {len(raw) - 1:,} bytes but its header describes at least "
+                            f"{len(raw):,} bytes: the download is incomplete; download it again")
+
+
 def test_plan_of_a_truncated_bin_folder(llama_bin):
     whole = api.plan(str(llama_bin))
     path = llama_bin / "pytorch_model.bin"
@@ -314,6 +323,22 @@ def zip64_copy(source: Path, target: Path, monkeypatch) -> Path:
                 with out.open(info.filename, "w", force_zip64=True) as record:
                     record.write(archive.read(info))
     return target
+
+
+def test_the_unpickler_takes_only_torch_storage_ids():
+    """data.pkl's persistent ids must be torch's ('storage', storage type, key, location, elements); any other is
+    refused before anything is built from it."""
+    import io
+    import pickle
+
+    from headforms.extract.torch_pickle import RecordingUnpickler, Storage, StorageType
+
+    unpickler, kind = RecordingUnpickler(io.BytesIO(b"")), StorageType("float32")
+    assert unpickler.persistent_load(("storage", kind, 7, "cpu", 4)) == Storage("7", kind)
+    for pid in ("storage", ("storage", "float32", "7", "cpu", 4), ("module", kind, "7", "cpu", 4),
+                ("storage", kind, "7", "cpu")):
+        with pytest.raises(pickle.UnpicklingError, match="^unexpected persistent id"):
+            unpickler.persistent_load(pid)
 
 
 def test_zip64_structures_are_walked(llama_bin, tmp_path, monkeypatch):

@@ -156,6 +156,9 @@ def test_hub_gguf_by_range(hub, tmp_path):
     qk = sum(w.nbytes for name, w in weights.items() if "attn_" in name)
     assert hub.served["tiny.gguf"] <= 1.02 * qk + hub_module_prefix()
     assert hub.served["tiny.gguf"] < 0.6 * path.stat().st_size
+    with duckdb.connect(str(hub_db), read_only=True) as con:  # what the run cost, as recorded
+        (fetched, size), = con.execute("SELECT bytes_fetched, checkpoint_bytes FROM models").fetchall()
+    assert fetched == hub.served["tiny.gguf"] and size == path.stat().st_size
     hub.served.clear()
     assert open_checkpoint("hf://org/gguf/tiny.gguf").name == "tiny"
     assert hub.served == {}
@@ -224,6 +227,22 @@ def test_legacy_pickle_is_downloaded_whole_with_one_line(hub, tmp_path, capsys):
     for layer in range(2):
         for a, b in zip(ckpt.read_layer(layer), local.read_layer(layer)):
             np.testing.assert_array_equal(a, b)
+
+
+def test_a_bin_state_dict_with_entries_that_are_not_tensors(hub, tmp_path):
+    """Entries other than tensors (a step counter, a version string) are skipped wherever they stand in the dict,
+    from the hub as from the folder."""
+    model = tm.build("llama", dtype=torch.float32)
+    folder = tmp_path / "extra"
+    model.config.save_pretrained(folder)
+    torch.save({"step": 1000, **model.state_dict(), "version": "v1"}, folder / "pytorch_model.bin")
+    serve(hub, "org/extra", folder)
+    hub_ckpt, local = open_checkpoint("org/extra"), open_checkpoint(str(folder))
+    for layer in range(2):
+        for a, b, w in zip(hub_ckpt.read_layer(layer), local.read_layer(layer), ("q_proj", "k_proj")):
+            np.testing.assert_array_equal(a, b)
+            weight = getattr(model.model.layers[layer].self_attn, w).weight.detach().numpy()
+            np.testing.assert_array_equal(a.reshape(-1, weight.shape[1]), weight)
 
 
 class _Pwn:

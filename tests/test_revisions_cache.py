@@ -78,4 +78,8 @@ def test_offline_each_revision_resolves_to_its_own_commit(served, tmp_path, monk
         summary = api.extract(REPO, db=db, revision=revision, name=revision)
         assert summary["bytes_fetched"][0] == 0
         assert_weights_of(stored(db, revision), revision)
+    # a revision given as its commit (40 hex digits) is its own name: found without any recorded name
+    summary = api.extract(REPO, db=db, revision=commit(REPO, "step1000"), name="by-commit")
+    assert summary["bytes_fetched"][0] == 0
+    assert_weights_of(stored(db, "by-commit"), "step1000")
     assert len(served.requests) == requests  # nothing reached the hub
