@@ -358,6 +358,21 @@ def test_zip64_structures_are_walked(llama_bin, tmp_path, monkeypatch):
 
 # the hub ----------------------------------------------------------------------------------------
 
+def test_gguf_of_an_unknown_version_is_refused_in_the_readers_words(hub, db, tmp_path):  # noqa: F811
+    """A GGUF header the gguf package cannot parse (version 99), from a folder and from the hub: one line with the
+    reader's first line of reason."""
+    path = tmp_path / "v99" / "tiny.gguf"
+    path.parent.mkdir()
+    write_gguf(path)
+    raw = bytearray(path.read_bytes())
+    raw[4:8] = struct.pack("<I", 99)
+    path.write_bytes(raw)
+    hub.repos["org/v99"] = {"tiny.gguf": bytes(raw)}
+    reason = "Sorry, file appears to be version 99 which we cannot handle"
+    for source, label in ((path, re.escape(str(path))), ("org/v99/tiny.gguf", r"org/v99/tiny\.gguf")):
+        refused(db, source, rf"^Error: corrupt or truncated GGUF file {label}: {reason}$")
+
+
 def test_hub_truncated_safetensors(hub, llama, db):  # noqa: F811
     path = llama / "model.safetensors"
     spans, size = safetensors_spans(path), path.stat().st_size

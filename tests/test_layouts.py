@@ -449,3 +449,38 @@ def test_real_minilm_matches_transformers():
     trace = tm.trace("minilm", model)
     for layer in range(spec.n_layers):
         assert logit_error(ckpt, trace, layer, spec.kv_index, model) < 1e-5
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, q_rows: int, k_rows: int, width: int):
+        super().__init__()
+        self.q_proj = torch.nn.Linear(width, q_rows, bias=False)
+        self.k_proj = torch.nn.Linear(width, k_rows, bias=False)
+        self.scaling = 0.125
+
+
+class _Stack(torch.nn.Module):
+    """Attention modules at layers.{i}.self_attn, outside the model's base prefix ('model.')."""
+    base_model_prefix = "model"
+
+    def __init__(self, q_rows: int, k_rows: int, width: int = 32, n_layers: int = 2):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.ModuleDict({"self_attn": _Attention(q_rows, k_rows, width)})
+                                          for _ in range(n_layers))
+
+
+def test_discovery_names_tensors_where_the_stack_is_and_refuses_odd_shapes():
+    """A stack outside the base model's prefix is read under no prefix; q/k projections whose shapes are not
+    heads x head size from the model's width are refused, with the shapes said."""
+    import transformers
+
+    from headforms.extract.discover import _layout_from_model
+
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4)  # no RoPE settings: learned positions
+    layout = _layout_from_model(_Stack(32, 32), config, "custom")
+    assert layout.prefixes == ("",) and layout.positional == "learned"
+    assert layout.tensors == {"q": "layers.{i}.self_attn.q_proj.weight", "k": "layers.{i}.self_attn.k_proj.weight"}
+    with pytest.raises(ExtractError, match=re.escape(
+            "custom is refused (layout found by transformers on the meta device): q/k projections of shapes (32, 32), "
+            "(16, 32) are not separate projections of 4 query and 4 key heads of size 8 from width 32")):
+        _layout_from_model(_Stack(32, 16), config, "custom")
