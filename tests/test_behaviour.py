@@ -15,12 +15,14 @@ from scipy import stats
 
 import tests.tiny_models as tm
 from headforms import api, cli
+from headforms.extract import ExtractError
 from headforms.extract import behaviour as run_model
 from tests.hub_server import serve_hub
 
 # llama: RoPE, no biases; qwen2: RoPE, grouped-query (4 query heads, 2 key heads), q/k biases; gpt2: Conv1D
-# c_attn with biases, LayerNorm; bert: bidirectional, post-norm, biases.
-FAMILIES = ("llama", "qwen2", "gpt2", "bert")
+# c_attn with biases, LayerNorm; bert: bidirectional, post-norm, biases; granite: its own score scale.
+FAMILIES = ("llama", "qwen2", "gpt2", "bert", "granite")  # granite: a score scale other than 1/sqrt(n) (0.2)
+BIASED = {"qwen2", "gpt2", "bert"}  # families with q/k biases
 LENGTH, SEQUENCES, SEED = 6, 3, 5
 
 
@@ -109,7 +111,7 @@ def test_scores_and_self_logits_are_the_models_own(tmp_path, monkeypatch, family
     # the warehouse's form plus the biases' part is the model's diagonal logit, at every position (the error)
     np.testing.assert_allclose((rows["form_self_logit"] + rows["bias_self_logit"]).to_numpy(), model_logit, atol=1e-5)
     assert rows["reproduction_error"].max() < 1e-5
-    assert (np.abs(rows["bias_self_logit"].to_numpy()).max() > 1e-2) == (family != "llama")  # biases split off
+    assert (np.abs(rows["bias_self_logit"].to_numpy()).max() > 1e-2) == (family in BIASED)  # biases split off
     assert np.abs(rows["form_self_logit"].to_numpy()).max() > 1e-2
 
 
@@ -328,3 +330,14 @@ def test_export_and_report_show_behaviour(views_db, tmp_path):
     assert path.stat().st_size > 10_000
     assert 'id="behaviour"' in llama and "parity I+" in llama
     assert bert == ""  # extracted without behaviour: no figure
+
+
+def test_a_family_without_eager_attention_is_refused():
+    """The capture runs the family's own eager attention; a module whose family has none is refused by name."""
+    from headforms.extract.behaviour import _capture
+
+    class Attention(torch.nn.Module):  # its module (this test file) has no eager_attention_forward
+        pass
+
+    with pytest.raises(ExtractError, match="^Attention has no eager attention in transformers to run$"):
+        _capture(Attention(), None, None, None, None)

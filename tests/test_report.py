@@ -168,9 +168,23 @@ def test_layer_page_draws_each_lobe_with_its_fitted_gamma_density(figures):
 def test_model_page_draws_the_warehouse_numbers(figures):
     """The simplex (axes hidden), parity by layer with its title, and each per-head map as layers x heads in head
     order, equal to the stored column."""
+    from headforms.warehouse.publishing.report import PARITY_COLOURS
+
     drawn, heads, _ = figures
-    scene = drawn["simplex"].layout.scene
+    simplex = drawn["simplex"]
+    scene = simplex.layout.scene
     assert (scene.xaxis.visible, scene.yaxis.visible, scene.zaxis.visible) == (False, False, False)
+    labels = next(t for t in simplex.data if t.mode == "text")
+    np.testing.assert_array_equal(np.c_[labels.x, labels.y, labels.z], VERTICES)
+    assert list(labels.text) == ["a", "b", "c", "d"]
+    points = [t for t in simplex.data if t.meta == "heads"]
+    assert sum(len(t.x) for t in points) == heads.filter(pl.col("a").is_not_null()).height
+    for trace in points:  # each parity's heads at their profile's barycentric point, in its colour
+        parity = trace.name.removeprefix("parity ")
+        group = heads.filter(pl.col("parity").eq_missing(None if parity == "undefined" else parity)
+                             & pl.col("a").is_not_null())
+        np.testing.assert_allclose(np.c_[trace.x, trace.y, trace.z], simplex_points(group))
+        assert trace.marker.color == PARITY_COLOURS[None if parity == "undefined" else parity]
     assert drawn["parity-by-layer"].layout.title.text == "Parity by layer (percent of heads)"
     maps = drawn["maps"]
     assert [a.text for a in maps.layout.annotations] == ["pairing", "random baseline pairing", "symmetric energy",
