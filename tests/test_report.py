@@ -193,3 +193,9 @@ def test_model_page_draws_the_warehouse_numbers(figures):
         assert list(trace.x) == list(range(9))
         np.testing.assert_array_equal(np.array(trace.z, dtype=float),
                                       heads[column].to_numpy().reshape(30, 9))
+
+
+def test_table_cells_show_numbers_to_three_figures_and_nulls_as_empty():
+    from headforms.warehouse.publishing.report import _number
+
+    assert [_number(v) for v in (None, 0.123456, 1234.5, 3, "I+")] == ["", "0.123", "1.23e+03", "3", "I+"]

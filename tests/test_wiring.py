@@ -284,3 +284,24 @@ def test_ray_executor_without_ray_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
     with pytest.raises(WarehouseError, match=r"^--executor ray needs Ray: pip install 'headforms\[ray\]'$"):
         Ray()
+
+
+def test_ray_started_here_keeps_worker_output_off_the_terminal(monkeypatch):
+    """A cluster started by the run has no dashboard and sends no worker output to the terminal; a given cluster
+    (address or RAY_ADDRESS) is joined as it is; the window is a few tasks per cluster CPU."""
+    import ray
+
+    from headforms.warehouse.running.executors import WINDOW, Ray
+
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 3.0})
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert Ray().window == 3 * WINDOW
+    assert calls.pop() == {"address": None, "log_to_driver": False, "include_dashboard": False}
+    Ray(address="ray://head:10001")
+    assert calls.pop() == {"address": "ray://head:10001", "log_to_driver": False}
+    monkeypatch.setenv("RAY_ADDRESS", "head:6379")
+    Ray()
+    assert calls.pop() == {"address": None, "log_to_driver": False}
