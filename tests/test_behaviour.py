@@ -263,6 +263,9 @@ def test_cli_and_its_refusals(tmp_path, monkeypatch):
     refused([str(folder), "--length", "40"], "80 tokens", "32 learned positions", "--length 16")
     monkeypatch.setattr(run_model, "available_bytes", lambda device: 1000)
     refused([str(folder), "--length", "4"], "GiB", "--sequences")
+    monkeypatch.setattr(run_model, "available_bytes", lambda device: 2 * 2**30)  # the source as given, its free GiB
+    refused([str(folder), "--length", "4", "--sequences", "2000000"], f"Error: {folder}: the forward pass needs about ",
+            "tokens) and cpu has 2.0 GiB free: use fewer --sequences or a smaller --length")
     monkeypatch.undo()
     monkeypatch.setitem(sys.modules, "transformers", None)
     refused([str(folder), "--length", "4"], "pip install 'headforms[behaviour]'")
