@@ -199,6 +199,35 @@ def run_python(max_children: int, env: dict, targets: list[str], report_only: bo
 # the kill rate is over the others. A name stops matching when its function changes (mutmut renumbers it): the
 # mutant then reports as survived again, for review.
 PY_EQUIVALENT = {
+    "headforms.api.x_analyse__mutmut_60":
+        "parity_tolerance left to analyse_layer's default, PARITY_TOLERANCE: what the API passes for None",
+    "headforms.cli.x__log__mutmut_17":
+        "the error log opened in the locale's encoding, UTF-8 here (Python coerces the C locale to UTF-8, PEP 538)",
+    "headforms.compute.spectra.x__spectra__mutmut_13":
+        "the empty (H, 0) eigenvalues as float64: the concatenation with complex ones promotes them",
+    "headforms.compute.threads.x__cores__mutmut_7":
+        "'XXXX'.isdigit() is False like ''.isdigit(): an unset OMP_NUM_THREADS either way",
+    "headforms.extract.discover.x__layout_from_model__mutmut_14":
+        "named_parameters(recurse=True) names a child's parameters 'child.name': a bare name matches only the module's own",
+    "headforms.extract.discover.x__layout_from_model__mutmut_224":
+        "rope_pairing of a model without RoPE: never read (only RoPE forms rotate)",
+    "headforms.extract.discover.x__layout_from_model__mutmut_226":
+        "rope_pairing of a model without RoPE: never read (only RoPE forms rotate)",
+    "headforms.extract.discover.x__layout_from_model__mutmut_227":
+        "rope_pairing of a model without RoPE: never read (only RoPE forms rotate)",
+    "headforms.extract.hf.x_torch_zip_extent__mutmut_14":
+        "bytes read past the file's end: every caller compares them with a zip signature, which neither b'' nor "
+        "b'XXXX' is",
+    "headforms.extract.hub.xǁHubRepoǁ_cached__mutmut_19":
+        "the files table's folder without a commit: never read (no commit raises first)",
+    "headforms.warehouse.publishing.export.x_write_paper_format__mutmut_11":
+        "DuckDB's named parameters are case-insensitive ($models binds MODELS)",
+    "headforms.warehouse.publishing.report.x__layer_body__mutmut_30":
+        "SQL keywords in lower case",
+    "headforms.warehouse.publishing.report.x__model_body__mutmut_299":
+        "the maps' head columns unsorted: their x labels are taken from the same columns, so each cell keeps its head",
+    "headforms.warehouse.running.behaviour.x_behaviour_rows__mutmut_46":
+        "layer as int64 in the frame: it is inserted into head_behaviour's INTEGER column and never returned",
     "headforms.compute.bootstrap.x_intervals__mutmut_23":
         "which warnings are silenced changes warnings only",
     "headforms.compute.bootstrap.x_median__mutmut_6":

@@ -355,3 +355,13 @@ def test_sequences_draw_ordinary_tokens_of_the_tokenizer():
     config = transformers.AutoConfig.from_pretrained(name)
     allowed = run_model._allowed_ids(transformers, name, kwargs, config)
     assert allowed.tolist() == [i for i in range(30522) if i not in (0, 100, 101, 102, 103)]
+
+
+def test_an_incomplete_model_is_refused_with_what_to_run(tmp_path):
+    folder, db = extracted(tmp_path, "gpt2")
+    with duckdb.connect(str(db)) as con:
+        con.execute("UPDATE models SET complete = false")
+    result = CliRunner().invoke(cli.main, ["behaviour", str(folder), "--db", str(db), "--length", "4"])
+    assert result.exit_code == 1
+    assert result.output == (f"Error: gpt2 is incomplete in the warehouse: run `headforms extract {folder}` to finish "
+                             "it first\n")
