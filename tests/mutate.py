@@ -226,6 +226,10 @@ PY_EQUIVALENT = {
         "SQL keywords in lower case",
     "headforms.warehouse.publishing.report.x__model_body__mutmut_299":
         "the maps' head columns unsorted: their x labels are taken from the same columns, so each cell keeps its head",
+    "headforms.warehouse.running.behaviour.x_behaviour_intervals__mutmut_108":
+        "'HIGH' in behaviour_intervals: DuckDB column names are case-insensitive",
+    "headforms.warehouse.running.behaviour.x_write_behaviour__mutmut_15":
+        "SQL keywords and names in upper case: DuckDB's names are case-insensitive",
     "headforms.warehouse.running.behaviour.x_behaviour_rows__mutmut_46":
         "layer as int64 in the frame: it is inserted into head_behaviour's INTEGER column and never returned",
     "headforms.compute.bootstrap.x_intervals__mutmut_23":
