@@ -222,6 +222,9 @@ PY_EQUIVALENT = {
         "the files table's folder without a commit: never read (no commit raises first)",
     "headforms.warehouse.publishing.export.x_write_paper_format__mutmut_11":
         "DuckDB's named parameters are case-insensitive ($models binds MODELS)",
+    "headforms.warehouse.publishing.export.x_export__mutmut_72":
+        "the index's orientation inferred: it always has more rows (every table and figure) than its 4 columns, "
+        "which polars reads as rows",
     "headforms.warehouse.publishing.report.x__layer_body__mutmut_30":
         "SQL keywords in lower case",
     "headforms.warehouse.publishing.report.x__model_body__mutmut_299":
