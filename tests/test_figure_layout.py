@@ -3,7 +3,9 @@ titles, suptitle, axis and tick labels, colour bar labels and legends, as drawn 
 import shutil
 
 import duckdb
+import numpy as np
 import matplotlib.legend
+import matplotlib.patches
 import matplotlib.text
 import pytest
 from click.testing import CliRunner
@@ -72,9 +74,8 @@ def _drawn_text(fig) -> list:
     return drawn
 
 
-@pytest.mark.parametrize("name", list(figures.FIGURES))
-def test_text_stays_on_the_canvas(name, warehouse, tmp_path, monkeypatch):
-    models, db = warehouse
+def _built(name: str, db, tmp_path, monkeypatch):
+    """The matplotlib figure `name` as figures.py builds it from the warehouse `db` (not saved)."""
     built = []
     monkeypatch.setattr(figures, "_save", lambda fig, path: built.append(fig) or path)
     draw, _ = figures.FIGURES[name]
@@ -84,6 +85,13 @@ def test_text_stays_on_the_canvas(name, warehouse, tmp_path, monkeypatch):
     finally:
         con.close()
     [fig] = built
+    return fig
+
+
+@pytest.mark.parametrize("name", list(figures.FIGURES))
+def test_text_stays_on_the_canvas(name, warehouse, tmp_path, monkeypatch):
+    models, db = warehouse
+    fig = _built(name, db, tmp_path, monkeypatch)
     canvas = fig.bbox
     drawn = _drawn_text(fig)
     assert fig.get_suptitle() in [artist.get_text() for artist, _ in drawn if isinstance(artist, matplotlib.text.Text)]
@@ -92,3 +100,31 @@ def test_text_stays_on_the_canvas(name, warehouse, tmp_path, monkeypatch):
                if extent.x0 < canvas.x0 - 1 or extent.y0 < canvas.y0 - 1
                or extent.x1 > canvas.x1 + 1 or extent.y1 > canvas.y1 + 1]
     assert not outside, f"{models} models, canvas {[round(v) for v in canvas.extents]}: {outside}"
+
+
+def _data_points(ax) -> np.ndarray:
+    """(x, y) of every point an axes plots in its data coordinates: line vertices, scatter offsets, bar corners."""
+    points = [np.c_[line.get_xdata(), line.get_ydata()] for line in ax.get_lines()
+              if line.get_transform() == ax.transData]
+    points += [np.asarray(c.get_offsets()) for c in ax.collections
+               if c.get_offset_transform() == ax.transData and len(c.get_offsets())]
+    points += [np.asarray(p.get_bbox().get_points()) for p in ax.patches
+               if isinstance(p, matplotlib.patches.Rectangle) and p.get_data_transform() == ax.transData]
+    return np.concatenate([np.asarray(p, dtype=float).reshape(-1, 2) for p in points]) if points else np.zeros((0, 2))
+
+
+@pytest.mark.parametrize("name", list(figures.FIGURES))
+def test_data_stays_inside_the_axes(name, warehouse, tmp_path, monkeypatch):
+    """Every point a figure plots lies within its axes' limits (layout done): no limit or scale hides data. (A 3-D
+    axes holds its points projected, not in data coordinates: left out.)"""
+    models, db = warehouse
+    fig = _built(name, db, tmp_path, monkeypatch)
+    fig.draw_without_rendering()
+    for ax in (ax for ax in fig.axes if ax.name != "3d"):
+        xy = _data_points(ax)
+        xy = xy[np.isfinite(xy).all(axis=1)]
+        for points, limits, axis in ((xy[:, 0], ax.get_xlim(), "x"), (xy[:, 1], ax.get_ylim(), "y")):
+            low, high = sorted(limits)
+            slack = 1e-9 * max(high - low, 1e-300)
+            hidden = points[(points < low - slack) | (points > high + slack)]
+            assert not hidden.size, f"{models} models, {ax.get_title()!r}: {axis} {hidden[:5]} outside {low, high}"
