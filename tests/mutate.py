@@ -225,6 +225,8 @@ PY_EQUIVALENT = {
     "headforms.warehouse.publishing.export.x_export__mutmut_72":
         "the index's orientation inferred: it always has more rows (every table and figure) than its 4 columns, "
         "which polars reads as rows",
+    "headforms.warehouse.publishing.figures.x_training_dynamics__mutmut_7":
+        "SQL keywords in lower case",
     "headforms.warehouse.publishing.report.x__layer_body__mutmut_30":
         "SQL keywords in lower case",
     "headforms.warehouse.publishing.report.x__model_body__mutmut_299":
