@@ -431,3 +431,16 @@ def test_cli_summary_says_what_the_run_fetched(hub, tmp_path):
     assert result.exit_code == 0, result.output
     size = (folder / "model.safetensors").stat().st_size
     assert f"; {sum(hub.served.values()) / 1e6:.1f} MB fetched of a {size / 1e6:.1f} MB checkpoint" in result.output
+
+
+def test_a_tensor_missing_from_a_sharded_repo_names_the_repo(hub, tmp_path):
+    """The shard index does not list layer 1's k_proj: reading that layer names the tensor and the hub repo."""
+    folder = llama(tmp_path, "sharded")
+    index = folder / "model.safetensors.index.json"
+    table = json.loads(index.read_text())
+    del table["weight_map"]["model.layers.1.self_attn.k_proj.weight"]
+    index.write_text(json.dumps(table))
+    serve(hub, "org/gap", folder)
+    with pytest.raises(ExtractError, match=r"^missing tensor 'model\.layers\.1\.self_attn\.k_proj\.weight' \(layer 1\) "
+                                           r"in org/gap$"):
+        open_checkpoint("org/gap").read_layer(1)
