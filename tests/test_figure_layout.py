@@ -128,3 +128,21 @@ def test_data_stays_inside_the_axes(name, warehouse, tmp_path, monkeypatch):
             slack = 1e-9 * max(high - low, 1e-300)
             hidden = points[(points < low - slack) | (points > high + slack)]
             assert not hidden.size, f"{models} models, {ax.get_title()!r}: {axis} {hidden[:5]} outside {low, high}"
+
+
+@pytest.mark.parametrize("name", list(figures.FIGURES))
+def test_a_legend_names_every_series_of_its_axes(name, warehouse, tmp_path, monkeypatch):
+    """Where an axes (or its twin) has a legend, every line and scatter it plots in data coordinates is named in it,
+    or is a guide line (figures.GUIDE): a series drawn without its name fails."""
+    models, db = warehouse
+    fig = _built(name, db, tmp_path, monkeypatch)
+    legends = [ax for ax in fig.axes if ax.get_legend() is not None]
+    for ax in legends:
+        shared = [other for other in fig.axes if other.bbox.bounds == ax.bbox.bounds]  # an axes and its twin
+        named = {text.get_text() for text in ax.get_legend().get_texts()}
+        series = [line for other in shared for line in other.get_lines()
+                  if line.get_transform() == other.transData and len(line.get_xdata()) > 1]
+        series += [c for other in shared for c in other.collections
+                   if c.get_offset_transform() == other.transData and len(c.get_offsets())]
+        unnamed = [type(s).__name__ for s in series if s.get_label() not in named | {figures.GUIDE}]
+        assert not unnamed, f"{models} models, {ax.get_title()!r}: {unnamed} not in the legend {sorted(named)}"

@@ -40,6 +40,7 @@ def _by_model(frame: pl.DataFrame) -> list[tuple[str, pl.DataFrame]]:
 # Layout: every figure is laid out by constrained layout; titles are wrapped to the width they may take and
 # legends sit beside or above the panels, so that text stays on the canvas for one model as for twenty.
 MARGIN = 0.3  # inches of a panel's width taken by its axis labels and ticks, not available to its title
+GUIDE = "_nolegend_"  # the label of a guide line (simplex edges, a diagonal): matplotlib leaves it out of legends
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -134,8 +135,8 @@ def profiles(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
     fig, axes = _panel_grid(len(models), 3, (5.0, 4.9))
     corners = np.array([[0.0, 0.0], [1.0, 0.0], [0.5, SQRT3_2]])  # d = 1, c = 1, b = 1
     for ax, (model, rows) in zip(axes, models):
-        ax.plot(*corners[[1, 2, 0]].T, color="black", lw=1)            # edges {d = 0} and {c = 0}
-        ax.plot(*corners[[0, 1]].T, color="black", lw=1, ls="--")      # edge {b = 0}: empty fibers
+        ax.plot(*corners[[1, 2, 0]].T, color="black", lw=1, label=GUIDE)  # edges {d = 0} and {c = 0}
+        ax.plot(*corners[[0, 1]].T, color="black", lw=1, ls="--", label=GUIDE)  # edge {b = 0}: empty fibers
         _parity_scatter(ax, rows, "x", "y", s=28, lw=1.0)
         ax.annotate("$b=1$\n" r"$\lambda_{+}=\lambda_{-}$", corners[2], xytext=(0, 6), textcoords="offset points",
                     ha="center", va="bottom", fontsize=9)
@@ -304,7 +305,7 @@ def theta_accumulation(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
         _parity_scatter(ax, rows, "theta_position", "theta_distance")
         values = rows.select(pl.exclude("model", "parity")).to_numpy()
         bottom, top = values[values > 0].min() / 2, values.max() * 2
-        ax.plot([bottom, top], [bottom, top], color="black", lw=0.8, ls="--")
+        ax.plot([bottom, top], [bottom, top], color="black", lw=0.8, ls="--", label=GUIDE)
         ax.text(top / 1.5, top / 1.9, "distance = position", ha="right", va="top", rotation=45, fontsize=7,
                 rotation_mode="anchor", transform_rotates_text=True)
         _title(ax, f"{model} ({rows.height} heads)\nmedian distance {shown.get((model, 'median_theta_distance'))}, "
