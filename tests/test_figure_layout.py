@@ -131,18 +131,20 @@ def test_data_stays_inside_the_axes(name, warehouse, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("name", list(figures.FIGURES))
-def test_a_legend_names_every_series_of_its_axes(name, warehouse, tmp_path, monkeypatch):
-    """Where an axes (or its twin) has a legend, every line and scatter it plots in data coordinates is named in it,
-    or is a guide line (figures.GUIDE): a series drawn without its name fails."""
+def test_a_legend_names_every_series_it_covers(name, warehouse, tmp_path, monkeypatch):
+    """Every line and scatter plotted in data coordinates is named in its legend (its axes' or twin's legend, or the
+    figure's legend, which covers every axes), or is a guide line (figures.GUIDE): a series drawn without its name
+    fails."""
     models, db = warehouse
     fig = _built(name, db, tmp_path, monkeypatch)
-    legends = [ax for ax in fig.axes if ax.get_legend() is not None]
-    for ax in legends:
-        shared = [other for other in fig.axes if other.bbox.bounds == ax.bbox.bounds]  # an axes and its twin
-        named = {text.get_text() for text in ax.get_legend().get_texts()}
-        series = [line for other in shared for line in other.get_lines()
-                  if line.get_transform() == other.transData and len(line.get_xdata()) > 1]
-        series += [c for other in shared for c in other.collections
-                   if c.get_offset_transform() == other.transData and len(c.get_offsets())]
+    covered = {id(ax): ax.get_legend() for ax in fig.axes if ax.get_legend() is not None}
+    for ax in fig.axes:  # a twin shares its axes' legend; a figure legend covers every axes
+        twin = next((covered[id(o)] for o in fig.axes if id(o) in covered and o.bbox.bounds == ax.bbox.bounds), None)
+        if twin is not None or fig.legends:
+            covered.setdefault(id(ax), twin)
+    named = {t.get_text() for legend in [*filter(None, covered.values()), *fig.legends] for t in legend.get_texts()}
+    for ax in (ax for ax in fig.axes if id(ax) in covered):
+        series = [line for line in ax.get_lines() if line.get_transform() == ax.transData and len(line.get_xdata()) > 1]
+        series += [c for c in ax.collections if c.get_offset_transform() == ax.transData and len(c.get_offsets())]
         unnamed = [type(s).__name__ for s in series if s.get_label() not in named | {figures.GUIDE}]
         assert not unnamed, f"{models} models, {ax.get_title()!r}: {unnamed} not in the legend {sorted(named)}"
