@@ -218,6 +218,8 @@ PY_EQUIVALENT = {
     "headforms.extract.hf.x_torch_zip_extent__mutmut_14":
         "bytes read past the file's end: every caller compares them with a zip signature, which neither b'' nor "
         "b'XXXX' is",
+    "headforms.extract.hub.xǁRemoteFileǁ_fetch__mutmut_113":
+        "the reason of a short body set when the body was whole: the loop then ends and the reason is never read",
     "headforms.extract.hub.xǁHubRepoǁ_cached__mutmut_19":
         "the files table's folder without a commit: never read (no commit raises first)",
     "headforms.warehouse.publishing.export.x_write_paper_format__mutmut_11":

@@ -444,3 +444,15 @@ def test_a_tensor_missing_from_a_sharded_repo_names_the_repo(hub, tmp_path):
     with pytest.raises(ExtractError, match=r"^missing tensor 'model\.layers\.1\.self_attn\.k_proj\.weight' \(layer 1\) "
                                            r"in org/gap$"):
         open_checkpoint("org/gap").read_layer(1)
+
+
+def test_an_empty_span_is_empty_bytes_fetched_from_nowhere(hub, tmp_path):
+    """A zero-length span (a tensor of no elements) is b'' and asks the hub for nothing; the others as served."""
+    folder = llama(tmp_path, "safetensors")
+    serve(hub, "org/tiny", folder)
+    raw = (folder / "model.safetensors").read_bytes()
+    remote = hub_module.HubRepo.resolve("org/tiny", None).file("model.safetensors")
+    hub.served.clear()
+    assert bytes(remote.read_many([(40, 40)])[40, 40]) == b"" and hub.served == {}
+    got = remote.read_many([(8, 8), (0, 8), (len(raw), len(raw))])
+    assert (bytes(got[8, 8]), bytes(got[0, 8]), bytes(got[len(raw), len(raw)])) == (b"", raw[:8], b"")
