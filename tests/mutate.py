@@ -220,6 +220,8 @@ PY_EQUIVALENT = {
         "b'XXXX' is",
     "headforms.extract.hub.xǁRemoteFileǁ_fetch__mutmut_113":
         "the reason of a short body set when the body was whole: the loop then ends and the reason is never read",
+    "headforms.extract.hub.xǁRemoteFileǁread_many__mutmut_82":
+        "an empty span sliced from a fetched buffer or read from the cache: empty either way",
     "headforms.extract.hub.xǁHubRepoǁ_cached__mutmut_19":
         "the files table's folder without a commit: never read (no commit raises first)",
     "headforms.warehouse.publishing.export.x_write_paper_format__mutmut_11":
