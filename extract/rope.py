@@ -77,7 +77,7 @@ HF_PER_LAYER_ROPE = {
 }
 
 
-def hf_rope(settings: list[dict], config: dict, head_dim: int, fraction: float, pairing: str = "split-half") -> Rope:
+def hf_rope(settings: list[dict], config: dict, head_dim: int, fraction: float, pairing: str) -> Rope:
     """RoPE of a Hugging Face config over the first fraction of each head: rotate_half pairs (split-half),
     or adjacent pairs (interleaved: GPT-J's rotate_every_two, Cohere)."""
     dims = int(head_dim * fraction)

@@ -203,6 +203,9 @@ PY_EQUIVALENT = {
         "parity_tolerance left to analyse_layer's default, PARITY_TOLERANCE: what the API passes for None",
     "headforms.cli.x__log__mutmut_17":
         "the error log opened in the locale's encoding, UTF-8 here (Python coerces the C locale to UTF-8, PEP 538)",
+    "headforms.compute.rotary.x__symmetric_eigenvalues__mutmut_50":
+        "eig(S) of the distance forms ascending rather than decreasing: both lobes come out reversed in the same "
+        "order, and every profile statistic is a sum or norm over aligned pairs",
     "headforms.compute.spectra.x__spectra__mutmut_13":
         "the empty (H, 0) eigenvalues as float64: the concatenation with complex ones promotes them",
     "headforms.compute.threads.x__cores__mutmut_7":

@@ -257,6 +257,18 @@ def test_a_failure_in_words():
     assert words(RuntimeError()) == "RuntimeError"
 
 
+def test_a_failure_in_one_line_says_where_when_known():
+    """The tool's refusals stand alone; anything else is its words, after the place a stage labelled it with."""
+    from headforms.extract.checkpoint import ExtractError
+    from headforms.warehouse.storing.failures import one_line, stage
+
+    assert one_line(ExtractError("no config.json in x\nmore")) == ("no config.json in x", False)
+    assert one_line(KeyError("q")) == ("KeyError: 'q'", True)
+    with pytest.raises(ValueError) as raised, stage("compute", "m", (2, 3)):
+        raise ValueError("bad\nworse")
+    assert one_line(raised.value) == ("model 'm', layers 2-3, step compute: ValueError: bad", True)
+
+
 def test_a_worker_leaves_ctrl_c_to_the_writer_and_runs_single_threaded(monkeypatch):
     """A --jobs worker ignores SIGINT (the writer stops it) and computes on one thread (its siblings have the other
     cores); run here on this process, its settings restored afterwards."""
