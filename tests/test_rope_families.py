@@ -248,3 +248,13 @@ def test_gguf_freq_base_sets_the_distance_profiles(tmp_path):
         assert row["parity"] == parity_of(ref[base])
         if row["delta"] == 64:
             assert max(abs(ref[base][c] - ref[DEFAULT_THETA][c]) for c in columns) > 1e-3
+
+
+def test_gguf_per_frequency_factors_are_refused_beyond_distance_zero(tmp_path):
+    """A GGUF carrying rope_freqs.weight (llama 3's per-frequency factors) is read at distance 0 only, saying why."""
+    weights = write_gguf(tmp_path / "plain.gguf")
+    weights["rope_freqs.weight"] = np.ones(4, np.float32)
+    write_gguf(tmp_path / "freqs.gguf", weights=weights)
+    rope = open_gguf(tmp_path / "freqs.gguf", name="f", source="f").spec.rope
+    assert rope.refusal == "per-frequency factors (tensor rope_freqs.weight) are not implemented"
+    assert open_gguf(tmp_path / "plain.gguf", name="p", source="p").spec.rope.refusal is None
