@@ -238,7 +238,7 @@ def _weight(tensor, data: np.ndarray, layer: int, rows: int | None = None) -> np
     else:
         w = np.asarray(gguf.quants.dequantize(data, tensor.tensor_type), dtype=np.float64)
     if not np.isfinite(w).all():
-        raise ExtractError(f"layer {layer}: tensor {tensor.name} has non-finite values")
+        raise ExtractError(f"layer {layer}: tensor '{tensor.name}' has non-finite values")
     return w.reshape((rows or shape[0],) + shape[1:])
 
 

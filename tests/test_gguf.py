@@ -171,7 +171,7 @@ def test_non_finite_weights(tmp_path):
     write_gguf(tmp_path / "nan.gguf", weights=weights)
     checkpoint = open_gguf(tmp_path / "nan.gguf", name="n", source="n", options=ReadOptions(revision="r"))
     checkpoint.read_layer(0)
-    with pytest.raises(ExtractError, match=r"^layer 1: tensor blk\.1\.attn_k\.weight has non-finite values$"):
+    with pytest.raises(ExtractError, match=r"^layer 1: tensor 'blk\.1\.attn_k\.weight' has non-finite values$"):
         checkpoint.read_layer(1)
 
 

@@ -12,6 +12,7 @@ import torch
 from click.testing import CliRunner
 from polars.testing import assert_frame_equal
 
+import headforms
 from headforms import cli
 from headforms.compute.norm_gains import fold_gain
 from headforms.extract.checkpoint import ExtractError, ReadOptions
@@ -113,6 +114,20 @@ def test_gguf_attn_norm_folds(tmp_path):
         assert logit_error(ckpt, trace, layer, ckpt.spec.kv_index, model) < 1e-5
     with pytest.raises(ExtractError, match="RMSNorm does not subtract the mean"):
         open_gguf(tmp_path / "t.gguf", name="t", source="t", options=ReadOptions(revision="r", fold_norm="center"))
+    # the folded gains are part of what the file's digest revision covers, and a gain that is not finite is named
+    changed = {**weights, "blk.1.attn_norm.weight": weights["blk.1.attn_norm.weight"] * 2}
+    write_gguf(tmp_path / "g.gguf", n_layers=2, n_heads=4, n_kv_heads=2, d_model=32, head_dim=8, weights=changed)
+    db = tmp_path / "w.duckdb"
+    for name in ("t", "g"):
+        headforms.extract(str(tmp_path / f"{name}.gguf"), db=db, fold_norm="gain", resamples=2)
+    with duckdb.connect(str(db), read_only=True) as con:
+        (first,), (second,) = con.execute("SELECT revision FROM models ORDER BY model DESC").fetchall()
+    assert first.startswith("sha256:") and second.startswith("sha256:") and first != second
+    changed["blk.1.attn_norm.weight"] = np.full(32, np.nan, np.float32)
+    write_gguf(tmp_path / "n.gguf", n_layers=2, n_heads=4, n_kv_heads=2, d_model=32, head_dim=8, weights=changed)
+    with pytest.raises(ExtractError, match=r"layer 1: tensor 'blk\.1\.attn_norm\.weight' has non-finite values"):
+        open_gguf(tmp_path / "n.gguf", name="n", source="n", options=ReadOptions(revision="r", fold_norm="gain")
+                  ).read_layer(1)
     del weights["blk.1.attn_norm.weight"]
     write_gguf(tmp_path / "m.gguf", n_layers=2, n_heads=4, n_kv_heads=2, d_model=32, head_dim=8, weights=weights)
     with pytest.raises(ExtractError, match=r"has no tensor blk\.1\.attn_norm\.weight \(needed by --fold-norm\)"):
