@@ -71,6 +71,11 @@ def test_pkg_must_hold_one_model(tmp_path, monkeypatch):
     with pytest.raises(ExtractError,
                        match=r"^package 'two_models_pkg' must hold exactly one model; found .*a\.gguf, .*b\.gguf$"):
         open_checkpoint("pkg:two_models_pkg")
+    for model in package.glob("*.gguf"):
+        model.unlink()
+    with pytest.raises(ExtractError, match=r"^package 'two_models_pkg' must hold exactly one model; found no \.gguf "
+                                           r"file and no folder with config\.json and weights$"):
+        open_checkpoint("pkg:two_models_pkg")
 
 
 # local paths ---------------------------------------------------------------------------------
