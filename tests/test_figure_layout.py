@@ -1,5 +1,6 @@
-"""Every figure of warehouse/publishing/figures.py keeps its text on the canvas, for a warehouse of one model and of twenty:
-titles, suptitle, axis and tick labels, colour bar labels and legends, as drawn (constrained layout done)."""
+"""Every figure of warehouse/publishing/figures.py, for a warehouse of one model and of twenty, keeps its text on the
+canvas (titles, suptitle, axis and tick labels, colour bar labels and legends, as drawn, constrained layout done), its
+data inside its axes, and names every series in its legend."""
 import shutil
 
 import duckdb
@@ -74,24 +75,27 @@ def _drawn_text(fig) -> list:
     return drawn
 
 
-def _built(name: str, db, tmp_path, monkeypatch):
-    """The matplotlib figure `name` as figures.py builds it from the warehouse `db` (not saved)."""
-    built = []
-    monkeypatch.setattr(figures, "_save", lambda fig, path: built.append(fig) or path)
-    draw, _ = figures.FIGURES[name]
+@pytest.fixture(scope="module")
+def built(warehouse, tmp_path_factory):
+    """(models, {name: matplotlib figure}): every figure as figures.py builds it from the warehouse (not saved),
+    built once for the tests below to share."""
+    models, db = warehouse
+    out, drawn = tmp_path_factory.mktemp("figures"), []
     con = connect(db, read_only=True)
     try:
-        draw(con, tmp_path / name)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(figures, "_save", lambda fig, path: drawn.append(fig) or path)
+            for name, (draw, _) in figures.FIGURES.items():
+                draw(con, out / name)
     finally:
         con.close()
-    [fig] = built
-    return fig
+    assert len(drawn) == len(figures.FIGURES)
+    return models, dict(zip(figures.FIGURES, drawn))
 
 
 @pytest.mark.parametrize("name", list(figures.FIGURES))
-def test_text_stays_on_the_canvas(name, warehouse, tmp_path, monkeypatch):
-    models, db = warehouse
-    fig = _built(name, db, tmp_path, monkeypatch)
+def test_text_stays_on_the_canvas(name, built):
+    models, fig = built[0], built[1][name]
     canvas = fig.bbox
     drawn = _drawn_text(fig)
     assert fig.get_suptitle() in [artist.get_text() for artist, _ in drawn if isinstance(artist, matplotlib.text.Text)]
@@ -114,11 +118,10 @@ def _data_points(ax) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", list(figures.FIGURES))
-def test_data_stays_inside_the_axes(name, warehouse, tmp_path, monkeypatch):
+def test_data_stays_inside_the_axes(name, built):
     """Every point a figure plots lies within its axes' limits (layout done): no limit or scale hides data. (A 3-D
     axes holds its points projected, not in data coordinates: left out.)"""
-    models, db = warehouse
-    fig = _built(name, db, tmp_path, monkeypatch)
+    models, fig = built[0], built[1][name]
     fig.draw_without_rendering()
     for ax in (ax for ax in fig.axes if ax.name != "3d"):
         xy = _data_points(ax)
@@ -131,12 +134,11 @@ def test_data_stays_inside_the_axes(name, warehouse, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("name", list(figures.FIGURES))
-def test_a_legend_names_every_series_it_covers(name, warehouse, tmp_path, monkeypatch):
+def test_a_legend_names_every_series_it_covers(name, built):
     """Every line and scatter plotted in data coordinates is named in its legend (its axes' or twin's legend, or the
     figure's legend, which covers every axes), or is a guide line (figures.GUIDE): a series drawn without its name
     fails."""
-    models, db = warehouse
-    fig = _built(name, db, tmp_path, monkeypatch)
+    models, fig = built[0], built[1][name]
     covered = {id(ax): ax.get_legend() for ax in fig.axes if ax.get_legend() is not None}
     for ax in fig.axes:  # a twin shares its axes' legend; a figure legend covers every axes
         twin = next((covered[id(o)] for o in fig.axes if id(o) in covered and o.bbox.bounds == ax.bbox.bounds), None)

@@ -127,18 +127,17 @@ def figures(demo_db):
     from headforms.warehouse.storing.store import connect, query
 
     drawn = {}
-    original = report._figure_html
-    report._figure_html = lambda fig, div_id: drawn.setdefault(div_id, fig) and original(fig, div_id)
     con = connect(demo_db, read_only=True)
     try:
-        row = query(con, "SELECT * FROM models WHERE model = 'SmolLM2-135M'").row(0, named=True)
-        heads = query(con, "SELECT * FROM heads WHERE model = 'SmolLM2-135M' ORDER BY layer, head")
-        report._model_body(con, row, heads)
-        report._layer_body(con, row, 3, heads.filter(pl.col("layer") == 3))
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(report, "_figure_html", lambda fig, div_id: drawn.setdefault(div_id, fig) and "")
+            row = query(con, "SELECT * FROM models WHERE model = 'SmolLM2-135M'").row(0, named=True)
+            heads = query(con, "SELECT * FROM heads WHERE model = 'SmolLM2-135M' ORDER BY layer, head")
+            report._model_body(con, row, heads)
+            report._layer_body(con, row, 3, heads.filter(pl.col("layer") == 3))
         fits = query(con, "SELECT head, sample, shape, scale FROM fits WHERE model = 'SmolLM2-135M' AND layer = 3 "
                           "AND family = 'gamma'")
     finally:
-        report._figure_html = original
         con.close()
     return drawn, heads, fits
 
