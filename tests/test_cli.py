@@ -150,3 +150,23 @@ def test_read_only_connections_see_the_current_views(runner, demo_db, tmp_path):
     assert stale.exit_code == 0
     result = runner.invoke(cli.main, ["sql", "select * from parity_by_model", "--db", str(old), "--format", "csv"])
     assert result.output.startswith("model,heads,pct_type_I_plus")
+
+
+def test_progress_bar_counts_heads_and_bytes_from_the_models_start(monkeypatch):
+    """The bar starts at 0 heads; a layer's rate is its heads over the seconds since the model started, and a
+    resumed hub model's bytes are counted from where its checkpoint's meter stood at the start (not from 0)."""
+    from types import SimpleNamespace
+
+    clock = iter([100.0, 102.0, 106.0])
+    monkeypatch.setattr(cli.time, "perf_counter", lambda: next(clock))
+    ckpt = SimpleNamespace(name="resumed", spec=SimpleNamespace(n_layers=3, n_heads=4), bytes_fetched=5_000_000)
+    progress = cli._BarProgress()
+    progress.model_started(ckpt)
+    assert progress.bar.pos == 0 and progress.bar.length == 12
+    ckpt.bytes_fetched = 9_000_000
+    shown = []
+    monkeypatch.setattr(progress.bar, "update", lambda n, item=None: shown.append((n, item)))
+    progress.layer_done(0, 4)
+    assert shown == [(4, "2 heads/s, 4.0 MB fetched at 2.0 MB/s")]
+    progress.close()
+    assert progress.bar is None

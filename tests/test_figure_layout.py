@@ -1,7 +1,9 @@
 """Every figure of warehouse/publishing/figures.py, for a warehouse of one model and of twenty, keeps its text on the
 canvas (titles, suptitle, axis and tick labels, colour bar labels and legends, as drawn, constrained layout done), its
-data inside its axes, and names every series in its legend."""
+data inside its axes, and names every series in its legend; and looks, pixel for pixel, as its reviewed image."""
+import os
 import shutil
+from pathlib import Path
 
 import duckdb
 import numpy as np
@@ -9,6 +11,7 @@ import matplotlib.legend
 import matplotlib.patches
 import matplotlib.text
 import pytest
+from matplotlib.testing.compare import compare_images
 from click.testing import CliRunner
 
 from headforms import cli
@@ -35,9 +38,14 @@ def tiny_db(tmp_path_factory):
 @pytest.fixture(scope="module", params=sorted(NAMES))
 def warehouse(request, tiny_db, tmp_path_factory):
     """The tiny model's rows copied under each name of NAMES[n], as training checkpoints of bases of two each."""
-    path = tmp_path_factory.mktemp("models") / f"{request.param}.duckdb"
+    return request.param, _renamed(tiny_db, request.param, tmp_path_factory.mktemp("models"))
+
+
+def _renamed(tiny_db, n: int, folder) -> Path:
+    """A copy of the tiny model's warehouse whose rows are those of NAMES[n]."""
+    path = folder / f"{n}.duckdb"
     shutil.copy(tiny_db, path)
-    names = NAMES[request.param]
+    names = NAMES[n]
     with duckdb.connect(str(path)) as con:
         tables = [table for (table,) in con.execute(
             "SELECT table_name FROM duckdb_columns() c JOIN duckdb_tables() t USING (database_name, table_name) "
@@ -50,7 +58,7 @@ def warehouse(request, tiny_db, tmp_path_factory):
             con.execute("DROP TABLE original")
         con.execute("UPDATE models SET base_model = concat('base-', (list_position(?, model) - 1) // 2), "
                     "training_step = 1000 * ((list_position(?, model) - 1) % 2)", [names, names])
-    return request.param, path
+    return path
 
 
 def _drawn_text(fig) -> list:
@@ -150,3 +158,34 @@ def test_a_legend_names_every_series_it_covers(name, built):
         series += [c for c in ax.collections if c.get_offset_transform() == ax.transData and len(c.get_offsets())]
         unnamed = [type(s).__name__ for s in series if s.get_label() not in named | {figures.GUIDE}]
         assert not unnamed, f"{models} models, {ax.get_title()!r}: {unnamed} not in the legend {sorted(named)}"
+
+
+# How a figure looks (sizes, offsets, colours, words) is judged by eye: each figure of the one-model warehouse, as
+# reviewed, is a PNG in tests/figures/. After looking at a figure that changed, HEADFORMS_REVIEWED_FIGURES=write
+# replaces its image with the new one.
+REVIEWED = Path(__file__).parent / "figures"
+
+
+@pytest.fixture(scope="module")
+def drawn_one_model(tiny_db, tmp_path_factory) -> Path:
+    """Every figure of the one-model warehouse, saved as export saves it."""
+    out = tmp_path_factory.mktemp("drawn")
+    con = connect(_renamed(tiny_db, 1, out), read_only=True)
+    try:
+        for name, (draw, _) in figures.FIGURES.items():
+            draw(con, out / name)
+    finally:
+        con.close()
+    return out
+
+
+@pytest.mark.parametrize("name", list(figures.FIGURES))
+def test_figure_looks_as_reviewed(name, drawn_one_model):
+    """Pixel for pixel (matplotlib's own image comparison; same pinned matplotlib and fonts): a changed font size,
+    offset, colour bar, word or case fails here, with a difference image beside the new one."""
+    drawn = drawn_one_model / name
+    if os.environ.get("HEADFORMS_REVIEWED_FIGURES") == "write":
+        REVIEWED.mkdir(exist_ok=True)
+        shutil.copy(drawn, REVIEWED / name)
+    difference = compare_images(str(REVIEWED / name), str(drawn), tol=0)
+    assert difference is None, difference
