@@ -49,6 +49,20 @@ def demo_db(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="session")
+def tiny_rope_db(tmp_path_factory):
+    """A warehouse of one small RoPE model, a GGUF of 3 layers x 6 heads (3 key/value groups), N = 24, n = 4: every
+    figure and report page has data (but training dynamics and behaviour). Do not modify it."""
+    from tests.test_gguf import write_gguf
+
+    folder = tmp_path_factory.mktemp("tiny-rope")
+    write_gguf(folder / "tiny.gguf", n_layers=3, n_heads=6, n_kv_heads=3, d_model=24, head_dim=4)
+    db = folder / "tiny.duckdb"
+    result = CliRunner().invoke(cli.main, ["extract", str(folder / "tiny.gguf"), "--db", str(db), "--resamples", "5"])
+    assert result.exit_code == 0, result.output
+    return db
+
+
 @pytest.fixture
 def demo_con(demo_db):
     """A read-only connection to the demo warehouse, with this checkout's views of sql/."""

@@ -1,7 +1,6 @@
 """Every figure of warehouse/publishing/figures.py, for a warehouse of one model and of twenty, keeps its text on the
 canvas (titles, suptitle, axis and tick labels, colour bar labels and legends, as drawn, constrained layout done), its
 data inside its axes, and names every series in its legend; and looks, pixel for pixel, as its reviewed image."""
-import os
 import shutil
 from pathlib import Path
 
@@ -12,39 +11,26 @@ import matplotlib.patches
 import matplotlib.text
 import pytest
 from matplotlib.testing.compare import compare_images
-from click.testing import CliRunner
 
-from headforms import cli
 from headforms.warehouse.publishing import figures
 from headforms.warehouse.storing.store import connect
-from tests.test_gguf import write_gguf
+from tests.reviewed import reviewed_file
 
 # Long names, as the hub's are: a title must wrap or make room, not run off the canvas.
 NAMES = {1: ["Qwen2.5-Coder-7B-Instruct"],
          20: [f"{'Meta-Llama-3.1-8B-Instruct' if i % 3 else 'tiny'}-{i:02d}" for i in range(20)]}
 
 
-@pytest.fixture(scope="module")
-def tiny_db(tmp_path_factory):
-    """A warehouse of one small RoPE model (every figure has data but the training dynamics)."""
-    folder = tmp_path_factory.mktemp("layout")
-    write_gguf(folder / "tiny.gguf", n_layers=3, n_heads=6, n_kv_heads=3, d_model=24, head_dim=4)
-    db = folder / "tiny.duckdb"
-    result = CliRunner().invoke(cli.main, ["extract", str(folder / "tiny.gguf"), "--db", str(db), "--resamples", "5"])
-    assert result.exit_code == 0, result.output
-    return db
-
-
 @pytest.fixture(scope="module", params=sorted(NAMES))
-def warehouse(request, tiny_db, tmp_path_factory):
+def warehouse(request, tiny_rope_db, tmp_path_factory):
     """The tiny model's rows copied under each name of NAMES[n], as training checkpoints of bases of two each."""
-    return request.param, _renamed(tiny_db, request.param, tmp_path_factory.mktemp("models"))
+    return request.param, _renamed(tiny_rope_db, request.param, tmp_path_factory.mktemp("models"))
 
 
-def _renamed(tiny_db, n: int, folder) -> Path:
+def _renamed(tiny_rope_db, n: int, folder) -> Path:
     """A copy of the tiny model's warehouse whose rows are those of NAMES[n]."""
     path = folder / f"{n}.duckdb"
-    shutil.copy(tiny_db, path)
+    shutil.copy(tiny_rope_db, path)
     names = NAMES[n]
     with duckdb.connect(str(path)) as con:
         tables = [table for (table,) in con.execute(
@@ -161,16 +147,12 @@ def test_a_legend_names_every_series_it_covers(name, built):
 
 
 # How a figure looks (sizes, offsets, colours, words) is judged by eye: each figure of the one-model warehouse, as
-# reviewed, is a PNG in tests/figures/. After looking at a figure that changed, HEADFORMS_REVIEWED_FIGURES=write
-# replaces its image with the new one.
-REVIEWED = Path(__file__).parent / "figures"
-
-
+# reviewed, is a PNG in tests/reviewed/figures/ (see tests/reviewed.py).
 @pytest.fixture(scope="module")
-def drawn_one_model(tiny_db, tmp_path_factory) -> Path:
+def drawn_one_model(tiny_rope_db, tmp_path_factory) -> Path:
     """Every figure of the one-model warehouse, saved as export saves it."""
     out = tmp_path_factory.mktemp("drawn")
-    con = connect(_renamed(tiny_db, 1, out), read_only=True)
+    con = connect(_renamed(tiny_rope_db, 1, out), read_only=True)
     try:
         for name, (draw, _) in figures.FIGURES.items():
             draw(con, out / name)
@@ -183,9 +165,6 @@ def drawn_one_model(tiny_db, tmp_path_factory) -> Path:
 def test_figure_looks_as_reviewed(name, drawn_one_model):
     """Pixel for pixel (matplotlib's own image comparison; same pinned matplotlib and fonts): a changed font size,
     offset, colour bar, word or case fails here, with a difference image beside the new one."""
-    drawn = drawn_one_model / name
-    if os.environ.get("HEADFORMS_REVIEWED_FIGURES") == "write":
-        REVIEWED.mkdir(exist_ok=True)
-        shutil.copy(drawn, REVIEWED / name)
-    difference = compare_images(str(REVIEWED / name), str(drawn), tol=0)
+    reviewed = reviewed_file("figures", name, drawn_one_model / name)
+    difference = compare_images(str(reviewed), str(drawn_one_model / name), tol=0)
     assert difference is None, difference

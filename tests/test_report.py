@@ -1,4 +1,6 @@
 """The interactive report: a static site that works offline, checked in a real browser (headless Chromium)."""
+import base64
+import json
 import re
 import shutil
 from pathlib import Path
@@ -11,6 +13,7 @@ from click.testing import CliRunner
 
 from headforms import cli
 from headforms.warehouse.publishing.report import layer_page, model_page, simplex_points, VERTICES
+from tests.reviewed import reviewed_file
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -198,3 +201,52 @@ def test_table_cells_show_numbers_to_three_figures_and_nulls_as_empty():
     from headforms.warehouse.publishing.report import _number
 
     assert [_number(v) for v in (None, 0.123456, 1234.5, 3, "I+")] == ["", "0.123", "1.23e+03", "3", "I+"]
+
+
+def _as_reviewed(page: str) -> str:
+    """A page as a person reviews it: its HTML, with each plotly figure's data and layout pretty-printed, plotly's own
+    theme left out, and each array of numbers counted rather than listed (the numbers are the warehouse's, checked
+    against it above)."""
+    def readable(value):
+        if isinstance(value, dict) and {"dtype", "bdata"} <= value.keys():  # a numpy array, base64-encoded
+            return f"<{np.frombuffer(base64.b64decode(value['bdata']), dtype=value['dtype']).size} numbers>"
+        if isinstance(value, dict):
+            return {k: readable(v) for k, v in value.items() if k != "template"}
+        if isinstance(value, list) and len(value) > 1 and all(isinstance(v, (int, float)) for v in value):
+            return f"<{len(value)} numbers>"
+        if isinstance(value, list):
+            return [readable(v) for v in value]
+        return float(f"{value:.6g}") if isinstance(value, float) else value
+
+    decoder, out, at = json.JSONDecoder(), [], 0
+    for call in re.finditer(r'Plotly\.newPlot\(\s*"([^"]+)",\s*', page):
+        if call.start() < at:
+            continue
+        data, end = decoder.raw_decode(page, call.end())
+        layout, end = decoder.raw_decode(page, re.compile(r",\s*").match(page, end).end())
+        out += [page[at:call.start()], f"figure {call.group(1)}:\n",
+                json.dumps({"data": readable(data), "layout": readable(layout)}, indent=1, sort_keys=True,
+                           ensure_ascii=False), "\n"]
+        at = end
+    return "".join(out) + page[at:]
+
+
+def test_pages_read_as_reviewed(tiny_rope_db, tmp_path):
+    """Every page of the one-model report, its words, labels, hover texts and figure layout, as reviewed in
+    tests/reviewed/report/ (see tests/reviewed.py): prose, a label's case or a scene setting changed fails here."""
+    from headforms.warehouse.publishing.report import write_report
+    from headforms.warehouse.storing.store import connect
+
+    con = connect(tiny_rope_db, read_only=True)
+    try:
+        write_report(con, tmp_path / "site")
+        (source,), = con.execute("SELECT source FROM models").fetchall()  # a temporary folder of this run
+    finally:
+        con.close()
+    pages = sorted((tmp_path / "site").glob("*.html"))
+    assert [p.name for p in pages] == ["index.html", *(layer_page("tiny", i) for i in range(3)), model_page("tiny")]
+    for page in pages:
+        made = tmp_path / f"{page.stem}.txt"
+        made.write_text(_as_reviewed(page.read_text()).replace(source, "<source>/tiny.gguf"))
+        reviewed = reviewed_file("report", made.name, made)
+        assert made.read_text() == reviewed.read_text(), f"{page.name} differs from {reviewed}"

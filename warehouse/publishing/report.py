@@ -217,12 +217,12 @@ def _layer_body(con, row: dict, layer: int, heads: pl.DataFrame) -> str:
 
     model, n_heads = row["model"], row["n_heads"]
     values = query(con, "SELECT head, spectrum, value FROM eigenvalues WHERE model = ? AND layer = ? "
-                        "AND spectrum IN ('S_pos', 'S_neg', 'T_sigma')", [model, layer])
+                        "AND spectrum IN ('S_pos', 'S_neg', 'T_sigma') ORDER BY head, spectrum", [model, layer])
     fits = query(con, "SELECT head, sample, shape, scale FROM fits WHERE model = ? AND layer = ? "
                       "AND family = 'gamma' AND shape IS NOT NULL AND scale IS NOT NULL", [model, layer])
     fig = make_subplots(rows=n_heads, cols=3, subplot_titles=[
         f"head {h}: {label}" for h in range(n_heads) for _, label in HEAD_SAMPLES.values()])
-    for (head, spectrum), group in values.group_by("head", "spectrum"):
+    for (head, spectrum), group in values.group_by("head", "spectrum", maintain_order=True):  # the same page each time
         sample, _ = HEAD_SAMPLES[spectrum]
         col = list(HEAD_SAMPLES).index(spectrum) + 1
         x = group["value"].to_numpy()
