@@ -456,3 +456,28 @@ def test_an_empty_span_is_empty_bytes_fetched_from_nowhere(hub, tmp_path):
     assert bytes(remote.read_many([(40, 40)])[40, 40]) == b"" and hub.served == {}
     got = remote.read_many([(8, 8), (0, 8), (len(raw), len(raw))])
     assert (bytes(got[8, 8]), bytes(got[0, 8]), bytes(got[len(raw), len(raw)])) == (b"", raw[:8], b"")
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "sharded"])
+def test_the_next_layers_are_fetched_ahead(hub, tmp_path, monkeypatch, fmt):
+    """While a hub model's layer is analysed, the next remote.AHEAD (2) layers' Q/K bytes come over the network in
+    the background: reading layer 0 starts fetching exactly layers 1 and 2, and those then read as the folder's."""
+    from headforms.extract import remote
+    from headforms.extract.hf import Weights
+
+    model = tm.build("llama", dtype=torch.bfloat16, hidden_size=128, intermediate_size=256, num_hidden_layers=4)
+    folder = tm.save(model, tmp_path / fmt, fmt)
+    serve(hub, "org/deep", folder)
+    started, prefetch = [], Weights.prefetch
+    monkeypatch.setattr(Weights, "prefetch", lambda self, names: started.append((self, list(names)))
+                        or prefetch(self, started[-1][1]))
+    ckpt, local = open_checkpoint("org/deep"), open_checkpoint(str(folder))
+    ckpt.read_layer(0)
+    (weights, names), = started
+    assert remote.AHEAD == 2 and sorted(names) == sorted(
+        f"model.layers.{layer}.self_attn.{proj}.weight" for layer in (1, 2) for proj in ("q_proj", "k_proj"))
+    for future in set(weights.pending.values()):
+        future.result()  # in the range cache now
+    for layer in (1, 2):
+        for ours, theirs in zip(ckpt.read_layer(layer), local.read_layer(layer)):
+            np.testing.assert_array_equal(ours, theirs)
