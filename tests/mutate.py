@@ -233,6 +233,10 @@ PY_EQUIVALENT = {
     "headforms.warehouse.publishing.export.x_export__mutmut_72":
         "the index's orientation inferred: it always has more rows (every table and figure) than its 4 columns, "
         "which polars reads as rows",
+    "headforms.warehouse.publishing.figures.x__save__mutmut_4":
+        "savefig's dpi left to rcParams['savefig.dpi'], 'figure': the figure's own, DPI (every figure is made by _figure)",
+    "headforms.warehouse.publishing.figures.x_pairing_distribution__mutmut_29":
+        "fig.subplots(n, ...) without its ncols of 1: 1 is subplots' default",
     "headforms.warehouse.publishing.figures.x_training_dynamics__mutmut_7":
         "SQL keywords in lower case",
     "headforms.warehouse.publishing.report.x__layer_body__mutmut_30":

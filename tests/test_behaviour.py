@@ -365,3 +365,15 @@ def test_an_incomplete_model_is_refused_with_what_to_run(tmp_path):
     assert result.exit_code == 1
     assert result.output == (f"Error: gpt2 is incomplete in the warehouse: run `headforms extract {folder}` to finish "
                              "it first\n")
+
+
+@pytest.mark.parametrize("length, sequences", [(4, 1), (64, 8), (1024, 2)])
+def test_the_memory_estimate_covers_what_a_forward_pass_must_hold(length, sequences):
+    """forward_bytes is at least what eager attention holds at once, whatever else it counts: the float32 weights and
+    one layer's attention logits and probabilities, B x H x P x P each over the P = 2T positions."""
+    from types import SimpleNamespace
+
+    spec = SimpleNamespace(n_layers=12, n_heads=9, d_model=576)
+    params, positions = 135_000_000, 2 * length
+    must_hold = 4 * params + 2 * 4 * sequences * spec.n_heads * positions ** 2
+    assert must_hold <= run_model.forward_bytes(params, spec, length, sequences)
