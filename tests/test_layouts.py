@@ -162,20 +162,24 @@ def test_rotary_fraction_recorded(tmp_path):
     assert open_folder(folder).spec.config["rotary_fraction"] == 0.25
 
 
-@pytest.mark.parametrize("config, fraction, rotary_dims", [
-    # config.json as older checkpoints on the hub write it (EleutherAI/pythia-160m, microsoft/phi-2, EleutherAI/gpt-j-6b)
+@pytest.mark.parametrize("config, fraction, rotary_dims, theta", [
+    # config.json as older checkpoints on the hub write it (EleutherAI/pythia-160m, microsoft/phi-2, EleutherAI/gpt-j-6b,
+    # meta-llama/Meta-Llama-3-8B: rope_theta at the top, rope_scaling null)
     ({"model_type": "gpt_neox", "num_hidden_layers": 12, "num_attention_heads": 12, "hidden_size": 768,
-      "rotary_pct": 0.25, "rotary_emb_base": 10000}, 0.25, 16),
+      "rotary_pct": 0.25, "rotary_emb_base": 10000}, 0.25, 16, 10000.0),
     ({"model_type": "phi", "num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": 2560,
-      "partial_rotary_factor": 0.4, "rope_theta": 10000.0}, 0.4, 32),
-    ({"model_type": "gptj", "n_layer": 28, "n_head": 16, "n_embd": 4096, "rotary_dim": 64}, 0.25, 64),
-    ({"model_type": "gptj", "n_layer": 28, "n_head": 16, "n_embd": 4096, "rotary_dim": None}, 1.0, 256),
+      "partial_rotary_factor": 0.4, "rope_theta": 10000.0}, 0.4, 32, 10000.0),
+    ({"model_type": "gptj", "n_layer": 28, "n_head": 16, "n_embd": 4096, "rotary_dim": 64}, 0.25, 64, 10000.0),
+    ({"model_type": "gptj", "n_layer": 28, "n_head": 16, "n_embd": 4096, "rotary_dim": None}, 1.0, 256, 10000.0),
+    ({"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+      "hidden_size": 4096, "rope_theta": 500000.0, "rope_scaling": None}, 1.0, 128, 500000.0),
 ])
-def test_rotary_fraction_of_top_level_settings(config, fraction, rotary_dims):
-    """rotary_pct, partial_rotary_factor and rotary_dim outside rope_parameters: the share and the rotated rows."""
+def test_rotary_settings_at_the_top_level(config, fraction, rotary_dims, theta):
+    """rotary_pct, partial_rotary_factor, rotary_dim, rope_theta and rotary_emb_base outside rope_parameters: the
+    share, the rotated rows and the base."""
     _, spec = model_spec(config)
     assert spec.config["rotary_fraction"] == pytest.approx(fraction)
-    assert spec.rope.rotary_dims == rotary_dims
+    assert spec.rope.rotary_dims == rotary_dims and spec.rope.theta == theta
 
 
 @pytest.mark.parametrize("name", ["llama_gqa", "bloom"])
