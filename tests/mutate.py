@@ -52,7 +52,8 @@ TARGETS = {
     "headforms/extract/rope.py": ["test_rope_families.py", "test_positions.py", "test_gguf.py", "test_layouts.py"],
     "headforms/extract/norms.py": ["test_norm_gains.py", "test_layouts.py"],
     "headforms/extract/behaviour.py": ["test_behaviour.py"],
-    "headforms/extract/gguf_file.py": ["test_gguf.py", "test_formats.py", "test_rope_families.py", "test_positions.py"],
+    "headforms/extract/gguf_file.py": ["test_gguf.py", "test_formats.py", "test_rope_families.py", "test_positions.py",
+                                       "test_norm_gains.py"],
     "headforms/extract/hf.py": _READING + ["test_positions.py", "test_norm_gains.py", "test_fixed_costs.py"],
     "headforms/extract/checkpoint.py": _READING,
     "headforms/extract/formats.py": _READING,
@@ -207,6 +208,10 @@ PY_EQUIVALENT = {
     "headforms.compute.rotary.x__symmetric_eigenvalues__mutmut_50":
         "eig(S) of the distance forms ascending rather than decreasing: both lobes come out reversed in the same "
         "order, and every profile statistic is a sum or norm over aligned pairs",
+    "headforms.compute.spectra.x__assemble__mutmut_26":
+        "argsort without axis=-1: the last axis is its default",
+    "headforms.compute.threads.xǁPoolǁ__exit____mutmut_4":
+        "shutdown without wait=True: True is its default",
     "headforms.compute.spectra.x__spectra__mutmut_13":
         "the empty (H, 0) eigenvalues as float64: the concatenation with complex ones promotes them",
     "headforms.compute.threads.x__cores__mutmut_7":

@@ -65,6 +65,28 @@ def test_map_threads_keeps_order_and_runs_single_threaded_blas(workers):
     assert threads.map_threads(work, []) == []
 
 
+@pytest.mark.parametrize("count", [2, 3])
+def test_the_pool_runs_workers_pieces_at_once(workers, count):
+    """Pieces submitted together run WORKERS at a time, no more (no more threads than the cores they were sized for)
+    and no fewer (each piece waits until WORKERS of them are running)."""
+    threads.set_workers(count)
+    lock, running, most = threading.Lock(), [0], [0]
+    together = threading.Barrier(count, timeout=30)
+
+    def piece(_):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        together.wait()
+        threading.Event().wait(0.02)  # time for any further thread to start a piece (none can, with WORKERS threads)
+        with lock:
+            running[0] -= 1
+
+    with threads.Pool() as pool:
+        pool.map(piece, range(4 * count))
+    assert most[0] == count
+
+
 def test_pool_threads_run_torch_single_threaded(workers):
     """torch's OpenMP thread count is per calling thread: each pool thread sets its own to 1."""
     import torch
