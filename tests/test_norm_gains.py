@@ -114,12 +114,14 @@ def test_gguf_attn_norm_folds(tmp_path):
         assert logit_error(ckpt, trace, layer, ckpt.spec.kv_index, model) < 1e-5
     with pytest.raises(ExtractError, match="RMSNorm does not subtract the mean"):
         open_gguf(tmp_path / "t.gguf", name="t", source="t", options=ReadOptions(revision="r", fold_norm="center"))
-    # the folded gains are part of what the file's digest revision covers, and a gain that is not finite is named
+    # the folded gains are part of what the file's digest revision covers (the same file name, as the digest names
+    # files, and only layer 1's gain changed), and a gain that is not finite is named
     changed = {**weights, "blk.1.attn_norm.weight": weights["blk.1.attn_norm.weight"] * 2}
-    write_gguf(tmp_path / "g.gguf", n_layers=2, n_heads=4, n_kv_heads=2, d_model=32, head_dim=8, weights=changed)
+    (tmp_path / "g").mkdir()
+    write_gguf(tmp_path / "g" / "t.gguf", n_layers=2, n_heads=4, n_kv_heads=2, d_model=32, head_dim=8, weights=changed)
     db = tmp_path / "w.duckdb"
-    for name in ("t", "g"):
-        headforms.extract(str(tmp_path / f"{name}.gguf"), db=db, fold_norm="gain", resamples=2)
+    for name, path in (("t", tmp_path / "t.gguf"), ("g", tmp_path / "g" / "t.gguf")):
+        headforms.extract(str(path), db=db, name=name, fold_norm="gain", resamples=2)
     with duckdb.connect(str(db), read_only=True) as con:
         (first,), (second,) = con.execute("SELECT revision FROM models ORDER BY model DESC").fetchall()
     assert first.startswith("sha256:") and second.startswith("sha256:") and first != second
