@@ -147,3 +147,11 @@ def test_the_layer_is_reduced_on_the_device_asked_for(weights, monkeypatch):
                         lambda *args, device="cpu": devices.append(device) or real(*args, device="cpu"))
     analysis.analyse_layer(wq, wk, kv, layer=0, seed=0, device="cuda:1")
     assert devices == ["cuda:1"]
+
+
+def test_the_factors_are_computed_on_the_device_asked_for(weights):
+    """Q, K and the key index all go to the device (torch's shape-only 'meta' device here): the R factors come back
+    there, one (2n, 2n) float64 per query head; a tensor left on the CPU would not mix with them."""
+    wq, wk, kv = weights
+    factors = reduction.reduce_factors(wq, wk, kv, device="meta")
+    assert factors.device.type == "meta" and factors.shape == (H, 2 * n, 2 * n) and factors.dtype == torch.float64
