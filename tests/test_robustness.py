@@ -502,6 +502,8 @@ HOSTILE = {  # name -> (damage(llama folder, tmp_path) -> source, pattern of the
                                        r"tensor 'model\.layers\.0\.self_attn\.q_proj\.weight' has shape \(32, 32\), "
                                        r"expected \(16, 32\) from config\.json"),
     "missing tensor": (_weights(lambda s: s.pop(K1)), rf"missing tensor '{re.escape(K1)}' \(layer 1\)"),
+    "integer weights": (_weights(lambda s: s.__setitem__(K1, s[K1].round().to(torch.int8))),
+                        rf"tensor '{re.escape(K1)}' has dtype \S+; supported: bfloat16, float16, float32, float64$"),
     "GGUF architecture": (_gguf_architecture, "unsupported GGUF architecture 'mamba'; supported: llama"),
     "GGUF quantisation": (_gguf_quantisation,
                           r"cannot dequantize tensor blk\.0\.attn_q\.weight: .* does not support type Q8_K"),
