@@ -223,3 +223,40 @@ def test_range_cache_lives_in_the_hugging_face_cache_unless_headforms_cache_says
         == tmp_path / "hub" / "headforms"
     assert cache_root_under({"HF_HOME": str(tmp_path / "home"), "HEADFORMS_CACHE": str(tmp_path / "mine")}) \
         == tmp_path / "mine"
+
+
+def test_a_run_cut_after_its_last_layer_gets_its_digest_from_the_next(tmp_path, reads, monkeypatch):
+    """Cut short after its last layer was committed, before its pending name became the digest: the same command
+    finds every tensor's digest in the cache, names the stored row by it, and has nothing left to read or hash."""
+    from headforms.warehouse.storing import revision as revision_module
+
+    folder, db = padded(tmp_path / "tiny", pad=(1, 1)), tmp_path / "w.duckdb"
+    record = revision_module.record
+
+    def cut(writer, ckpt):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(revision_module, "record", cut)
+    with pytest.raises(KeyboardInterrupt):
+        api.extract(str(folder), db=db, name="m")
+    assert stored(db)[0].startswith("pending:")
+    monkeypatch.setattr(revision_module, "record", record)
+    reads["hashed"].clear()
+    summary = api.extract(str(folder), db=db, name="m")
+    assert summary["status"][0] == "up to date" and reads["hashed"] == []
+    assert stored(db) == (open_checkpoint(str(folder)).revision, "digest")
+
+
+def test_each_local_checkpoint_of_a_run_is_hashed_as_it_is_read(tmp_path):
+    """Before planning, every checkpoint's digest the warehouse does not hold is deferred (hashed while its layers
+    are read), also after a checkpoint without a digest (a hub model, a given revision) earlier in the run."""
+    from types import SimpleNamespace
+
+    from headforms.warehouse.storing import revision as revision_module
+    from headforms.warehouse.storing.store import create_schema
+
+    ckpt = open_checkpoint(str(padded(tmp_path / "tiny", pad=(1, 1))))
+    with duckdb.connect() as con:
+        create_schema(con)
+        revision_module.prepare(con, [SimpleNamespace(digest=None), ckpt])
+    assert ckpt.digest.deferred

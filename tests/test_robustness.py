@@ -631,3 +631,18 @@ def test_fetched_bytes_are_recorded_when_the_network_gives_out_and_add_up_on_res
     assert con.sql("SELECT bytes_fetched, complete FROM models").fetchall() == [(1300 + 1300, True)]
     load_model(con, dataclasses.replace(local, name="local"), LoadOptions())
     assert con.sql("SELECT bytes_fetched FROM models WHERE model = 'local'").fetchall() == [(None,)]
+
+
+def test_a_closed_writer_opens_again_when_used_and_closes_twice_harmlessly(tmp_path):
+    """Writer.close() ends the run's in-memory host DuckDB: used again, the writer attaches the file to a new one,
+    and closing it a second time does nothing."""
+    from headforms.warehouse.storing.store import Writer
+
+    writer = Writer(tmp_path / "w.duckdb")
+    with writer.connection() as con:
+        con.execute("CREATE TABLE t AS SELECT 1 AS x")
+    writer.close()
+    with writer.connection() as con:
+        assert con.execute("SELECT x FROM t").fetchall() == [(1,)]
+    writer.close()
+    writer.close()
