@@ -209,6 +209,10 @@ PY_EQUIVALENT = {
     "headforms.compute.rotary.x__symmetric_eigenvalues__mutmut_50":
         "eig(S) of the distance forms ascending rather than decreasing: both lobes come out reversed in the same "
         "order, and every profile statistic is a sum or norm over aligned pairs",
+    "headforms.compute.bootstrap.x_median__mutmut_24":
+        "take_along_axis without axis=-1: the last axis is its default (numpy 2)",
+    "headforms.compute.bootstrap.x_percent__mutmut_8":
+        "shape[+1] = shape[-1]: percent is only called on 2-D arrays (figures x rows, resamples x rows)",
     "headforms.compute.reduction.x_reduce_factors__mutmut_55":
         "K left in its own float dtype on the device path: torch.cat with float64 Q promotes it to float64",
     "headforms.compute.reduction.x_reduce_factors__mutmut_62":

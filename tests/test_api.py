@@ -208,3 +208,22 @@ def test_plan_reads_the_tower_asked_for(tmp_path):
     assert dict(decoder.schema) == {"model": pl.Utf8, "source": pl.Utf8, "heads": pl.Int64, "qk_bytes": pl.Int64,
                                     "checkpoint_bytes": pl.Int64, "header_bytes_fetched": pl.Int64,
                                     "warning": pl.Utf8}
+
+
+def test_the_tool_version_without_package_metadata_is_a_canonical_version_below_every_release(monkeypatch):
+    """Run from a checkout that was never installed, models.tool_version is still a PEP 440 version, written in its
+    canonical form (as `importlib.metadata` gives an installed one) and older than any release."""
+    from importlib.metadata import PackageNotFoundError
+
+    from packaging.version import Version
+
+    from headforms.warehouse.running import load
+
+    assert Version(load.tool_version()) >= Version("0.1")  # installed here: the package's own version
+
+    def missing(name):
+        raise PackageNotFoundError(name)
+
+    monkeypatch.setattr(load, "version", missing)
+    unknown = load.tool_version()
+    assert str(Version(unknown)) == unknown and Version(unknown) < Version("0.0.1")
