@@ -316,6 +316,8 @@ PY_EQUIVALENT = {
         "reshape(-2, ...): numpy takes any negative size as the unknown one",
     "headforms.warehouse.running.load.x__model_record__mutmut_5":
         "'SOURCE' in the models row: DuckDB column names are case-insensitive",
+    "headforms.warehouse.storing.store.x_insert__mutmut_10":
+        "unregister('_FRAME') removes '_frame': DuckDB's names are case-insensitive",
     "headforms.warehouse.storing.revision.x_record__mutmut_12":
         "the revision's UPDATE in upper case: DuckDB's keywords and names are case-insensitive",
     "headforms.warehouse.running.load.x__plan__mutmut_37":

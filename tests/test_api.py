@@ -2,6 +2,7 @@
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -59,7 +60,9 @@ def tiny_db(tmp_path_factory):
     folder = tmp_path_factory.mktemp("api")
     write_gguf(folder / "tiny.gguf")
     db = folder / "api.duckdb"
+    start = time.perf_counter()
     summary = headforms.extract([str(folder / "tiny.gguf")], db=db, seed=3)
+    assert 0 < summary["seconds"][0] <= time.perf_counter() - start  # the model's own time, within the call's
     return db, summary
 
 

@@ -224,6 +224,11 @@ def test_progress_of_a_live_run_is_seen_and_a_dead_runs_file_is_not(tmp_path):
     from headforms.warehouse.running.progress import RunProgress, progress_path, running
 
     db = tmp_path / "w.duckdb"
+    first = RunProgress(db, models=2)  # a first model that was up to date: done before any layer of the run
+    first.model_done()
+    assert {k: running(db)[k] for k in ("models_done", "model", "n_layers", "layers_done", "heads_done")} == {
+        "models_done": 1, "model": None, "n_layers": 0, "layers_done": 0, "heads_done": 0}
+    first.close()
     run = RunProgress(db, models=2)
     run.model("m", n_layers=4, layers_done=1)
     run.layers(count=2, heads=24, bytes_fetched=100)
