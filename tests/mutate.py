@@ -316,6 +316,11 @@ PY_EQUIVALENT = {
         "reshape(-2, ...): numpy takes any negative size as the unknown one",
     "headforms.warehouse.running.load.x__model_record__mutmut_5":
         "'SOURCE' in the models row: DuckDB column names are case-insensitive",
+    "headforms.warehouse.storing.store.x__shadow_added_columns__mutmut_25":
+        "CURRENT_DATABASE(): DuckDB's function names are case-insensitive",
+    "headforms.extract.checkpoint.xǁDigestǁ__init____mutmut_6":
+        "a digest's layers before expect() as None: both readers call expect() before the Checkpoint exists, and "
+        "nothing reads them earlier",
     "headforms.warehouse.storing.store.x_insert__mutmut_10":
         "unregister('_FRAME') removes '_frame': DuckDB's names are case-insensitive",
     "headforms.warehouse.storing.revision.x_record__mutmut_12":
