@@ -225,6 +225,20 @@ def test_range_cache_lives_in_the_hugging_face_cache_unless_headforms_cache_says
         == tmp_path / "mine"
 
 
+
+def test_the_cache_root_is_a_headforms_folder_in_the_hub_cache(tmp_path, monkeypatch):
+    """In this process (as a run calls it): the hub cache huggingface_hub resolved, its `headforms` folder."""
+    import huggingface_hub.constants
+
+    from headforms.extract.caches import cache_root
+
+    monkeypatch.delenv("HEADFORMS_CACHE")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert cache_root() == tmp_path / "hub" / "headforms"
+    monkeypatch.setenv("HEADFORMS_CACHE", str(tmp_path / "mine"))
+    assert cache_root() == tmp_path / "mine"
+
+
 def test_a_run_cut_after_its_last_layer_gets_its_digest_from_the_next(tmp_path, reads, monkeypatch):
     """Cut short after its last layer was committed, before its pending name became the digest: the same command
     finds every tensor's digest in the cache, names the stored row by it, and has nothing left to read or hash."""
