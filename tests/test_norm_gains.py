@@ -141,8 +141,11 @@ def test_gguf_attn_norm_folds(tmp_path):
     ("llama", "center", r"^--fold-norm center is refused for llama: its RMSNorm does not subtract the mean; "
                         r"use --fold-norm gain$"),
     ("olmo2", "gain", r"^--fold-norm gain is refused for olmo2: OLMo 2 normalises attention's output"),
-    ("opt_base", "gain", r"^--fold-norm gain is refused for this OPT: do_layer_norm_before=false"),
+    ("opt_base", "gain", r"^--fold-norm gain is refused for this OPT: do_layer_norm_before=false normalises after "
+                         r"attention, so the norm feeding W_Q and W_K is the previous layer's$"),
     ("llama", "both", r"^unknown fold-norm option 'both'"),
+    ("gpt_neo", "gain", r"^--fold-norm is not implemented for gpt_neo; implemented: bert, bloom, (\w+, )*gpt2, "
+                        r"(\w+, )*llama, (\w+, )*qwen3$"),
 ])
 def test_refusals(name, mode, message, tmp_path):
     tm.save(tm.build(name), tmp_path)

@@ -224,6 +224,7 @@ def test_progress_of_a_live_run_is_seen_and_a_dead_runs_file_is_not(tmp_path):
     from headforms.warehouse.running.progress import RunProgress, progress_path, running
 
     db = tmp_path / "w.duckdb"
+    RunProgress(db, models=1).close()  # a run that ends before writing anything: nothing to remove
     first = RunProgress(db, models=2)  # a first model that was up to date: done before any layer of the run
     first.model_done()
     assert {k: running(db)[k] for k in ("models_done", "model", "n_layers", "layers_done", "heads_done")} == {
