@@ -149,22 +149,21 @@ def test_a_legend_names_every_series_it_covers(name, built):
 # How a figure looks (sizes, offsets, colours, words) is judged by eye: each figure of the one-model warehouse, as
 # reviewed, is a PNG in tests/reviewed/figures/ (see tests/reviewed.py).
 @pytest.fixture(scope="module")
-def drawn_one_model(tiny_rope_db, tmp_path_factory) -> Path:
-    """Every figure of the one-model warehouse, saved as export saves it."""
-    out = tmp_path_factory.mktemp("drawn")
-    con = connect(_renamed(tiny_rope_db, 1, out), read_only=True)
-    try:
-        for name, (draw, _) in figures.FIGURES.items():
-            draw(con, out / name)
-    finally:
-        con.close()
-    return out
+def one_model_db(tiny_rope_db, tmp_path_factory) -> Path:
+    return _renamed(tiny_rope_db, 1, tmp_path_factory.mktemp("one"))
 
 
 @pytest.mark.parametrize("name", list(figures.FIGURES))
-def test_figure_looks_as_reviewed(name, drawn_one_model):
+def test_each_figure_looks_as_reviewed(name, one_model_db, tmp_path):
     """Pixel for pixel (matplotlib's own image comparison; same pinned matplotlib and fonts): a changed font size,
-    offset, colour bar, word or case fails here, with a difference image beside the new one."""
-    reviewed = reviewed_file("figures", name, drawn_one_model / name)
-    difference = compare_images(str(reviewed), str(drawn_one_model / name), tol=0)
+    offset, colour bar, word or case fails here, with a difference image beside the new one. Each test draws its
+    own figure, saved as export saves it."""
+    draw, _ = figures.FIGURES[name]
+    con = connect(one_model_db, read_only=True)
+    try:
+        draw(con, tmp_path / name)
+    finally:
+        con.close()
+    reviewed = reviewed_file("figures", name, tmp_path / name)
+    difference = compare_images(str(reviewed), str(tmp_path / name), tol=0)
     assert difference is None, difference

@@ -250,3 +250,27 @@ def test_pages_read_as_reviewed(tiny_rope_db, tmp_path):
         made.write_text(_as_reviewed(page.read_text()).replace(source, "<source>/tiny.gguf"))
         reviewed = reviewed_file("report", made.name, made)
         assert made.read_text() == reviewed.read_text(), f"{page.name} differs from {reviewed}"
+
+
+def test_the_simplex_is_drawn_with_every_edge_of_the_tetrahedron(tiny_rope_db):
+    """The model page's simplex: its line trace walks vertices of the regular tetrahedron only, along all six edges."""
+    import itertools
+
+    from headforms.warehouse.publishing import report
+    from headforms.warehouse.storing.store import connect, query
+
+    drawn = {}
+    con = connect(tiny_rope_db, read_only=True)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(report, "_figure_html", lambda fig, div_id: drawn.setdefault(div_id, fig) and "")
+            report._model_body(con, query(con, "SELECT * FROM models").row(0, named=True),
+                               query(con, "SELECT * FROM heads ORDER BY layer, head"))
+    finally:
+        con.close()
+    line = next(trace for trace in drawn["simplex"].data if trace.mode == "lines")
+    points = np.column_stack([line.x, line.y, line.z])
+    near = np.isclose(points[:, None, :], VERTICES[None], atol=1e-12).all(axis=2)  # point x vertex
+    assert (near.sum(axis=1) == 1).all(), points
+    walk = near.argmax(axis=1)
+    assert {frozenset(step) for step in zip(walk, walk[1:])} == {frozenset(e) for e in itertools.combinations(range(4), 2)}
