@@ -123,25 +123,33 @@ def test_index_shows_the_layer_bootstrap_interval_beside_a_figure(demo_db, tmp_p
     assert index.count("[") == 1
 
 
-@pytest.fixture(scope="module")
-def figures(demo_db):
-    """The plotly figures of SmolLM2-135M's model page and of its layer 3's page, by div id, with that model's heads."""
+def _page_figures(db, model: str, layer: int | None = None):
+    """The plotly figures the report draws on `model`'s page (and on its `layer`'s page), by div id, and its heads."""
     from headforms.warehouse.publishing import report
     from headforms.warehouse.storing.store import connect, query
 
     drawn = {}
-    con = connect(demo_db, read_only=True)
+    con = connect(db, read_only=True)
     try:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(report, "_figure_html", lambda fig, div_id: drawn.setdefault(div_id, fig) and "")
-            row = query(con, "SELECT * FROM models WHERE model = 'SmolLM2-135M'").row(0, named=True)
-            heads = query(con, "SELECT * FROM heads WHERE model = 'SmolLM2-135M' ORDER BY layer, head")
+            row = query(con, "SELECT * FROM models WHERE model = ?", [model]).row(0, named=True)
+            heads = query(con, "SELECT * FROM heads WHERE model = ? ORDER BY layer, head", [model])
             report._model_body(con, row, heads)
-            report._layer_body(con, row, 3, heads.filter(pl.col("layer") == 3))
-        fits = query(con, "SELECT head, sample, shape, scale FROM fits WHERE model = 'SmolLM2-135M' AND layer = 3 "
-                          "AND family = 'gamma'")
+            if layer is not None:
+                report._layer_body(con, row, layer, heads.filter(pl.col("layer") == layer))
     finally:
         con.close()
+    return drawn, heads
+
+
+@pytest.fixture(scope="module")
+def figures(demo_db):
+    """The plotly figures of SmolLM2-135M's model page and of its layer 3's page, by div id, with that model's heads."""
+    drawn, heads = _page_figures(demo_db, "SmolLM2-135M", layer=3)
+    with duckdb.connect(str(demo_db), read_only=True) as con:
+        fits = con.sql("SELECT head, sample, shape, scale FROM fits WHERE model = 'SmolLM2-135M' AND layer = 3 "
+                       "AND family = 'gamma'").pl()
     return drawn, heads, fits
 
 
@@ -256,18 +264,7 @@ def test_the_simplex_is_drawn_with_every_edge_of_the_tetrahedron(tiny_rope_db):
     """The model page's simplex: its line trace walks vertices of the regular tetrahedron only, along all six edges."""
     import itertools
 
-    from headforms.warehouse.publishing import report
-    from headforms.warehouse.storing.store import connect, query
-
-    drawn = {}
-    con = connect(tiny_rope_db, read_only=True)
-    try:
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(report, "_figure_html", lambda fig, div_id: drawn.setdefault(div_id, fig) and "")
-            report._model_body(con, query(con, "SELECT * FROM models").row(0, named=True),
-                               query(con, "SELECT * FROM heads ORDER BY layer, head"))
-    finally:
-        con.close()
+    drawn, _ = _page_figures(tiny_rope_db, "tiny")
     line = next(trace for trace in drawn["simplex"].data if trace.mode == "lines")
     points = np.column_stack([line.x, line.y, line.z])
     near = np.isclose(points[:, None, :], VERTICES[None], atol=1e-12).all(axis=2)  # point x vertex
