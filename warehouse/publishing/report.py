@@ -217,7 +217,7 @@ def _layer_body(con, row: dict, layer: int, heads: pl.DataFrame) -> str:
 
     model, n_heads = row["model"], row["n_heads"]
     values = query(con, "SELECT head, spectrum, value FROM eigenvalues WHERE model = ? AND layer = ? "
-                        "AND spectrum IN ('S_pos', 'S_neg', 'T_sigma') ORDER BY head, spectrum", [model, layer])
+                        "AND spectrum IN ('S_pos', 'S_neg', 'T_sigma') ORDER BY head, spectrum, idx", [model, layer])
     fits = query(con, "SELECT head, sample, shape, scale FROM fits WHERE model = ? AND layer = ? "
                       "AND family = 'gamma' AND shape IS NOT NULL AND scale IS NOT NULL", [model, layer])
     fig = make_subplots(rows=n_heads, cols=3, subplot_titles=[
