@@ -179,6 +179,18 @@ DAMAGE = {
         ["UPDATE fits SET scale = 1 WHERE model = {M} AND layer = 0 AND head = 2 AND sample = 'S_pos' "
          "AND family = 'gengamma' AND status = 'boundary'"],
         [("violation", "fit_status", M, 0, 2)]),
+    "a boundary fit with a mode": (
+        ["UPDATE fits SET mode = 1 WHERE model = {M} AND layer = 0 AND head = 2 AND sample = 'S_pos' "
+         "AND family = 'gengamma' AND status = 'boundary'"],
+        [("violation", "fit_status", M, 0, 2)]),
+    **{f"a boundary fit with Prentice's {column}": (
+        [f"UPDATE fits SET {column} = 1 WHERE model = {{M}} AND layer = 0 AND head = 2 AND sample = 'S_pos' "
+         "AND family = 'gengamma' AND status = 'boundary'"],
+        [("violation", "fit_status", M, 0, 2)]) for column in ("prentice_mu", "prentice_sigma")},
+    **{f"an ok gengamma fit without Prentice's {column}": (
+        [f"UPDATE fits SET {column} = NULL WHERE model = {{M}} AND layer = 1 AND head = 2 AND sample = 'T' "
+         "AND family = 'gengamma' AND status = 'ok'"],
+        [("violation", "fit_status", M, 1, 2)]) for column in ("prentice_mu", "prentice_sigma", "prentice_q")},
     "a bic that does not follow from loglik": (
         ["UPDATE fits SET bic = bic + 1 WHERE model = {G} AND layer = 1 AND head = 0 AND sample = 'T' "
          "AND family = 'gamma'"],
