@@ -93,19 +93,19 @@ UPDATE heads SET c_sym = 0.2, d_sym = 0.2, parity = 'I-' WHERE layer = 1 AND hea
 @pytest.fixture(scope="session")
 def ties_db(demo_db, tmp_path_factory):
     """A copy of the demo warehouse with heads and fits on the views' thresholds (TIES), and, in each model's
-    first head and sample whose three nested fits are 'ok', 2 (loglik_gengamma - loglik_nested) equal to the
-    critical value for both gamma and Weibull."""
+    first head and sample whose nested fits are all 'ok', 2 (loglik_gengamma - loglik_nested) equal to the
+    critical value for gamma, Weibull and the lognormal."""
     path = tmp_path_factory.mktemp("ties") / "ties.duckdb"
     shutil.copy(demo_db, path)
     with duckdb.connect(str(path)) as con:
         con.execute(TIES)
         chosen = con.execute("""
             SELECT model, arg_min(struct_pack(layer, head, sample), (layer, head, sample)) FROM (
-                SELECT model, layer, head, sample FROM fits WHERE family IN ('gengamma', 'gamma', 'weibull')
-                GROUP BY ALL HAVING count(*) FILTER (WHERE status = 'ok') = 3)
+                SELECT model, layer, head, sample FROM fits WHERE family IN ('gengamma', 'gamma', 'weibull', 'lognormal')
+                GROUP BY ALL HAVING count(*) FILTER (WHERE status = 'ok') = 4)
             GROUP BY model""").fetchall()
         for model, where in chosen:
-            for family, loglik in (("gamma", 0.0), ("weibull", 0.0), ("gengamma", NESTED_CRITICAL / 2)):
+            for family, loglik in (("gamma", 0.0), ("weibull", 0.0), ("lognormal", 0.0), ("gengamma", NESTED_CRITICAL / 2)):
                 con.execute("UPDATE fits SET loglik = ? WHERE model = ? AND layer = ? AND head = ? AND sample = ? "
                             "AND family = ?", [loglik, model, where["layer"], where["head"], where["sample"], family])
     return path
