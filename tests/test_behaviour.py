@@ -227,7 +227,23 @@ def test_behaviour_by_parity_recomputed(views_db):
             assert shown[row["figure"]][0] == pytest.approx(row["estimate"])
 
 
-def test_behaviour_correlations_against_scipy(views_db):
+@pytest.fixture(scope="module")
+def edges_db(views_db, tmp_path_factory):
+    """views_db on the correlations' edges: llama's behaviour kept for exactly 3 heads (the fewest with a
+    correlation), qwen2's self-scores all equal and its pairings all equal (a constant column: no correlation)."""
+    db = tmp_path_factory.mktemp("edges") / "edges.duckdb"
+    shutil.copy(views_db, db)
+    with duckdb.connect(str(db)) as con:
+        con.execute("DELETE FROM head_behaviour WHERE model = 'llama' AND (layer, head) NOT IN "
+                    "(SELECT (layer, head) FROM head_behaviour WHERE model = 'llama' ORDER BY layer, head LIMIT 3)")
+        con.execute("UPDATE head_behaviour SET self_score = 0.5 WHERE model = 'qwen2'")
+        con.execute("UPDATE heads SET pairing = 0.5 WHERE model = 'qwen2'")
+    return db
+
+
+@pytest.mark.parametrize("where", ["views_db", "edges_db"])
+def test_behaviour_correlations_against_scipy(where, request):
+    views_db = request.getfixturevalue(where)
     view = api.table(views_db, "behaviour_correlations")
     data = joined(views_db)
     assert set(view["model"]) == {"llama", "qwen2", "planted"}
