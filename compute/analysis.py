@@ -2,17 +2,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from headforms.compute.baseline import random_forms
 from headforms.compute.fits import fit_families
-from headforms.compute.reduction import forms, on_cpu, reduce_factors
-from headforms.compute.rotary import Rotation, later_profiles
-from headforms.compute.spectra import Spectra, later_spectra
+from headforms.compute.reduction import factor, forms, on_cpu, reduce_factors
+from headforms.compute.rotary import Rotation, assemble_profiles, later_profiles, profile_problems
+from headforms.compute.spectra import Spectra, batch_spectra, later_spectra
 from headforms.compute.statistics import PARITY_TOLERANCE, fit_samples, head_statistics, pairing, profile, \
     symmetric_energy, theta
-from headforms.compute.threads import Pool, single_threaded
+from headforms.compute.threads import Pool, batches
 
 SAMPLES = ("L_abs", "S_pos", "S_neg", "T")
 
@@ -44,25 +45,47 @@ def analyse_layer(
     On the CPU every library runs single-threaded here; the heads are spread over threads
     instead (compute.threads). With a RoPE `rotation`, also the profiles of L_delta at `deltas`,
     from the same reduction's factors."""
-    args = (wq, wk, kv_index, layer, seed, parity_tolerance, device, rotation, deltas)
-    if on_cpu(device):
-        with single_threaded():
-            return _analyse(*args)
-    return _analyse(*args)
-
-
-def _analyse(wq, wk, kv_index, layer, seed, parity_tolerance, device, rotation, deltas) -> LayerAnalysis:
-    """The layer's linear algebra as pieces on one pool, submitted as soon as their inputs exist (the random
-    baseline first, needing none; then spectra and distance profiles, from the reduction's factors); the
-    statistics and fits of the spectra run in this thread while the other pieces are still being computed."""
-    n_heads, head_dim, d_model = wq.shape
     with Pool() as pool:
-        random_later = pool.submit(_random_statistics, seed, layer, n_heads, head_dim, d_model)  # beside the QRs
+        return start_layer(pool, wq, wk, kv_index, layer=layer, seed=seed, parity_tolerance=parity_tolerance,
+                           device=device, rotation=rotation, deltas=deltas)()
+
+
+def start_layer(pool: Pool, wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray, *, layer: int, seed: int,
+                parity_tolerance: float = PARITY_TOLERANCE, device: str = "cpu", rotation: Rotation | None = None,
+                deltas=(0,)) -> Callable[[], LayerAnalysis]:
+    """`analyse_layer`, its linear algebra started now on `pool` and the function returned collecting it (the
+    statistics and fits run in the caller's thread then). On the CPU each piece is a batch of heads taken from
+    its QR through its spectra and distance problems, so a layer's pieces wait on nothing but a free thread,
+    and a caller may start the next layer before collecting this one: the threads never wait for a layer's
+    last piece. On another device the linear algebra runs there at once."""
+    n_heads, head_dim, d_model = wq.shape
+    random_later = pool.submit(_random_statistics, seed, layer, n_heads, head_dim, d_model)
+    if on_cpu(device):
+        q, k = np.asarray(wq, dtype=np.float64), np.asarray(wk, dtype=np.float64)
+        kv = np.asarray(kv_index, dtype=np.intp)
+        if rotation is not None:
+            deltas = np.asarray(deltas, dtype=np.int64)
+        solve = None if rotation is None else deltas != 0  # L_0 = L: delta 0's eigenproblems are the spectra's
+        parts = batches(n_heads, min(d_model, 2 * head_dim))  # a piece's forms are r x r, r = min(N, 2n)
+        pieces = [pool.submit(_heads, k, kv[part], q[part], head_dim, rotation, deltas, solve) for part in parts]
+
+        def linear_algebra():
+            spectra, profiles = zip(*(piece.result() for piece in pieces))
+            sp = Spectra.of(*(np.concatenate(x) for x in zip(*spectra)))
+            distances = (assemble_profiles(profiles, parts, deltas, solve, sp.eig_S, parity_tolerance)
+                         if rotation is not None else None)
+            return sp, distances
+    else:
         factors = reduce_factors(wq, wk, kv_index, device=device)
         sp_later = later_spectra(pool, forms(factors, head_dim))
-        distances_later = (later_profiles(pool, factors, head_dim, rotation, deltas, parity_tolerance=parity_tolerance,
-                                          eig_S0=lambda: sp.eig_S) if rotation is not None else lambda: None)
-        sp = sp_later()
+        distances_later = (later_profiles(pool, factors, head_dim, rotation, deltas, parity_tolerance=parity_tolerance)
+                           if rotation is not None else lambda: None)
+
+        def linear_algebra():
+            return sp_later(), distances_later()
+
+    def collect() -> LayerAnalysis:
+        sp, distances = linear_algebra()
         stats = head_statistics(sp, d_model, parity_tolerance)
         samples = fit_samples(sp, head_dim)
         stacked = fit_families(np.concatenate([samples[name] for name in SAMPLES]))
@@ -72,8 +95,18 @@ def _analyse(wq, wk, kv_index, layer, seed, parity_tolerance, device, rotation, 
             for i, name in enumerate(SAMPLES)
         }
         stats.update(random_later.result())
-        distances = distances_later()
-    return LayerAnalysis(statistics=stats, spectra=sp, fits=fits, distances=distances)
+        return LayerAnalysis(statistics=stats, spectra=sp, fits=fits, distances=distances)
+
+    return collect
+
+
+def _heads(k: np.ndarray, kv: np.ndarray, q: np.ndarray, n: int, rotation: Rotation | None, deltas: np.ndarray,
+           solve: np.ndarray | None):
+    """One piece of a layer on the CPU: a batch of query heads q (h, n, N), with their key heads k[kv], reduced by
+    QR, their spectra, and with RoPE their distance problems (`rotary.profile_problems`)."""
+    factors = factor(np.concatenate([k[kv], q], axis=1))
+    spectra = batch_spectra(forms(factors, n))
+    return spectra, profile_problems(factors, n, rotation, deltas, solve) if rotation is not None else None
 
 
 def _random_statistics(seed: int, layer: int, n_heads: int, head_dim: int, d_model: int) -> dict[str, np.ndarray]:

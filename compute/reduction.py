@@ -11,7 +11,7 @@ def on_cpu(device: str) -> bool:
     return str(device).split(":")[0] == "cpu"
 
 
-def _factor(stacked):
+def factor(stacked):
     """[R_K | R_Q] (..., r, 2n) from stacked = [W_K; W_Q] of shape (..., 2n, N), float64 (numpy, or torch on a device).
 
     stacked's transpose is [W_K^T | W_Q^T] (N x 2n) in column-major order, the layout LAPACK's
@@ -43,7 +43,7 @@ def reduce_factors(wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray, device:
         kv = np.asarray(kv_index, dtype=np.intp)
 
         def part(heads: slice) -> np.ndarray:
-            return _factor(np.concatenate([k[kv[heads]], q[heads]], axis=1))
+            return factor(np.concatenate([k[kv[heads]], q[heads]], axis=1))
 
         parts = batches(len(q), min(q.shape[2], 2 * q.shape[1]))  # R has r = min(N, 2n) rows
         return np.concatenate(map_threads(part, parts))
@@ -52,7 +52,7 @@ def reduce_factors(wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray, device:
     q = torch.as_tensor(wq, dtype=torch.float64, device=device)
     k = torch.as_tensor(wk, dtype=torch.float64, device=device)
     k = k[torch.as_tensor(np.asarray(kv_index), dtype=torch.long, device=device)]
-    return _factor(torch.cat([k, q], dim=1))
+    return factor(torch.cat([k, q], dim=1))
 
 
 def reduce_forms(wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray, device: str = "cpu"):

@@ -70,8 +70,10 @@ class Rotation:
 
 def _top_rows(factors, n: int, rotation: Rotation, deltas: np.ndarray):
     """The first n rows [A | B] of every l_delta, (D, H, n, r): R_K's rows below n are zero (R is upper
-    triangular), and so are l_delta's. numpy on the CPU, torch on a device."""
-    return factors[..., :n, :n] @ rotation.rotate(factors[..., n:].swapaxes(-2, -1), deltas)
+    triangular), and so are l_delta's. R_K's n x n block is rotated, (R_K R(delta))^T = R(-delta) R_K^T, being
+    half the size of R_Q^T's n x r rows. numpy on the CPU, torch on a device."""
+    rotated = rotation.rotate(factors[..., :n, :n].swapaxes(-2, -1), -deltas).swapaxes(-2, -1)
+    return rotated @ factors[..., n:].swapaxes(-2, -1)
 
 
 def distance_forms(factors, n: int, rotation: Rotation, deltas: np.ndarray):
@@ -86,18 +88,22 @@ def _symmetric_eigenvalues(top) -> np.ndarray:
     n, r = top.shape[-2], top.shape[-1]
     top = top.reshape((-1, n, r))
     a, b = top[..., :n], top[..., n:]
-    s = top.new_zeros(top.shape[:-2] + (r, r)) if not isinstance(top, np.ndarray) else np.zeros(top.shape[:-2] + (r, r))
+    if isinstance(top, np.ndarray):  # LAPACK reads the lower triangle alone: the block above it is left unset
+        s = np.empty(top.shape[:-2] + (r, r))
+        s[..., :n, :n] = (a + a.swapaxes(-2, -1)) / 2
+        s[..., n:, :n] = b.swapaxes(-2, -1) / 2
+        s[..., n:, n:] = 0.0
+        return np.linalg.eigvalsh(s, UPLO="L")[..., ::-1]
+    import torch
+
+    s = top.new_zeros(top.shape[:-2] + (r, r))
     s[..., :n, :n] = (a + a.swapaxes(-2, -1)) / 2
     s[..., :n, n:] = b / 2
     s[..., n:, :n] = b.swapaxes(-2, -1) / 2
-    if isinstance(s, np.ndarray):
-        return np.linalg.eigvalsh(s)[..., ::-1]
-    import torch
-
     return torch.linalg.eigvalsh(s).flip(-1).cpu().numpy()
 
 
-def _profiles(factors, n: int, rotation: Rotation, deltas: np.ndarray, solve=None) -> tuple[np.ndarray, ...]:
+def profile_problems(factors, n: int, rotation: Rotation, deltas: np.ndarray, solve=None) -> tuple[np.ndarray, ...]:
     """(eig_S of the deltas where `solve` (a mask; None: all), ||L||^2, ||T||^2 of every delta) of each head of a
     batch, flattened delta-major. With l = [[A, B], [0, 0]]: ||T||^2 = ||A - A^T||^2/4 + ||B||^2/2."""
     top = _top_rows(factors, n, rotation, deltas)                         # (D, H, n, r)
@@ -106,38 +112,42 @@ def _profiles(factors, n: int, rotation: Rotation, deltas: np.ndarray, solve=Non
         top = top.cpu().numpy()
     top = top.reshape((-1,) + tuple(top.shape[2:]))                      # (D*H, n, r)
     a, b = top[..., :n], top[..., n:]
-    l2 = (top**2).sum(axis=(-2, -1))
-    t2 = ((a - a.swapaxes(-2, -1)) ** 2).sum(axis=(-2, -1)) / 4 + (b**2).sum(axis=(-2, -1)) / 2
-    return eig_S, l2, t2
+    a2, b2 = _squares(a), _squares(b)
+    return eig_S, a2 + b2, _squares(a - a.swapaxes(-2, -1)) / 4 + b2 / 2
+
+
+def _squares(x: np.ndarray) -> np.ndarray:
+    """The squared Frobenius norm of each matrix of a batch (..., m, k), without a squared copy."""
+    return np.einsum("...ij,...ij->...", x, x)
+
+
+def assemble_profiles(pieces, parts: list[slice], deltas: np.ndarray, solve: np.ndarray, eig_S0: np.ndarray | None,
+                      parity_tolerance: float) -> dict[str, np.ndarray]:
+    """The profile columns of a layer from the `profile_problems` of its batches of heads (`parts`); `eig_S0`
+    (H, r): eig(S) of L itself, for the deltas not solved (delta 0, L_0 = L)."""
+    solved, l2, t2 = (np.concatenate([x.reshape(-1, part.stop - part.start, *x.shape[1:])
+                                      for x, part in zip(piece, parts)], axis=1) for piece in zip(*pieces))
+    eig_S = np.empty(l2.shape + solved.shape[2:])
+    eig_S[solve] = solved
+    if not solve.all():
+        eig_S[~solve] = eig_S0
+    return _columns(eig_S, l2, t2, deltas, parity_tolerance)
 
 
 def later_profiles(pool: Pool, factors, n: int, rotation: Rotation, deltas, *,
-                   parity_tolerance: float = PARITY_TOLERANCE,
-                   eig_S0: Callable[[], np.ndarray] | None = None) -> Callable[[], dict[str, np.ndarray]]:
+                   parity_tolerance: float = PARITY_TOLERANCE) -> Callable[[], dict[str, np.ndarray]]:
     """`distance_profiles`, started now and collected by the function returned: on the CPU batches of heads go to
     `pool` (compute.threads), so a batch's (D, h, r, r) forms are all that is held at once; on another device
-    the batch is one call, made at once. `eig_S0`, when given, returns eig(S) of L itself (H, r): L_0 = L, so
-    delta 0's eigenproblems are not solved again (CPU only)."""
+    the batch is one call, made at once."""
     deltas = np.asarray(deltas, dtype=np.int64)
     H = factors.shape[0]
     if not isinstance(factors, np.ndarray):
-        parts = _profiles(factors, n, rotation, deltas)
+        parts = profile_problems(factors, n, rotation, deltas)
         return lambda: _columns(*(x.reshape(len(deltas), H, *x.shape[1:]) for x in parts), deltas, parity_tolerance)
-    solve = deltas != 0 if eig_S0 is not None else np.ones(len(deltas), bool)
+    solve = np.ones(len(deltas), bool)
     parts = batches(H, len(deltas) * factors.shape[-2])
-    futures = [pool.submit(_profiles, factors[part], n, rotation, deltas, solve) for part in parts]
-
-    def collect() -> dict[str, np.ndarray]:
-        pieces = zip(*(future.result() for future in futures))  # (eig_S, l2, t2) of each part, delta-major
-        solved, l2, t2 = (np.concatenate([x.reshape(-1, part.stop - part.start, *x.shape[1:])
-                                          for x, part in zip(piece, parts)], axis=1) for piece in pieces)
-        eig_S = np.empty(l2.shape + solved.shape[2:])
-        eig_S[solve] = solved
-        if not solve.all():
-            eig_S[~solve] = eig_S0()
-        return _columns(eig_S, l2, t2, deltas, parity_tolerance)
-
-    return collect
+    futures = [pool.submit(profile_problems, factors[part], n, rotation, deltas, solve) for part in parts]
+    return lambda: assemble_profiles([f.result() for f in futures], parts, deltas, solve, None, parity_tolerance)
 
 
 def _columns(eig_S, l2, t2, deltas: np.ndarray, parity_tolerance: float) -> dict[str, np.ndarray]:

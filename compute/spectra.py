@@ -29,6 +29,11 @@ class Spectra:
     def n_heads(self) -> int:
         return self.eig_S.shape[0]
 
+    @classmethod
+    def of(cls, eig_S, sv_T, eig_L, sv_L) -> "Spectra":
+        """Spectra from its arrays, sigma(T) taken from T's singular values (one of each equal pair)."""
+        return cls(eig_S=eig_S, sv_T=sv_T, sigma_T=sv_T[:, 0::2].copy(), eig_L=eig_L, sv_L=sv_L)
+
 
 def _nonzero_rows(l) -> int:
     """m such that every row of every l from m on is exactly zero (m = r when none is)."""
@@ -58,7 +63,7 @@ def _assemble(eig_S, sv_T, eig_L, sv_L, r: int) -> tuple[np.ndarray, ...]:
     return eig_S, sv_T, np.take_along_axis(eig_L, order, axis=-1), sv_L
 
 
-def _spectra(l: np.ndarray) -> tuple[np.ndarray, ...]:
+def batch_spectra(l: np.ndarray) -> tuple[np.ndarray, ...]:
     """(eig_S, sv_T, eig_L, sv_L) of a batch (numpy, on the CPU).
 
     The reduction's l = [[A, B], [0, 0]] has nonzero rows only up to m = min(n, r), so
@@ -73,7 +78,7 @@ def _spectra(l: np.ndarray) -> tuple[np.ndarray, ...]:
 
 
 def _later_spectra(pool: Pool, l: np.ndarray) -> Callable[[], tuple[np.ndarray, ...]]:
-    """`_spectra` of a CPU batch as pieces on `pool` (by kind of problem and batch of heads, each large enough
+    """`batch_spectra` of a CPU batch as pieces on `pool` (by kind of problem and batch of heads, each large enough
     to run without the GIL); the function returned collects them."""
     H, r = l.shape[0], l.shape[1]
     m = _nonzero_rows(l)
@@ -90,7 +95,7 @@ def _later_spectra(pool: Pool, l: np.ndarray) -> Callable[[], tuple[np.ndarray, 
 
 
 def _spectra_torch(l) -> tuple[np.ndarray, ...]:
-    """`_spectra` of a torch batch on its device (cuda), copied back as numpy."""
+    """`batch_spectra` of a torch batch on its device (cuda), copied back as numpy."""
     import torch
 
     H, r = l.shape[0], l.shape[1]
@@ -116,8 +121,8 @@ def later_spectra(pool: Pool, l) -> Callable[[], Spectra]:
         l = l.numpy()
     if isinstance(l, np.ndarray):
         collect = _later_spectra(pool, l)
-        return lambda: _of(*collect())
-    done = _of(*_spectra_torch(l))
+        return lambda: Spectra.of(*collect())
+    done = Spectra.of(*_spectra_torch(l))
     return lambda: done
 
 
@@ -129,8 +134,3 @@ def spectra(l) -> Spectra:
     """
     with Pool() as pool:
         return later_spectra(pool, l)()
-
-
-def _of(eig_S, sv_T, eig_L, sv_L) -> Spectra:
-    """Spectra from its arrays, sigma(T) taken from T's singular values (one of each equal pair)."""
-    return Spectra(eig_S=eig_S, sv_T=sv_T, sigma_T=sv_T[:, 0::2].copy(), eig_L=eig_L, sv_L=sv_L)

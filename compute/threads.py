@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from typing import Callable, Iterable, TypeVar
 
@@ -41,7 +41,8 @@ def _cores() -> int:
 
 # Worker threads for the CPU pool.
 WORKERS = max(1, _cores())
-_LIMITED = threading.local()  # depth of single_threaded() in this thread: only the outermost sets the limits
+_LIMIT = threading.Lock()
+_LIMITED = [0, None]  # single_threaded() uses open in this process, and torch's thread count before the first
 
 
 def set_workers(count: int) -> None:
@@ -52,29 +53,28 @@ def set_workers(count: int) -> None:
 
 @contextmanager
 def single_threaded():
-    """The BLAS and OpenMP pools of numpy and scipy (and torch's, if loaded), at one thread for the duration.
+    """The BLAS and OpenMP pools of numpy and scipy (and torch's, if loaded), at one thread while any use is open.
 
-    Nested uses cost nothing (threadpoolctl's library scan takes about a millisecond each time)."""
-    depth = getattr(_LIMITED, "depth", 0)
-    if depth:
-        _LIMITED.depth = depth + 1
-        try:
-            yield
-        finally:
-            _LIMITED.depth = depth
-        return
-    torch = sys.modules.get("torch")
-    threads = torch.get_num_threads() if torch else None
-    if torch:
-        torch.set_num_threads(1)
-    _LIMITED.depth = 1
+    The limits are the process's, so uses are counted across threads: the first sets them, the last restores
+    them (a layer computed ahead in another thread keeps its limits while the writer's use ends)."""
+    with _LIMIT:
+        _LIMITED[0] += 1
+        if _LIMITED[0] == 1:
+            torch = sys.modules.get("torch")
+            _LIMITED[1] = (torch, torch.get_num_threads() if torch else None,
+                           threadpool_limits(limits=1))
+            if torch:
+                torch.set_num_threads(1)
     try:
-        with threadpool_limits(limits=1):
-            yield
+        yield
     finally:
-        _LIMITED.depth = 0
-        if torch:
-            torch.set_num_threads(threads)
+        with _LIMIT:
+            _LIMITED[0] -= 1
+            if _LIMITED[0] == 0:
+                torch, count, limits = _LIMITED[1]
+                limits.restore_original_limits()
+                if torch:
+                    torch.set_num_threads(count)
 
 
 def _one_thread(fn: Callable[..., R], *args) -> R:
@@ -84,20 +84,40 @@ def _one_thread(fn: Callable[..., R], *args) -> R:
     return fn(*args)
 
 
+_THREADS: list = [None, 0, 0]  # the process's pool threads (a ThreadPoolExecutor), their count, the process id
+
+
+def _executor() -> ThreadPoolExecutor:
+    """The process's WORKERS pool threads, started once and kept (a layer's pieces, and the next layer's, share
+    them); started anew when WORKERS changed, or in a forked child, whose pool threads are not copied."""
+    with _LIMIT:
+        executor, count, pid = _THREADS
+        if executor is None or count != WORKERS or pid != os.getpid():
+            if executor is not None and pid == os.getpid():
+                executor.shutdown(wait=False)
+            executor = ThreadPoolExecutor(WORKERS, thread_name_prefix="headforms")
+            _THREADS[:] = [executor, WORKERS, os.getpid()]
+        return executor
+
+
 class Pool:
-    """Up to WORKERS threads for the independent pieces of one layer, run in the order they are submitted,
-    each with single-threaded BLAS; with one worker a piece runs as it is submitted, in the caller's thread.
+    """The pieces of one layer on the process's WORKERS threads, run in the order they are submitted, each with
+    single-threaded BLAS; with one worker a piece runs as it is submitted, in the caller's thread.
 
     Pieces are submitted all at once and collected as needed (`Future.result`), so the caller's own work,
-    the fits say, overlaps the pieces still running. A piece must not use the pool itself."""
+    the fits say, overlaps the pieces still running. Leaving the pool waits for its pieces (those not yet
+    started are cancelled when it is left by an exception). A piece must not use the pool itself."""
 
     def __init__(self):
         self._limits = single_threaded()
-        self._executor = ThreadPoolExecutor(WORKERS, thread_name_prefix="headforms") if WORKERS > 1 else None
+        self._futures: set[Future] = set()  # those not done yet
 
     def submit(self, fn: Callable[..., R], *args) -> Future:
-        if self._executor is not None:
-            return self._executor.submit(_one_thread, fn, *args)
+        if WORKERS > 1:
+            future = _executor().submit(_one_thread, fn, *args)
+            self._futures.add(future)
+            future.add_done_callback(self._futures.discard)
+            return future
         future = Future()
         try:
             future.set_result(fn(*args))
@@ -115,8 +135,11 @@ class Pool:
 
     def __exit__(self, *exc) -> None:
         try:
-            if self._executor is not None:
-                self._executor.shutdown(wait=True, cancel_futures=True)
+            pending = list(self._futures)
+            if exc[0] is not None:
+                for future in pending:
+                    future.cancel()
+            wait(pending)
         finally:
             self._limits.__exit__(*exc)
 

@@ -39,19 +39,19 @@ def test_spectra_on_torch_equal_numpy(weights):
     wq, wk, kv = weights
     forms = reduction.reduce_forms(wq, wk, kv)
     forms[-1] = 0.0  # a zero head: the nonzero-rows cut and the zero padding
-    for torch_part, numpy_part in zip(spectra._spectra_torch(torch.from_numpy(forms)), spectra._spectra(forms)):
+    for torch_part, numpy_part in zip(spectra._spectra_torch(torch.from_numpy(forms)), spectra.batch_spectra(forms)):
         np.testing.assert_allclose(torch_part, numpy_part, atol=1e-10)
     rank_deficient = forms[:, :, :].copy()
     rank_deficient[:, n:, :] = 0.0  # only the first n rows nonzero, as the reduction's l always has
     for torch_part, numpy_part in zip(spectra._spectra_torch(torch.from_numpy(rank_deficient)),
-                                      spectra._spectra(rank_deficient)):
+                                      spectra.batch_spectra(rank_deficient)):
         np.testing.assert_allclose(torch_part, numpy_part, atol=1e-10)
 
 
 def test_spectra_on_torch_of_an_all_zero_batch():
     """A batch of zero forms (no nonzero row): L's spectra are zeros of the numpy path's shapes and dtypes."""
     zeros = np.zeros((3, 2 * n, 2 * n))
-    for torch_part, numpy_part in zip(spectra._spectra_torch(torch.from_numpy(zeros)), spectra._spectra(zeros)):
+    for torch_part, numpy_part in zip(spectra._spectra_torch(torch.from_numpy(zeros)), spectra.batch_spectra(zeros)):
         assert torch_part.shape == numpy_part.shape and torch_part.dtype == numpy_part.dtype
         assert not torch_part.any()
 

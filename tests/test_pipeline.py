@@ -11,7 +11,7 @@ from headforms.compute import threads
 from headforms.compute.analysis import analyse_layer
 from headforms.compute.reduction import forms, reduce_factors
 from headforms.compute.rotary import Rotation, distance_profiles
-from headforms.compute.spectra import _spectra, spectra
+from headforms.compute.spectra import batch_spectra, spectra
 
 RNG = np.random.default_rng(19)
 
@@ -85,7 +85,7 @@ def test_nested_single_threaded_keeps_the_outer_limits():
 @pytest.mark.parametrize("count", [1, 2, 3, 5])
 def test_the_layer_is_the_same_however_it_is_cut(workers, monkeypatch, count):
     """Spectra, statistics, fits and distance profiles of a layer, bit for bit, with 1, 2, 3 or 5 workers (a
-    different cut of heads into pieces each time: any piece size allowed here), and equal to the unpooled `_spectra`."""
+    different cut of heads into pieces each time: any piece size allowed here), and equal to the unpooled `batch_spectra`."""
     monkeypatch.setattr(threads, "GIL_FREE_OUTPUTS", 0)
     wq, wk, kv = layer()
     rotation = Rotation.of("split-half", 10000.0 ** -(np.arange(4) / 4))
@@ -97,7 +97,7 @@ def test_the_layer_is_the_same_however_it_is_cut(workers, monkeypatch, count):
         np.testing.assert_array_equal(ours.statistics[name], value, err_msg=name)
     for name in ("eig_S", "sv_T", "sigma_T", "eig_L", "sv_L"):
         np.testing.assert_array_equal(getattr(ours.spectra, name), getattr(reference.spectra, name), err_msg=name)
-    for name, got in zip(("eig_S", "sv_T", "eig_L", "sv_L"), _spectra(forms(reduce_factors(wq, wk, kv), 8))):
+    for name, got in zip(("eig_S", "sv_T", "eig_L", "sv_L"), batch_spectra(forms(reduce_factors(wq, wk, kv), 8))):
         np.testing.assert_array_equal(getattr(ours.spectra, name), got, err_msg=name)
     for sample, families in reference.fits.items():
         for family, columns in families.items():

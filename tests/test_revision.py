@@ -162,18 +162,18 @@ def test_changed_bytes_are_another_revision_refused_without_force(tmp_path):
 
 def test_interrupted_first_run_resumes_under_its_pending_name(tmp_path, reads, monkeypatch):
     folder, db = padded(tmp_path / "tiny", pad=(1, 1)), tmp_path / "w.duckdb"
-    layer_rows = layers_module.layer_rows
+    read_weights = layers_module.read_weights
 
-    def interrupted(ckpt, opts, layer):
+    def interrupted(ckpt, layer):
         if layer == 1:
             raise KeyboardInterrupt
-        return layer_rows(ckpt, opts, layer)
+        return read_weights(ckpt, layer)
 
-    monkeypatch.setattr(layers_module, "layer_rows", interrupted)
+    monkeypatch.setattr(layers_module, "read_weights", interrupted)
     with pytest.raises(KeyboardInterrupt):
         api.extract(str(folder), db=db, name="m")
     assert stored(db)[0].startswith("pending:")
-    monkeypatch.setattr(layers_module, "layer_rows", layer_rows)
+    monkeypatch.setattr(layers_module, "read_weights", read_weights)
     summary = api.extract(str(folder), db=db, name="m")
     assert summary["status"][0] == "resumed"
     assert stored(db) == (open_checkpoint(str(folder)).revision, "digest")

@@ -8,6 +8,7 @@ the driver resolved), so no weights travel from the driver; results come back as
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import threading
 import time
@@ -23,6 +24,7 @@ from headforms.warehouse.running import layers
 
 EXECUTORS = ("local", "ray")
 WINDOW = 2  # tasks in flight per worker: enough to keep workers busy while the writer commits
+AHEAD = 1  # layers the serial executor holds read, and analysed, ahead of the next stage
 
 
 @dataclass(frozen=True)
@@ -72,13 +74,108 @@ class Results:
 
 
 class Serial:
-    """Every layer in this process, computed only when the writer asks for it (one layer in memory)."""
+    """Every layer in this process, in order. With `ahead` (default AHEAD), one thread reads the layers and
+    another analyses them, each up to `ahead` layers before the next stage, so that reading, analysing and the
+    writer's commits (and a finished model's summaries) overlap; with 0, each layer is read and analysed in the
+    writer's thread when it asks for it."""
+
+    def __init__(self, ahead: int | None = None):
+        self.ahead = AHEAD if ahead is None else ahead
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
 
     def map(self, tasks: Iterable[tuple]) -> Results:
-        return Results(layers.layer_rows(ckpt, opts, layer) for ckpt, opts, layer in tasks)
+        if not self.ahead:
+            return Results(layers.layer_rows(ckpt, opts, layer) for ckpt, opts, layer in tasks)
+        read = self._stage(((ckpt, opts, layer), layers.read_weights(ckpt, layer)) for ckpt, opts, layer in tasks)
+        rows = self._stage(_analysed(read))
+        return Results(rows, lambda: not rows.queue.empty())
+
+    def _stage(self, items: Iterator) -> "_Ahead":
+        """`items` computed in a thread of their own, up to `ahead` before whoever iterates the result."""
+        stage = _Ahead(items, self.ahead, self._stop)
+        self._threads.append(stage.thread)
+        return stage
 
     def close(self) -> None:
-        """Nothing to release."""
+        """Stop computing ahead: a layer being read or analysed is finished and dropped (a rerun resumes it)."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+
+
+def _analysed(read: Iterator) -> Iterator:
+    """The rows of each layer read, the next layer's linear algebra started on the pool before this one's is
+    collected (its statistics, fits and tables made): the pool's threads never wait for the collecting thread."""
+    with threads.Pool() as pool:
+        started: deque = deque()
+        try:
+            for task, weights in read:
+                started.append(layers.start_rows(*task, weights, pool))
+                if len(started) > 1:
+                    yield started.popleft()()
+        except GeneratorExit:  # the consumer stopped: nothing more to hand over
+            raise
+        except BaseException:  # a layer that failed to read or start: the layers started before it come first
+            while started:
+                yield started.popleft()()
+            raise
+        while started:
+            yield started.popleft()()
+
+
+class _Ahead:
+    """An iterator's items, produced by a thread of their own into a queue of `size`, in order: its exception is
+    raised where its item would have been; once `stop` is set, both sides end (at the next item)."""
+
+    _END = object()
+
+    def __init__(self, items: Iterator, size: int, stop: threading.Event):
+        self.queue: queue.Queue = queue.Queue(size)
+        self.stop, self.ended = stop, False
+        self.thread = threading.Thread(target=self._run, args=(items,), name="headforms-ahead", daemon=True)
+        self.thread.start()
+
+    def _run(self, items: Iterator) -> None:
+        try:
+            for item in items:
+                if not self._put((item, None)):
+                    return
+        except BaseException as exc:  # raised in the consumer when it reaches this item
+            self._put((None, exc))
+            return
+        finally:
+            getattr(items, "close", lambda: None)()  # a generator stopped early ends in this thread
+        self._put((self._END, None))
+
+    def _put(self, entry) -> bool:
+        """Queue an entry, waiting for room; False once stopped."""
+        while not self.stop.is_set():
+            try:
+                self.queue.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        while not self.ended:
+            try:
+                item, error = self.queue.get(timeout=0.1)
+            except queue.Empty:
+                self.ended = self.stop.is_set()
+                continue
+            if error is not None:
+                self.ended = True
+                raise error
+            if item is self._END:
+                self.ended = True
+                break
+            return item
+        raise StopIteration
 
 
 def _worker_setup(parent: int) -> None:

@@ -5,14 +5,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 
-from headforms.compute.analysis import LayerAnalysis, analyse_layer
+from headforms.compute.analysis import LayerAnalysis, start_layer
 from headforms.compute.bootstrap import RESAMPLES
 from headforms.compute.rotary import DEFAULT_DISTANCES, PROFILE_COLUMNS, Rotation
 from headforms.compute.statistics import PARITY_TOLERANCE, lobes
+from headforms.compute.threads import Pool
 from headforms.extract import Checkpoint, ExtractError
 from headforms.warehouse.storing.failures import stage
 
@@ -61,27 +63,56 @@ def deltas(spec, opts: LoadOptions) -> tuple[int, ...] | None:
     return (0,)
 
 
-def layer_rows(ckpt: Checkpoint, opts: LoadOptions, layer: int) -> LayerRows:
-    """Read and analyse one layer into its rows, the `layers` progress row included; no warehouse access.
+@dataclass
+class Weights:
+    """One layer's Q/K maps as read (float64), with the seconds and the network bytes the read took."""
 
-    The unit of work of every executor (this process, worker processes, Ray tasks)."""
-    t0 = time.perf_counter()
-    fetched = ckpt.bytes_fetched or 0
+    wq: np.ndarray
+    wk: np.ndarray
+    seconds: float
+    bytes_fetched: int
+
+
+def read_weights(ckpt: Checkpoint, layer: int) -> Weights:
+    """Read one layer's Q/K maps: the first half of `layer_rows`, which an executor may run ahead in its own
+    thread (a layer is read while the one before it is analysed)."""
+    t0, fetched = time.perf_counter(), ckpt.bytes_fetched or 0
     with stage("read", ckpt.name, layer):
         wq, wk = ckpt.read_layer(layer)
+    return Weights(wq, wk, time.perf_counter() - t0, (ckpt.bytes_fetched or 0) - fetched)
+
+
+def layer_rows(ckpt: Checkpoint, opts: LoadOptions, layer: int, weights: Weights | None = None) -> LayerRows:
+    """Read (unless `weights` were read already) and analyse one layer into its rows, the `layers` progress row
+    included; no warehouse access. The unit of work of every executor (this process, worker processes, Ray
+    tasks)."""
+    weights = weights or read_weights(ckpt, layer)
+    with Pool() as pool:
+        return start_rows(ckpt, opts, layer, weights, pool)()
+
+
+def start_rows(ckpt: Checkpoint, opts: LoadOptions, layer: int, weights: Weights, pool: Pool) -> Callable[[], LayerRows]:
+    """`layer_rows` of weights already read: the layer's linear algebra started on `pool` now, and the function
+    returned collecting it into the rows (so a caller can start the next layer first)."""
+    t0 = time.perf_counter()
     spec = ckpt.spec
     rotation = Rotation.of(spec.rope.pairing, spec.rope.frequencies) if spec.rope is not None else None
     with stage("compute", ckpt.name, layer):
-        analysis = analyse_layer(wq, wk, spec.kv_index, layer=layer, seed=opts.seed,
-                                 parity_tolerance=opts.parity_tolerance, device=opts.device,
-                                 rotation=rotation, deltas=deltas(spec, opts))
-        del wq, wk
-        tables = layer_tables(ckpt.name, layer, spec.kv_index, spec.head_dim, analysis)
-    tables["layers"] = pa.table({
-        "model": [ckpt.name], "layer": [layer], "heads": [spec.n_heads],
-        "seconds": [time.perf_counter() - t0], "written_at": [datetime.now(timezone.utc).replace(tzinfo=None)],
-    })
-    return LayerRows(layer, spec.n_heads, tables, (ckpt.bytes_fetched or 0) - fetched)
+        later = start_layer(pool, weights.wq, weights.wk, spec.kv_index, layer=layer, seed=opts.seed,
+                            parity_tolerance=opts.parity_tolerance, device=opts.device, rotation=rotation,
+                            deltas=deltas(spec, opts))
+
+    def collect() -> LayerRows:
+        with stage("compute", ckpt.name, layer):
+            tables = layer_tables(ckpt.name, layer, spec.kv_index, spec.head_dim, later())
+        tables["layers"] = pa.table({
+            "model": [ckpt.name], "layer": [layer], "heads": [spec.n_heads],
+            "seconds": [weights.seconds + time.perf_counter() - t0],
+            "written_at": [datetime.now(timezone.utc).replace(tzinfo=None)],
+        })
+        return LayerRows(layer, spec.n_heads, tables, weights.bytes_fetched)
+
+    return collect
 
 
 def _table(columns: dict, rows: int) -> pa.Table:
