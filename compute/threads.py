@@ -56,7 +56,8 @@ def single_threaded():
     """The BLAS and OpenMP pools of numpy and scipy (and torch's, if loaded), at one thread while any use is open.
 
     The limits are the process's, so uses are counted across threads: the first sets them, the last restores
-    them (a layer computed ahead in another thread keeps its limits while the writer's use ends)."""
+    them (a layer computed ahead in another thread keeps its limits while the writer's use ends). OpenBLAS raises
+    its thread count again only when asked from the main thread: a run holds a use there for its length."""
     with _LIMIT:
         _LIMITED[0] += 1
         if _LIMITED[0] == 1:

@@ -24,7 +24,8 @@ from headforms.warehouse.running import layers
 
 EXECUTORS = ("local", "ray")
 WINDOW = 2  # tasks in flight per worker: enough to keep workers busy while the writer commits
-AHEAD = 1  # layers the serial executor holds read, and analysed, ahead of the next stage
+AHEAD = 1  # layers of Q/K the serial executor holds read ahead of their analysis (0: none, no threads)
+ROWS_AHEAD = 8  # analysed layers' rows it holds for the writer (a few MB even at 24B shapes)
 
 
 @dataclass(frozen=True)
@@ -74,26 +75,26 @@ class Results:
 
 
 class Serial:
-    """Every layer in this process, in order. With `ahead` (default AHEAD), one thread reads the layers and
-    another analyses them, each up to `ahead` layers before the next stage, so that reading, analysing and the
-    writer's commits (and a finished model's summaries) overlap; with 0, each layer is read and analysed in the
-    writer's thread when it asks for it."""
+    """Every layer in this process, in order. One thread reads the layers (AHEAD of their analysis) and another
+    analyses them (up to ROWS_AHEAD layers ahead of the writer), so that reading, analysing, the writer's commits
+    and a finished model's summaries overlap; with AHEAD = 0, each layer is read and analysed in the writer's
+    thread when it asks for it."""
 
-    def __init__(self, ahead: int | None = None):
-        self.ahead = AHEAD if ahead is None else ahead
+    def __init__(self):
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
     def map(self, tasks: Iterable[tuple]) -> Results:
-        if not self.ahead:
+        if not AHEAD:
             return Results(layers.layer_rows(ckpt, opts, layer) for ckpt, opts, layer in tasks)
-        read = self._stage(((ckpt, opts, layer), layers.read_weights(ckpt, layer)) for ckpt, opts, layer in tasks)
-        rows = self._stage(_analysed(read))
+        read = self._stage(AHEAD, (((ckpt, opts, layer), layers.read_weights(ckpt, layer))
+                                   for ckpt, opts, layer in tasks))
+        rows = self._stage(ROWS_AHEAD, _analysed(read))
         return Results(rows, lambda: not rows.queue.empty())
 
-    def _stage(self, items: Iterator) -> "_Ahead":
+    def _stage(self, ahead: int, items: Iterator) -> "_Ahead":
         """`items` computed in a thread of their own, up to `ahead` before whoever iterates the result."""
-        stage = _Ahead(items, self.ahead, self._stop)
+        stage = _Ahead(items, ahead, self._stop)
         self._threads.append(stage.thread)
         return stage
 

@@ -23,6 +23,7 @@ from typing import Callable, Iterator
 import polars as pl
 import pyarrow as pa
 
+from headforms.compute.threads import single_threaded
 from headforms.extract import Checkpoint
 from headforms.extract.hub import FetchError
 from headforms.warehouse.running.executors import Serial
@@ -77,17 +78,18 @@ def load_models(writer: Writer, ckpts: list[Checkpoint], opts: LoadOptions, exec
     plans = [_plan(writer, ckpt, opts) for ckpt in ckpts]
     executor = executor or Serial()
     run = RunProgress(writer.path, len(plans))
-    rows = executor.map((plan.ckpt, opts, layer) for plan in plans for layer in plan.todo)
-    try:
-        for plan in plans:
-            if on_model:
-                on_model(plan.ckpt)
-            result = _load(writer, plan, rows, run, on_layer)
-            run.model_done()
-            yield plan.ckpt, result
-    finally:
-        run.close()
-        executor.close()
+    with single_threaded():  # held by the caller's thread for the run: it set the BLAS limit, so it restores it
+        rows = executor.map((plan.ckpt, opts, layer) for plan in plans for layer in plan.todo)
+        try:
+            for plan in plans:
+                if on_model:
+                    on_model(plan.ckpt)
+                result = _load(writer, plan, rows, run, on_layer)
+                run.model_done()
+                yield plan.ckpt, result
+        finally:
+            run.close()
+            executor.close()
 
 
 @dataclass
