@@ -77,8 +77,8 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     from headforms.warehouse.storing import revision as local_revisions
     from headforms.warehouse.running.layers import LoadOptions
     from headforms.warehouse.running.load import load_models
-    from headforms.warehouse.storing.store import Writer, connect as open_warehouse, create_schema, exclusive_run, \
-        interruptible, remove_warehouse
+    from headforms.warehouse.storing.store import Writer, connect as open_warehouse, create_schema, create_views, \
+        exclusive_run, interruptible, remove_warehouse
 
     unknown = set(options) - {f.name for f in fields(LoadOptions)}
     if unknown:
@@ -97,15 +97,19 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
             con = open_warehouse(db, wait=wait)
             opened = True
             try:
-                create_schema(con)
+                create_schema(con, views=False)  # the views are created while the first layers are computed
                 local_revisions.prepare(con, ckpts)  # a local digest: hashed while read, or first to compare
             finally:
                 with interruptible():
                     con.close()
             work = make_executor(jobs, executor, ray_address)
             with Writer(db) as writer:
+                def views():
+                    with writer.connection() as con:
+                        create_views(con)
+
                 for ckpt, result in load_models(writer, ckpts, opts, work, progress.model_started,
-                                                progress.layer_done):
+                                                progress.layer_done, on_start=views):
                     local_revisions.record(writer, ckpt)
                     _summary(rows, ckpt, result)
                     progress.model_done(ckpt, result)

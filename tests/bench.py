@@ -400,9 +400,11 @@ def demo_floor(model_layers: dict, cli: dict, start: float) -> floor.Floor:
         print(f"{name:<20} {spec.n_layers} x {spec.n_heads} heads ({spec.n_kv_heads} kv), N={spec.d_model}, "
               f"n={spec.head_dim}, {len(distances)} distances: "
               + ", ".join(f"{p} {model[p]:.3f}" for p in floor.PARTS) + " s at one thread")
+    spec, layers = model_layers[DEMO[0][0]]
+    share = floor.parallel_share(*layers[0], spec.kv_index, rope=spec.rope, deltas=deltas(spec, LoadOptions()) or ())
     result = floor.Floor(parts, floor.cores(), start, qk_bytes, floor.read_gbps(spans, repeats=REPEATS),
                          ["warm read throughput of the demo's weight files (the page cache, as the runs above "
-                          "read them)"])
+                          "read them)"], share)
     print(result.describe())
     wall = min(cli["walls"])
     print(f"headforms extract demo: {wall:.2f} s = {wall / result.total:.2f}x its floor; {cli['busy']:.2f} of "
@@ -755,11 +757,12 @@ def shape_floor(spec, layer: tuple[np.ndarray, np.ndarray], info: dict, folder: 
     wq, wk = layer
     parts = floor.layer_floor(wq, wk, spec.kv_index, rope=spec.rope, deltas=deltas(spec, LoadOptions()) or ())
     parts = {p: v * spec.n_layers for p, v in parts.items()}
+    share = floor.parallel_share(wq, wk, spec.kv_index, rope=spec.rope, deltas=deltas(spec, LoadOptions()) or ())
     evict(info["files"])
     gbps = floor.read_gbps([(folder / name, begin, end) for name, begin, end in info["qk_spans"]])
     result = floor.Floor(parts, floor.cores(), start, info["qk"], gbps,
                          [f"one layer's parts x {spec.n_layers} layers; cold positioned reads of the Q/K spans "
-                          f"(measured in {time.perf_counter() - t0:.0f} s)"])
+                          f"(measured in {time.perf_counter() - t0:.0f} s)"], share)
     print(result.describe())
     return result
 

@@ -127,6 +127,33 @@ def layer_floor(wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray, *, rope=No
     return out
 
 
+def parallel_share(wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray, *, rope=None, deltas=(),
+                   repeats: int = REPEATS) -> float:
+    """How much of `cores()` times one thread's speed the machine gives when every core runs these calls at once:
+    a layer's largest part (its distance problems, else its S problems) single-threaded over one thread per core
+    each on its share, best of `repeats`. 1.0 is the ideal the floor divides by; memory and caches shared between
+    the cores make it less (information: the floor's targets stay against the ideal)."""
+    import threading
+
+    H, n, N = wq.shape
+    R = np.linalg.qr(stacks(wq, wk, kv_index)[0].swapaxes(-2, -1), mode="r")
+    moved = [d for d in deltas if d != 0]
+    problems = distance_problems(R, n, rope, moved) if rope is not None and moved else form_problems(R, n)["S"]
+    workers = cores()
+    shares = [problems[i::workers] for i in range(workers)]
+    with threadpool_limits(limits=1):
+        alone = best(lambda: np.linalg.eigvalsh(problems), repeats)[0]
+
+        def together():
+            threads = [threading.Thread(target=np.linalg.eigvalsh, args=(share,)) for share in shares]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+
+        return alone / (workers * best(together, repeats)[0])
+
+
 def add_parts(total: dict[str, float], parts: dict[str, float], times: float = 1.0) -> dict[str, float]:
     """total + times * parts, part by part."""
     return {p: total.get(p, 0.0) + times * parts.get(p, 0.0) for p in PARTS}
@@ -170,6 +197,7 @@ class Floor:
     qk_bytes: int             # Q/K bytes the run must read
     read_gbps: float          # at this throughput
     notes: list[str] = field(default_factory=list)
+    share: float | None = None  # parallel_share of the machine on these calls, when measured (information)
 
     @property
     def compute(self) -> float:
@@ -188,4 +216,8 @@ class Floor:
         return (f"floor {self.total:.2f} s = start {self.start:.2f} s (headforms --help) + linear algebra "
                 f"{sum(self.parts.values()):.2f} s at one thread / {self.cores} cores = {self.compute:.2f} s "
                 f"({parts} s) + reading {self.qk_bytes / 1e6:.1f} MB of Q/K at {self.read_gbps:.2f} GB/s = "
-                f"{self.reading:.2f} s" + "".join(f"\n  {note}" for note in self.notes))
+                f"{self.reading:.2f} s" + "".join(f"\n  {note}" for note in self.notes)
+                + (f"\n  all {self.cores} cores at once ran these calls at {self.share:.2f} of {self.cores}x one "
+                   f"thread (measured): at this machine's own full use the floor would be "
+                   f"{self.start + self.compute / self.share + self.reading:.2f} s (information)"
+                   if self.share else ""))

@@ -85,3 +85,14 @@ def test_layer_floor_times_every_part(layer):
     without = floor.layer_floor(wq, wk, kv, repeats=1)
     assert set(with_rope) == set(floor.PARTS) and all(v > 0 for v in with_rope.values())
     assert without["distances"] == 0.0 and all(without[p] > 0 for p in ("qr", "spectra", "baseline"))
+
+
+def test_parallel_share_is_a_share_of_the_ideal_and_the_floor_says_it(layer):
+    """The machine's share of ideal full use on a layer's own largest part (a positive fraction, at most a little
+    over 1 for timing noise); the floor prints what it would be at that share, its targets unchanged."""
+    wq, wk, kv, _, _ = layer
+    share = floor.parallel_share(wq, wk, kv, rope=rope(10000.0, 6, "interleaved"), deltas=(0, 1, 2), repeats=1)
+    assert 0 < share < 1.5
+    f = floor.Floor({"qr": 1.0, "spectra": 2.0, "distances": 3.0, "baseline": 0.0}, cores=2, start=0.5,
+                    qk_bytes=2_000_000_000, read_gbps=4.0, share=0.75)
+    assert f.total == 4.0 and "the floor would be 5.00 s" in f.describe()

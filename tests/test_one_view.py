@@ -36,6 +36,16 @@ def test_each_view_is_listed_once(current):
     assert views[1:] == sorted(file.stem for file in VIEWS.glob("*.sql"))
 
 
+def test_an_extraction_stores_every_view_in_the_file(current):
+    """Any DuckDB client (not only headforms, which adds temporary views) finds every view of sql/ in the file: the
+    extraction creates them while its first layers are computed."""
+    with duckdb.connect(str(current), read_only=True) as con:
+        stored = con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal AND NOT temporary "
+                             "ORDER BY 1").fetchall()
+        assert [name for (name,) in stored] == sorted(file.stem for file in VIEWS.glob("*.sql"))
+        assert con.execute("SELECT count(*) FROM model_medians").fetchone() == (1,)
+
+
 def test_views_answer_on_a_read_only_warehouse_of_an_older_version(current, tmp_path):
     """An older version's file: a stale parity_by_model, no signature_check, models without bytes_fetched. Opened
     read-only, the current definitions answer, equal to the current warehouse's; only the stale view and the

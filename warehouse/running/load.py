@@ -69,18 +69,22 @@ def load_model(con, ckpt: Checkpoint, opts: LoadOptions) -> LoadResult:
 
 def load_models(writer: Writer, ckpts: list[Checkpoint], opts: LoadOptions, executor=None,
                 on_model: Callable[[Checkpoint], None] | None = None,
-                on_layer: Callable[[int, int], None] | None = None) -> Iterator[tuple[Checkpoint, LoadResult]]:
+                on_layer: Callable[[int, int], None] | None = None,
+                on_start: Callable[[], None] | None = None) -> Iterator[tuple[Checkpoint, LoadResult]]:
     """Extract several checkpoints, yielding (checkpoint, result) as each model completes.
 
     Every model is checked against the warehouse before any work starts. The executor (default:
     this process) reads and analyses the layers of all models, ahead of the writer; the writer
-    commits them model by model, layer by layer, in order."""
+    commits them model by model, layer by layer, in order. `on_start` is the writer's own work done
+    while the first layers are computed (the caller's: the warehouse's views)."""
     plans = [_plan(writer, ckpt, opts) for ckpt in ckpts]
     executor = executor or Serial()
     run = RunProgress(writer.path, len(plans))
     with single_threaded():  # held by the caller's thread for the run: it set the BLAS limit, so it restores it
         rows = executor.map((plan.ckpt, opts, layer) for plan in plans for layer in plan.todo)
         try:
+            if on_start:
+                on_start()
             for plan in plans:
                 if on_model:
                     on_model(plan.ckpt)

@@ -203,11 +203,13 @@ def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-def create_schema(con: duckdb.DuckDBPyConnection) -> None:
-    """Tables of schema.sql, then every view of sql/, stored in the warehouse for any DuckDB client."""
+def create_schema(con: duckdb.DuckDBPyConnection, views: bool = True) -> None:
+    """Tables of schema.sql, then (unless `views` is False: the caller creates them later) every view of sql/,
+    stored in the warehouse for any DuckDB client."""
     with interruptible():
         con.execute(SCHEMA.read_text())
-    create_views(con)
+    if views:
+        create_views(con)
 
 
 def create_views(con: duckdb.DuckDBPyConnection, temporary: bool = False) -> None:
