@@ -16,7 +16,7 @@ from headforms import cli
 from headforms.extract import sources
 from headforms.extract.checkpoint import Checkpoint
 from headforms.warehouse.publishing import export, figures, report
-from headforms.warehouse.running import executors, layers, load, summaries
+from headforms.warehouse.running import layers, load, summaries
 from tests import tiny_models as tm
 
 HEAD_DIM = 6
@@ -240,7 +240,6 @@ def test_a_failure_in_any_stage_is_one_line_with_its_place(stage, small, tmp_pat
     owner, name, command, said = STAGES[stage]
     folder, complete = small
     monkeypatch.setattr(load, "COMMIT_SECONDS", 0)  # one layer per commit: the write fails at layer 0
-    monkeypatch.setattr(executors, "AHEAD", 0)  # (no later layer computed ahead to share it)
     original = getattr(owner, name)
     monkeypatch.setattr(owner, name, lambda *a, **k: fail() if stage not in ("read", "compute") or (
         a[1] if stage == "read" else k["layer"]) == 1 else original(*a, **k))

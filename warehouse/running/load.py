@@ -50,8 +50,8 @@ class LoadResult:
     seconds: float
 
 
-# Layers computed within this many seconds of the first one waiting share its commit (opening, committing
-# and closing the file costs tens of milliseconds, more than a small layer's analysis); 0: one layer each.
+# Layers computed within this many seconds of the first one waiting, or already waiting, share its commit (opening,
+# committing and closing the file costs tens of milliseconds, more than a small layer's analysis); 0: one layer each.
 COMMIT_SECONDS = 2.0
 
 # The columns a stored model's numbers depend on: a source that differs in any of them is another model.
@@ -157,7 +157,7 @@ def _load(writer: Writer, plan: _Plan, rows, run: RunProgress, on_layer) -> Load
         while len(written) < len(plan.todo):
             batch, started, failure = [next(rows)], time.perf_counter(), None
             try:
-                while len(written) + len(batch) < len(plan.todo) and (
+                while len(written) + len(batch) < len(plan.todo) and COMMIT_SECONDS > 0 and (
                         rows.ready() or time.perf_counter() - started < COMMIT_SECONDS):
                     batch.append(next(rows))
             except BaseException as exc:  # the layers already computed are committed before it is raised
