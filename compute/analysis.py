@@ -8,7 +8,7 @@ import numpy as np
 
 from headforms.compute.baseline import random_forms
 from headforms.compute.fits import fit_families
-from headforms.compute.reduction import factor, forms, on_cpu, reduce_factors
+from headforms.compute.reduction import forms, head_factors, on_cpu, reduce_factors
 from headforms.compute.rotary import Rotation, assemble_profiles, later_profiles, profile_problems
 from headforms.compute.spectra import Spectra, batch_spectra, later_spectra
 from headforms.compute.statistics import PARITY_TOLERANCE, fit_samples, head_statistics, pairing, profile, \
@@ -104,7 +104,7 @@ def _heads(k: np.ndarray, kv: np.ndarray, q: np.ndarray, n: int, rotation: Rotat
            solve: np.ndarray | None):
     """One piece of a layer on the CPU: a batch of query heads q (h, n, N), with their key heads k[kv], reduced by
     QR, their spectra, and with RoPE their distance problems (`rotary.profile_problems`)."""
-    factors = factor(np.concatenate([k[kv], q], axis=1))
+    factors = head_factors(k, kv, q)
     spectra = batch_spectra(forms(factors, n))
     return spectra, profile_problems(factors, n, rotation, deltas, solve) if rotation is not None else None
 

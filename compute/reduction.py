@@ -24,6 +24,11 @@ def factor(stacked):
     return torch.linalg.qr(stacked.transpose(-2, -1), mode="r").R
 
 
+def head_factors(k: np.ndarray, kv: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """`factor` of a batch of query heads q (h, n, N) stacked under their key heads k[kv] (numpy, float64)."""
+    return factor(np.concatenate([k[kv], q], axis=1))
+
+
 def forms(factors, n: int):
     """l = R_K R_Q^T from the factors [R_K | R_Q] (..., r, 2n)."""
     return factors[..., :, :n] @ factors[..., :, n:].swapaxes(-2, -1)
@@ -42,11 +47,8 @@ def reduce_factors(wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray, device:
         k = np.asarray(wk, dtype=np.float64)
         kv = np.asarray(kv_index, dtype=np.intp)
 
-        def part(heads: slice) -> np.ndarray:
-            return factor(np.concatenate([k[kv[heads]], q[heads]], axis=1))
-
         parts = batches(len(q), min(q.shape[2], 2 * q.shape[1]))  # R has r = min(N, 2n) rows
-        return np.concatenate(map_threads(part, parts))
+        return np.concatenate(map_threads(lambda heads: head_factors(k, kv[heads], q[heads]), parts))
     import torch
 
     q = torch.as_tensor(wq, dtype=torch.float64, device=device)
