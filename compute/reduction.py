@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+from scipy.linalg import lapack
 
 from headforms.compute.threads import batches, map_threads
 
@@ -25,8 +26,44 @@ def factor(stacked):
 
 
 def head_factors(k: np.ndarray, kv: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """`factor` of a batch of query heads q (h, n, N) stacked under their key heads k[kv] (numpy, float64)."""
-    return factor(np.concatenate([k[kv], q], axis=1))
+    """`factor` of a batch of query heads q (h, n, N) stacked under their key heads k[kv] (numpy, float64).
+
+    Heads of the batch that share a key head (a key/value group) share the QR of its W_K^T (`_shared_key`); a
+    head alone with its key head is factored with the others alike, in one batched QR."""
+    h, n, N = q.shape
+    shared = np.bincount(kv, minlength=len(k))[kv] > 1
+    if not shared.any():
+        return factor(np.concatenate([k[kv], q], axis=1))
+    out = np.empty((h, min(N, 2 * n), 2 * n))
+    alone = np.flatnonzero(~shared)
+    if len(alone):
+        out[alone] = factor(np.concatenate([k[kv[alone]], q[alone]], axis=1))
+    for key in np.unique(kv[shared]):
+        heads = np.flatnonzero(kv == key)
+        out[heads] = _shared_key(k[key], q[heads])
+    return out
+
+
+def _shared_key(k: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """`factor` of [k; q_i] for each query map q_i of q (g, n, N) under one key map k (n, N).
+
+    Householder QR of [W_K^T | W_Q^T] is, column by column, the QR of W_K^T, its reflectors applied to W_Q^T, and
+    the QR of the rows of that below W_K's: so the key's QR is done once for all g heads, its reflectors applied to
+    their W_Q^T in one LAPACK call (dormqr, BLAS-3), and only the (N - n) x n remainders are factored per head."""
+    g, n, N = q.shape
+    top, r = min(N, n), min(N, 2 * n)
+    qr_k, tau, _, _ = lapack.dgeqrf(k.T)
+    reflectors = qr_k[:, :top]
+    c = np.array(q.reshape(g * n, N).T, order="F")                        # [W_Q1^T | ... | W_Qg^T], N x g n
+    lwork = int(lapack.dormqr("L", "T", reflectors, tau, c, -1)[1][0])
+    c = lapack.dormqr("L", "T", reflectors, tau, c, max(lwork, 1), overwrite_c=1)[0]
+    rotated = c.T.reshape(g, n, N).swapaxes(-2, -1)                          # Q_K^T W_Qi^T, (g, N, n)
+    out = np.zeros((g, r, 2 * n))
+    out[:, :top, :n] = np.triu(qr_k[:top])
+    out[:, :top, n:] = rotated[:, :top]
+    if r > top:
+        out[:, top:, n:] = np.linalg.qr(rotated[:, top:], mode="r")
+    return out
 
 
 def forms(factors, n: int):
@@ -47,7 +84,7 @@ def reduce_factors(wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray, device:
         k = np.asarray(wk, dtype=np.float64)
         kv = np.asarray(kv_index, dtype=np.intp)
 
-        parts = batches(len(q), min(q.shape[2], 2 * q.shape[1]))  # R has r = min(N, 2n) rows
+        parts = batches(len(q), min(q.shape[2], 2 * q.shape[1]), kv)  # R has r = min(N, 2n) rows; groups whole
         return np.concatenate(map_threads(lambda heads: head_factors(k, kv[heads], q[heads]), parts))
     import torch
 

@@ -160,9 +160,24 @@ def chunks(total: int, parts: int) -> list[slice]:
     return [slice(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
-def batches(total: int, width: int) -> list[slice]:
+def batches(total: int, width: int, groups=None) -> list[slice]:
     """range(total) in contiguous slices for the pool: up to 4 per worker (to balance them), each with more than
     GIL_FREE_OUTPUTS / width items where `total` allows (`width`: a call's output length per item), so that
-    numpy computes it without holding the GIL."""
+    numpy computes it without holding the GIL. With `groups` (a label per item), no slice cuts a run of equal
+    labels: each bound moves up to where the next run starts, and a slice left too small joins the next one."""
     least = GIL_FREE_OUTPUTS // max(width, 1) + 1
-    return chunks(total, min(4 * WORKERS, max(1, total // least)))
+    parts = chunks(total, min(4 * WORKERS, max(1, total // least)))
+    if groups is None:
+        return parts
+    starts = [i for i in range(1, total) if groups[i] != groups[i - 1]] + [total]
+    merged: list[list[int]] = []
+    for part in parts:
+        stop = next(start for start in starts if start >= part.stop)
+        if merged and merged[-1][1] - merged[-1][0] < least:  # the one before is too small: it takes this one in
+            merged[-1][1] = max(merged[-1][1], stop)
+        elif not merged or stop > merged[-1][1]:
+            merged.append([merged[-1][1] if merged else 0, stop])
+    if len(merged) > 1 and merged[-1][1] - merged[-1][0] < least:
+        merged[-2][1] = merged[-1][1]
+        del merged[-1]
+    return [slice(a, b) for a, b in merged]

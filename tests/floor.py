@@ -3,7 +3,8 @@ the same shapes and data as the run it judges.
 
 Single-threaded LAPACK through numpy, one batched call per layer and part, best of REPEATS:
   qr         one QR (R only) per head's N x 2n stack [W_K^T | W_Q^T], or one per key/value group's
-             N x (1 + g) n stack where the key part is shared: the cheaper of the two;
+             N x (1 + g) n stack, or the QR of each group's W_K^T shared by its heads (its reflectors applied
+             to their W_Q^T, then each head's rows below n factored): the cheapest of the three;
   spectra    of each head's reduced form l = [[A, B], [0, 0]] (2n x 2n): eigenvalues of S, singular values
              of T, eigenvalues of A (n x n: l is block triangular) and singular values of [A | B] (n x 2n);
   distances  one symmetric eigenvalue problem S_delta (2n x 2n) per head and RoPE distance, delta = 0 left
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from scipy.linalg import lapack
 from threadpoolctl import threadpool_limits
 
 REPEATS = 3
@@ -64,6 +66,29 @@ def stacks(wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray) -> tuple[np.nda
     q, k = np.asarray(wq, np.float64), np.asarray(wk, np.float64)
     return (np.concatenate([k[np.asarray(kv_index)], q], axis=1),
             np.concatenate([k, q.reshape(len(k), H // len(k) * n, N)], axis=1))
+
+
+def key_groups(wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(W_K^T (N, n), [W_Q^T of the group's heads] (N, g n), Fortran order) per key/value group, when every group
+    has more than one query head and N >= 2n (else none: the shared-key QR does not apply)."""
+    H, n, N = wq.shape
+    kv = np.asarray(kv_index)
+    if N < 2 * n or np.bincount(kv, minlength=len(wk)).min() < 2:
+        return []
+    return [(np.asfortranarray(np.asarray(wk[j], np.float64).T),
+             np.asfortranarray(np.asarray(wq[kv == j], np.float64).reshape(-1, N).T)) for j in range(len(wk))]
+
+
+def shared_key_qr(groups: list[tuple[np.ndarray, np.ndarray]], n: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per group of `key_groups`: the R of its W_K^T (n, n), Q_K^T W_Q^T's first n rows of each head (g, n, n) and the R
+    of each head's rows below them (g, n, n): the blocks of every head's R = [[R_KK, top], [0, R_QQ]]."""
+    out = []
+    for kt, qt in groups:
+        qr_k, tau, _, _ = lapack.dgeqrf(kt)
+        lwork = int(lapack.dormqr("L", "T", qr_k, tau, qt, -1)[1][0])
+        rotated = lapack.dormqr("L", "T", qr_k, tau, qt, lwork)[0].T.reshape(-1, n, len(kt)).swapaxes(-2, -1)
+        out.append((np.triu(qr_k[:n]), rotated[:, :n], np.linalg.qr(rotated[:, n:], mode="r")))
+    return out
 
 
 def form_problems(R: np.ndarray, n: int) -> dict[str, np.ndarray]:
@@ -112,7 +137,9 @@ def layer_floor(wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray, *, rope=No
         t_head, R = best(lambda: np.linalg.qr(per_head.swapaxes(-2, -1), mode="r"), repeats)
         t_group = best(lambda: np.linalg.qr(per_group.swapaxes(-2, -1), mode="r"), repeats)[0] \
             if len(per_group) < H else t_head
-        out["qr"] = min(t_head, t_group)
+        groups = key_groups(wq, wk, kv_index)
+        t_shared = best(lambda: shared_key_qr(groups, n), repeats)[0] if groups else t_head
+        out["qr"] = min(t_head, t_group, t_shared)
         p = form_problems(R, n)
         out["spectra"] = best(lambda: (np.linalg.eigvalsh(p["S"]), np.linalg.svd(p["T"], compute_uv=False),
                                        np.linalg.eigvals(p["A"]), np.linalg.svd(p["AB"], compute_uv=False)),

@@ -5,7 +5,7 @@ import pytest
 from scipy import stats
 
 from headforms.compute.baseline import random_forms
-from headforms.compute.reduction import reduce_forms
+from headforms.compute.reduction import head_factors, reduce_forms
 from headforms.compute.spectra import spectra
 from headforms.compute.statistics import fit_samples, head_statistics, parity
 from tests.dense import dense_reference
@@ -36,6 +36,24 @@ def test_reduced_spectra_equal_dense_spectra_with_grouped_query_heads():
         dense_l = np.linalg.eigvals(L)
         dense_l = dense_l[np.argsort(-abs(dense_l), kind="stable")][:n]
         np.testing.assert_allclose(np.sort_complex(sp.eig_L[h][:n]), np.sort_complex(dense_l), rtol=1e-8)
+
+
+@pytest.mark.parametrize("N, kv", [
+    (96, [0, 0, 0, 1, 1, 1]),   # key/value groups of adjacent heads
+    (96, [0, 1, 0, 1, 2, 1]),   # groups interleaved, and a head alone with its key head
+    (12, [0, 0, 1, 1, 2, 2]),   # n < N < 2n: R has N rows
+    (5, [0, 0, 1, 1, 2, 2]),    # N < n: the key part fills R
+])
+def test_factors_sharing_a_key_head_are_the_stacked_qrs(N, kv):
+    """head_factors shares each key head's QR among its query heads: the R of every head's stack [W_K; W_Q]
+    all the same, up to the signs of its rows (LAPACK's Householder QR of the stack itself)."""
+    n, kv = 8, np.array(kv)
+    wq, wk = RNG.standard_normal((len(kv), n, N)), RNG.standard_normal((kv.max() + 1, n, N))
+    ours = head_factors(wk, kv, wq)
+    for h in range(len(kv)):
+        stacked = np.linalg.qr(np.concatenate([wk[kv[h]], wq[h]]).T, mode="r")
+        signs = np.sign(np.diag(stacked)) * np.sign(np.diag(ours[h]))
+        np.testing.assert_allclose(ours[h], signs[:, None] * stacked, rtol=0, atol=1e-12 * np.abs(stacked).max())
 
 
 def test_statistics_equal_an_independent_dense_computation():

@@ -63,6 +63,29 @@ def test_distance_problems_have_the_dense_spectra(layer):
                                        nonzero(np.linalg.eigvalsh((L + L.T) / 2), scale), rtol=1e-9)
 
 
+def test_shared_key_qr_has_the_dense_spectra(layer):
+    wq, wk, kv, _, _ = layer
+    blocks = floor.shared_key_qr(floor.key_groups(wq, wk, kv), n)
+    for j, (r_kk, top, r_qq) in enumerate(blocks):
+        for i, h in enumerate(np.flatnonzero(kv == j)):
+            l = np.zeros((2 * n, 2 * n))
+            l[:n] = r_kk @ np.vstack([top[i], r_qq[i]]).T           # R_K R_Q^T, R_K's rows below n zero
+            L = wk[j].T @ wq[h]
+            scale = np.linalg.norm(L)
+            np.testing.assert_allclose(nonzero(np.linalg.eigvalsh((l + l.T) / 2), scale),
+                                       nonzero(np.linalg.eigvalsh((L + L.T) / 2), scale), rtol=1e-9)
+            np.testing.assert_allclose(nonzero(np.linalg.svd(l, compute_uv=False), scale),
+                                       nonzero(np.linalg.svd(L, compute_uv=False), scale), rtol=1e-9)
+
+
+def test_shared_key_qr_needs_shared_keys_and_room_below_them():
+    rng = np.random.default_rng(3)
+    wq, wk = rng.standard_normal((4, 6, 30)), rng.standard_normal((4, 6, 30))
+    assert floor.key_groups(wq, wk, np.arange(4)) == []           # one query head per key head
+    assert floor.key_groups(wq[:, :, :10], wk[:2, :, :10], np.arange(4) // 2) == []   # N < 2n
+    assert len(floor.key_groups(wq, wk[:2], np.arange(4) // 2)) == 2
+
+
 def test_group_stacks_hold_each_groups_key_and_queries(layer):
     wq, wk, kv, _, per_group = layer
     g = H // HKV

@@ -47,6 +47,26 @@ def test_batches_are_above_numpys_gil_threshold_where_the_total_allows(workers, 
         assert len(pieces) >= 2  # enough work for both workers is split between them
 
 
+@pytest.mark.parametrize("total, width, group", [(9, 128, 3), (32, 256, 4), (15, 128, 3), (40, 128, 3), (12, 64, 1),
+                                                  (24, 16, 6), (7, 128, 7), (50, 128, 2)])
+def test_batches_keep_key_value_groups_whole(workers, total, width, group):
+    """With the key head of each query head, the slices cover the range in order, never cut a group and stay at most
+    4 per worker; each holds more than GIL_FREE_OUTPUTS outputs where whole groups allow it; groups of one head
+    cut as without them."""
+    threads.set_workers(2)
+    kv = np.arange(total) // group
+    pieces = threads.batches(total, width, kv)
+    assert [i for piece in pieces for i in range(total)[piece]] == list(range(total))
+    assert len(pieces) <= 8
+    assert all(piece.start == 0 or kv[piece.start] != kv[piece.start - 1] for piece in pieces)
+    if total * width > threads.GIL_FREE_OUTPUTS:
+        assert all((piece.stop - piece.start) * width > threads.GIL_FREE_OUTPUTS for piece in pieces)
+    if group == 1:
+        assert pieces == threads.batches(total, width)
+    if total * width > 2 * (threads.GIL_FREE_OUTPUTS + group * width):
+        assert len(pieces) >= 2
+
+
 def test_pool_pieces_run_beside_the_caller_and_raise_where_collected(workers):
     """A piece runs on a pool thread while the caller still works (it waits for the caller here); a failing piece
     raises its own exception at result(); with one worker pieces run in the caller's thread as submitted."""

@@ -29,7 +29,7 @@ from headforms.extract.hub import FetchError
 from headforms.warehouse.running.executors import Serial
 from headforms.warehouse.running.layers import LayerRows, LoadOptions, deltas
 from headforms.warehouse.running.progress import RunProgress
-from headforms.warehouse.running.summaries import write_summaries
+from headforms.warehouse.running import summaries
 from headforms.warehouse.storing.failures import ModelIncomplete, place_of, stage, words
 from headforms.warehouse.storing.store import WarehouseError, Writer, insert, transaction
 
@@ -76,7 +76,8 @@ def load_models(writer: Writer, ckpts: list[Checkpoint], opts: LoadOptions, exec
     Every model is checked against the warehouse before any work starts. The executor (default:
     this process) reads and analyses the layers of all models, ahead of the writer; the writer
     commits them model by model, layer by layer, in order. `on_start` is the writer's own work done
-    while the first layers are computed (the caller's: the warehouse's views)."""
+    while the first layers are computed (the caller's: the warehouse's views), as is importing what the summaries
+    need."""
     plans = [_plan(writer, ckpt, opts) for ckpt in ckpts]
     executor = executor or Serial()
     run = RunProgress(writer.path, len(plans))
@@ -85,6 +86,7 @@ def load_models(writer: Writer, ckpts: list[Checkpoint], opts: LoadOptions, exec
         try:
             if on_start:
                 on_start()
+            summaries.prepare()
             for plan in plans:
                 if on_model:
                     on_model(plan.ckpt)
@@ -195,7 +197,7 @@ def _finish(writer: Writer, plan: _Plan, before: Callable = lambda con: None) ->
             before(con)
             con.execute("UPDATE models SET complete = true, failed_step = NULL, extracted_at = ? WHERE model = ?",
                         [plan.record["extracted_at"], name])
-            write_summaries(con, name, plan.opts.resamples, plan.opts.seed)
+            summaries.write_summaries(con, name, plan.opts.resamples, plan.opts.seed)
             _record_cost(con, plan.ckpt)
     except Exception as exc:
         step = place_of(exc).step if place_of(exc) else "finish"

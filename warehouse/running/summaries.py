@@ -2,11 +2,13 @@
 bootstrap intervals of the views' figures (`intervals`) and the head types of Figure 5 (`head_types`)."""
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import polars as pl
 
 from headforms.compute import bootstrap
-from headforms.compute.head_types import DIMENSIONS, head_types, projection, unit_spectra
+from headforms.compute.threads import Pool
 from headforms.warehouse.storing.failures import stage
 from headforms.warehouse.storing.store import insert, query
 
@@ -37,6 +39,12 @@ FIGURES: tuple[tuple[str, str, str, str], ...] = (
 METHODS = ("layer", "head")
 
 
+def prepare() -> None:
+    """Import the head types' k-means (scipy.cluster, a fifth of a second): a run calls this while its first layers
+    compute, so that neither its start nor its last model's summaries wait for the import."""
+    importlib.import_module("headforms.compute.head_types")
+
+
 def write_summaries(con, model: str, resamples: int, seed: int) -> None:
     """Compute and insert the model's intervals and head types (inside the caller's transaction); a failure
     names its step (failures.stage), which models.failed_step records."""
@@ -47,7 +55,9 @@ def write_summaries(con, model: str, resamples: int, seed: int) -> None:
 
 
 def model_intervals(con, model: str, resamples: int, seed: int) -> pl.DataFrame:
-    """95% bootstrap intervals of every figure of FIGURES for one model, by both methods (rows of `intervals`)."""
+    """95% bootstrap intervals of every figure of FIGURES for one model, by both methods (rows of `intervals`).
+
+    The resampling of each method and aggregate is a piece on the pool (compute.threads), all at once."""
     columns = ", ".join(f"{expr} AS f{i}" for i, (_, _, _, expr) in enumerate(FIGURES))
     heads = query(con, f"""
         SELECT h.layer, {columns} FROM heads h JOIN models m USING (model)
@@ -57,20 +67,23 @@ def model_intervals(con, model: str, resamples: int, seed: int) -> pl.DataFrame:
     layer = heads["layer"].to_numpy()
     groups = {"layer": np.stack([np.flatnonzero(layer == k) for k in np.unique(layer)]),
               "head": np.arange(len(layer))[:, None]}
-    parts = []
-    for m, method in enumerate(METHODS):
-        for aggregate in bootstrap.AGGREGATES:
-            chosen = [i for i, figure in enumerate(FIGURES) if figure[2] == aggregate]
-            result = bootstrap.intervals(values[:, chosen], aggregate, groups[method], resamples, (seed, m))
-            parts.append(pl.DataFrame({
-                "model": model, "view": [FIGURES[i][0] for i in chosen], "figure": [FIGURES[i][1] for i in chosen],
-                "method": method, "estimate": result[:, 0], "low": result[:, 1], "high": result[:, 2],
-                "resamples": resamples, "seed": seed}))
+    chosen = [(m, method, aggregate, [i for i, figure in enumerate(FIGURES) if figure[2] == aggregate])
+              for m, method in enumerate(METHODS) for aggregate in bootstrap.AGGREGATES]
+    with Pool() as pool:
+        pieces = [pool.submit(bootstrap.intervals, values[:, figures], aggregate, groups[method], resamples, (seed, m))
+                  for m, method, aggregate, figures in chosen]
+        parts = [pl.DataFrame({
+            "model": model, "view": [FIGURES[i][0] for i in figures], "figure": [FIGURES[i][1] for i in figures],
+            "method": method, "estimate": result[:, 0], "low": result[:, 1], "high": result[:, 2],
+            "resamples": resamples, "seed": seed})
+            for (_, method, _, figures), result in zip(chosen, (piece.result() for piece in pieces))]
     return pl.concat(parts).with_columns(pl.col(pl.Float64).fill_nan(None))
 
 
 def model_head_types(con, model: str, seed: int) -> pl.DataFrame:
     """Figure 5 coordinates, k-means type and silhouette of each head with a nonzero S (rows of `head_types`)."""
+    from headforms.compute.head_types import DIMENSIONS, head_types, projection, unit_spectra
+
     spectra = query(con, """
         SELECT layer, head, list(value ORDER BY idx) AS eig FROM eigenvalues
         WHERE model = ? AND spectrum = 'S' GROUP BY layer, head ORDER BY layer, head""", [model])
