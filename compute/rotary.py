@@ -82,20 +82,14 @@ def distance_forms(factors, n: int, rotation: Rotation, deltas: np.ndarray):
     return np.concatenate([top, np.zeros(top.shape[:-2] + (factors.shape[-2] - n, top.shape[-1]))], axis=-2)
 
 
-def _symmetric_eigenvalues(top) -> np.ndarray:
-    """eig(S) of l = [[A, B], [0, 0]] from its top rows [A | B] (..., n, r), flattened to (-1, r), decreasing:
-    S = [[(A + A^T)/2, B/2], [B^T/2, 0]]. numpy on the CPU; on a device the eigenproblems there, back as numpy."""
+def _device_eigenvalues(top) -> np.ndarray:
+    """eig(S) of l = [[A, B], [0, 0]] from its top rows [A | B] (..., n, r) as torch tensors on a device, flattened
+    to (-1, r), decreasing, back as numpy: S = [[(A + A^T)/2, B/2], [B^T/2, 0]]."""
+    import torch
+
     n, r = top.shape[-2], top.shape[-1]
     top = top.reshape((-1, n, r))
     a, b = top[..., :n], top[..., n:]
-    if isinstance(top, np.ndarray):  # LAPACK reads the lower triangle alone: the block above it is left unset
-        s = np.empty(top.shape[:-2] + (r, r))
-        s[..., :n, :n] = (a + a.swapaxes(-2, -1)) / 2
-        s[..., n:, :n] = b.swapaxes(-2, -1) / 2
-        s[..., n:, n:] = 0.0
-        return np.linalg.eigvalsh(s, UPLO="L")[..., ::-1]
-    import torch
-
     s = top.new_zeros(top.shape[:-2] + (r, r))
     s[..., :n, :n] = (a + a.swapaxes(-2, -1)) / 2
     s[..., :n, n:] = b / 2
@@ -106,11 +100,45 @@ def _symmetric_eigenvalues(top) -> np.ndarray:
 def profile_problems(factors, n: int, rotation: Rotation, deltas: np.ndarray, solve=None) -> tuple[np.ndarray, ...]:
     """(eig_S of the deltas where `solve` (a mask; None: all), ||L||^2, ||T||^2 of every delta) of each head of a
     batch, flattened delta-major. With l = [[A, B], [0, 0]]: ||T||^2 = ||A - A^T||^2/4 + ||B||^2/2."""
+    solve = np.ones(len(deltas), bool) if solve is None else np.asarray(solve, bool)
+    if not isinstance(factors, np.ndarray):
+        return _device_problems(factors, n, rotation, deltas, solve)
+    H, r = factors.shape[0], factors.shape[-2]
+    s = np.empty((int(solve.sum()), H, r, r))  # S_delta in its lower triangle, built where the product lands
+    rest = np.empty((len(deltas) - len(s), H, r, min(n, r)))
+    l2, t2 = np.empty((len(deltas), H)), np.empty((len(deltas), H))
+    for mask, out in ((solve, s[..., :n]), (~solve, rest)):
+        _halved_transposed_top(factors, n, rotation, deltas[mask], out)
+        l2[mask], t2[mask] = _halved_norms(out)
+    if len(s):
+        a = s[..., :n, :n]
+        np.add(a, a.swapaxes(-2, -1), out=a)  # A^T/2 + A/2 = (A + A^T)/2 exactly; B^T/2 lies below it
+        s[..., n:, n:] = 0.0                  # LAPACK reads the lower triangle alone: the block above is left unset
+    eig_S = np.linalg.eigvalsh(s.reshape(-1, r, r), UPLO="L")[..., ::-1]
+    return eig_S, l2.ravel(), t2.ravel()
+
+
+def _halved_transposed_top(factors: np.ndarray, n: int, rotation: Rotation, deltas: np.ndarray, out: np.ndarray) -> None:
+    """out (D, H, r, n) = [A^T; B^T] / 2 of each l_delta's top rows [A | B]: R_Q (R_K R(delta))^T / 2, one batched
+    product written where S_delta's lower triangle wants it (halving is exact, a power of two)."""
+    rotated = rotation.rotate(factors[..., :n, :n].swapaxes(-2, -1), -deltas)  # R(-delta) R_K^T = (R_K R(delta))^T
+    rotated *= 0.5
+    np.matmul(factors[..., n:], rotated, out=out)
+
+
+def _halved_norms(half: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """||L||^2 and ||T||^2 (D, H) of forms given as [A^T; B^T] / 2 (D, H, r, n)."""
+    n = half.shape[-1]
+    a, b = half[..., :n, :], half[..., n:, :]
+    b2 = _squares(b)
+    return 4 * (_squares(a) + b2), _squares(a - a.swapaxes(-2, -1)) + 2 * b2
+
+
+def _device_problems(factors, n: int, rotation: Rotation, deltas: np.ndarray, solve: np.ndarray):
+    """`profile_problems` of torch factors on a device: the forms and eigenproblems there, the norms back as numpy."""
     top = _top_rows(factors, n, rotation, deltas)                         # (D, H, n, r)
-    eig_S = _symmetric_eigenvalues(top if solve is None else top[solve])
-    if not isinstance(top, np.ndarray):
-        top = top.cpu().numpy()
-    top = top.reshape((-1,) + tuple(top.shape[2:]))                      # (D*H, n, r)
+    eig_S = _device_eigenvalues(top if solve.all() else top[solve])
+    top = top.cpu().numpy().reshape((-1,) + tuple(top.shape[2:]))        # (D*H, n, r)
     a, b = top[..., :n], top[..., n:]
     a2, b2 = _squares(a), _squares(b)
     return eig_S, a2 + b2, _squares(a - a.swapaxes(-2, -1)) / 4 + b2 / 2

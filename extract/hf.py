@@ -30,6 +30,7 @@ from headforms.extract.spec import model_spec
 from headforms.extract.norms import HF_NORMS, norm_for
 from headforms.extract.torch_pickle import RecordingUnpickler, TensorRef
 
+BF16_BLOCK = 1 << 17  # bfloat16 values decoded at a time (a 512 kB float32 block)
 _DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}  # safetensors -> torch names
 _FLOAT_DTYPES = frozenset(_DTYPES.values())
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,  # bytes per value of each torch dtype name
@@ -61,9 +62,10 @@ def _open_unbuffered(path: Path):
     return f
 
 
-def _read_at(f, offset: int, size: int, path: Path) -> bytearray:
-    """Exactly `size` bytes of a raw file from `offset` (positioned reads, no extra copy)."""
-    buf = bytearray(size)
+def _read_at(f, offset: int, size: int, path: Path) -> np.ndarray:
+    """Exactly `size` bytes (uint8) of a raw file from `offset` (positioned reads, no extra copy; the buffer is not
+    zeroed first)."""
+    buf = np.empty(size, np.uint8)
     view, done = memoryview(buf), 0
     f.seek(offset)
     while done < size:
@@ -138,14 +140,24 @@ def _safetensors_header(path: Path) -> tuple[dict[str, tuple[tuple[int, ...], st
     return meta, spans
 
 
-def span_array(raw: bytearray, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
-    """Little-endian safetensors bytes as a float64 array; bfloat16 is float32's upper half (shifted into place)."""
-    if dtype == "BF16":
-        values = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
-    else:
-        values = np.frombuffer(raw, dtype=_NUMPY_DTYPES[dtype])
+def span_array(raw, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Little-endian safetensors bytes as a float64 array."""
     with np.errstate(invalid="ignore"):  # a signalling NaN stays NaN (and is refused later, as non-finite)
-        return values.astype(np.float64).reshape(shape)
+        if dtype == "BF16":
+            return _bfloat16(np.frombuffer(raw, dtype="<u2")).reshape(shape)
+        return np.frombuffer(raw, dtype=_NUMPY_DTYPES[dtype]).astype(np.float64).reshape(shape)
+
+
+def _bfloat16(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns as float64: each is float32's upper half, shifted into place BF16_BLOCK values at a
+    time, so the float32 copy stays in cache and the output is written in one pass (twice as fast at 24B shapes)."""
+    out = np.empty(bits.size)
+    wide = np.empty(min(BF16_BLOCK, bits.size), np.uint32)
+    for start in range(0, bits.size, BF16_BLOCK):
+        block = bits[start:start + BF16_BLOCK]
+        np.left_shift(block, 16, out=wide[:len(block)], dtype=np.uint32)
+        out[start:start + len(block)] = wide[:len(block)].view(np.float32)
+    return out
 
 
 def _safetensors_fetch(path: Path, names: list[str], spans: dict, digest: Digest | None = None) -> dict[str, np.ndarray]:
@@ -537,9 +549,9 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
         if not 0 <= layer < spec.n_layers:
             raise ExtractError(f"layer {layer} out of range: {name} has {spec.n_layers} layers")
         roles = tensors(layer)
+        arrays = weights.read(list(roles.values()))  # before the layers ahead are asked for: a first layer has the link
         weights.prefetch(t for later in range(layer + 1, min(layer + 1 + weights.ahead, spec.n_layers))
                          for t in tensors(later).values())
-        arrays = weights.read(list(roles.values()))
         for tensor, array in arrays.items():
             # a finite sum means every value is finite; only an overflowing sum needs the elementwise check
             if not np.isfinite(array.sum()) and not np.isfinite(array).all():

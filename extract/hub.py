@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+import numpy as np
+
 from headforms.extract.caches import cache_root
 from headforms.extract.checkpoint import ExtractError
 
@@ -185,7 +187,7 @@ class RemoteFile:
 
     def _from_cache(self, start: int, end: int) -> memoryview:
         """start..end-1 from the cached chunks covering it (read into one buffer)."""
-        buf, at = bytearray(end - start), start
+        buf, at = np.empty(end - start, np.uint8), start
         for a, b in sorted(self._cached_chunks()):
             if a <= at < b:
                 with open(self.chunks / f"{a}-{b}", "rb", buffering=0) as f:
@@ -228,7 +230,7 @@ class RemoteFile:
                 ranges[-1][1] = max(ranges[-1][1], end)
             else:
                 ranges.append([start, end])
-        fresh = {(start, end): memoryview(bytearray(end - start)) for start, end in ranges}
+        fresh = {(start, end): memoryview(np.empty(end - start, np.uint8)) for start, end in ranges}
         pieces = [(a, min(a + PIECE, end), fresh[start, end][a - start:min(a + PIECE, end) - start])
                   for start, end in fresh for a in range(start, end, PIECE)]
         if pieces:

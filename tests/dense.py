@@ -17,6 +17,7 @@ def dense_reference(L: np.ndarray, n: int) -> dict:
     rho = np.linalg.norm(minus) / np.linalg.norm(plus)
     c_sym, d_sym = (u[u > 0] ** 2).sum() / s2, (u[u < 0] ** 2).sum() / s2
     sigma = np.sort(np.linalg.eigvals(T).imag)[::-1][:n]
+    sigma = np.pad(sigma, (0, n - len(sigma)))  # N < n: the ambient zeros
     gm = np.sqrt(plus[:n] * minus[:n]) if m >= n else np.pad(np.sqrt(plus * minus), (0, n - m))
     abs_s = np.sort(np.abs(eig))[::-1][: 2 * n]
     sv_t = np.linalg.svd(T, compute_uv=False)[: 2 * n]

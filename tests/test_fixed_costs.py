@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from headforms.extract import hf
 from headforms.extract.hf import _safetensors_fetch, _safetensors_spans
 from tests import tiny_models as tm
 from tests.test_robustness import ROOT
@@ -17,9 +18,12 @@ from tests.test_robustness import ROOT
 SPECIAL = [0.0, -0.0, 1.0, -2.5, 1e-40, -1e-42, 6e-8, 65504.0, 3.0e38, float("inf"), float("-inf"), float("nan")]
 
 
+@pytest.mark.parametrize("block", [hf.BF16_BLOCK, 1000])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
-def test_numpy_decoding_equals_torch(dtype, tmp_path):
-    """Every bit pattern class of each safetensors float dtype decodes to torch's float64 value."""
+def test_numpy_decoding_equals_torch(dtype, block, tmp_path, monkeypatch):
+    """Every bit pattern class of each safetensors float dtype decodes to torch's float64 value (bfloat16 in
+    blocks: the default, and blocks that cut the 65,536 patterns with a short last one)."""
+    monkeypatch.setattr(hf, "BF16_BLOCK", block)
     gen = torch.Generator().manual_seed(0)
     tensors = {"random": (torch.randn(33, 17, generator=gen, dtype=torch.float64) * 100).to(dtype),
                "special": torch.tensor(SPECIAL, dtype=torch.float64).to(dtype),

@@ -56,10 +56,10 @@ def test_rotation_matrix_is_the_pairing(pairing):
 
 
 @pytest.mark.parametrize("pairing", ["split-half", "interleaved"])
-@pytest.mark.parametrize("N", [40, 12])
+@pytest.mark.parametrize("N", [40, 12, 5])
 def test_distance_profiles_equal_dense_forms(pairing, N):
     """Every column of every (delta, head) against the N x N form W_K^T R(delta) W_Q, grouped-query heads,
-    a partial rotation (6 of n = 8 coordinates); N = 12 < 2n reduces to r = N."""
+    a partial rotation (6 of n = 8 coordinates); N = 12 < 2n reduces to r = N, N = 5 < n too."""
     n, H, Hkv = 8, 4, 2
     wq, wk = RNG.standard_normal((H, n, N)), RNG.standard_normal((Hkv, n, N))
     kv = np.arange(H) // 2
