@@ -32,12 +32,18 @@ def projection(points: np.ndarray) -> np.ndarray:
     return points @ (directions * np.sign(lead)).T
 
 
-def silhouette(points: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """Per-point silhouette (b - a) / max(a, b) with Euclidean distances; 0 in a one-point cluster."""
-    distances = np.linalg.norm(points[:, None, :] - points[None, :, :], axis=2)
+def distances(points: np.ndarray) -> np.ndarray:
+    """The Euclidean distances between every two points (H, H)."""
+    return np.linalg.norm(points[:, None, :] - points[None, :, :], axis=2)
+
+
+def silhouette(points: np.ndarray, labels: np.ndarray, apart: np.ndarray | None = None) -> np.ndarray:
+    """Per-point silhouette (b - a) / max(a, b) with Euclidean distances (`apart`, when given, is
+    `distances(points)`); 0 in a one-point cluster."""
+    apart = distances(points) if apart is None else apart
     member = labels[:, None] == np.unique(labels)[None, :]                     # (H, k) one-hot
     sizes = member.sum(axis=0)
-    totals = distances @ member                                                # (H, k) summed distances per cluster
+    totals = apart @ member                                                # (H, k) summed distances per cluster
     own = member.argmax(axis=1)
     rows = np.arange(len(points))
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -68,7 +74,8 @@ def kmeans(points: np.ndarray, k: int, seed: int) -> np.ndarray:
     for restart in range(RESTARTS):
         with warnings.catch_warnings():  # coinciding heads leave a type empty: fewer types, handled by head_types
             warnings.simplefilter("ignore")
-            centres, labels = kmeans2(points, k, minit="++", seed=np.random.default_rng([seed, k, restart]))
+            centres, labels = kmeans2(points, k, minit="++", seed=np.random.default_rng([seed, k, restart]),
+                                     check_finite=False)  # finite: head_types keeps heads with a nonzero S
         inertia = ((points - centres[labels]) ** 2).sum()
         if inertia < best_inertia:
             best, best_inertia = labels, inertia
@@ -80,14 +87,14 @@ def kmeans(points: np.ndarray, k: int, seed: int) -> np.ndarray:
 
 def head_types(points: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Types and per-point silhouettes for the k of K_RANGE (below the number of points) with the best mean silhouette."""
-    best = None
+    best, apart = None, distances(points)
     for k in K_RANGE:
         if k >= len(points):
             break
         labels = kmeans(points, k, seed)
         if len(np.unique(labels)) < 2:
             continue
-        scores = silhouette(points, labels)
+        scores = silhouette(points, labels, apart)
         if best is None or scores.mean() > best[1].mean():
             best = (labels, scores)
     if best is None:   # too few distinct points for two types

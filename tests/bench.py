@@ -307,7 +307,7 @@ def _demo_run(db: Path) -> dict:
         return collected
 
     wl.start_rows = start_rows
-    timers.wrap(su, "model_intervals", "summaries")
+    timers.wrap(su, "later_intervals", "summaries")
     timers.wrap(su, "model_head_types", "summaries")
     try:
         sink = io.StringIO()

@@ -29,6 +29,18 @@ def test_median_and_mean_are_numpys_nan_aggregates(values):
         np.testing.assert_allclose(bootstrap.mean(values), np.nanmean(values, axis=1), rtol=1e-15, atol=1e-15)
 
 
+@pytest.mark.parametrize("width", [1, 2, 3, 4, 269, 270])
+def test_median_without_nan_is_numpys(width):
+    """Rows without NaN take their middle values by selection (odd and even widths, ties, infinities): numpy's
+    median of the sorted row, bit for bit."""
+    rng = np.random.default_rng(width)
+    x = rng.standard_normal((400, width))
+    x[::3] = np.round(x[::3])                                  # ties
+    x[1::5, 0], x[2::5, -1] = np.inf, -np.inf
+    np.testing.assert_array_equal(bootstrap.median(x), np.median(x, axis=1))
+    np.testing.assert_array_equal(bootstrap.median(x[:, None, :]), np.median(x, axis=1)[:, None])
+
+
 def test_aggregates_are_duckdbs(values):
     """median, avg and round(100 * count FILTER / count(*), 1) as DuckDB computes them, row by row."""
     con = duckdb.connect()

@@ -224,7 +224,7 @@ STAGES = {
     "read": (Checkpoint, "read_layer", "extract", r"model 'm', layer 1, step read: RuntimeError: injected"),
     "compute": (layers, "start_layer", "extract", r"model 'm', layer 1, step compute: RuntimeError: injected"),
     "write": (load, "_insert_layers", "extract", r"model 'm', layer 0, step write: RuntimeError: injected"),
-    "summaries": (summaries, "model_intervals", "extract",
+    "summaries": (summaries, "later_intervals", "extract",
                   r"model 'm': summaries \(intervals\) failed \(RuntimeError: injected\); its 2 layers are kept, "
                   r"marked incomplete \(models.failed_step\): run the same command to finish it"),
     "export": (figures, "draw_all", "export", r"step export \(figures\): RuntimeError: injected"),

@@ -3,6 +3,7 @@ bootstrap intervals of the views' figures (`intervals`) and the head types of Fi
 from __future__ import annotations
 
 import importlib
+from typing import Callable
 
 import numpy as np
 import polars as pl
@@ -47,17 +48,28 @@ def prepare() -> None:
 
 def write_summaries(con, model: str, resamples: int, seed: int) -> None:
     """Compute and insert the model's intervals and head types (inside the caller's transaction); a failure
-    names its step (failures.stage), which models.failed_step records."""
-    with stage("summaries (intervals)", model):
-        insert(con, "intervals", model_intervals(con, model, resamples, seed))
+    names its step (failures.stage), which models.failed_step records. The intervals' resampling runs on the pool
+    while the head types are found in this thread."""
+    with Pool() as pool:
+        with stage("summaries (intervals)", model):
+            intervals = later_intervals(con, pool, model, resamples, seed)
+        with stage("summaries (head types)", model):
+            types = model_head_types(con, model, seed)
+        with stage("summaries (intervals)", model):
+            insert(con, "intervals", intervals())
     with stage("summaries (head types)", model):
-        insert(con, "head_types", model_head_types(con, model, seed))
+        insert(con, "head_types", types)
 
 
 def model_intervals(con, model: str, resamples: int, seed: int) -> pl.DataFrame:
-    """95% bootstrap intervals of every figure of FIGURES for one model, by both methods (rows of `intervals`).
+    """95% bootstrap intervals of every figure of FIGURES for one model, by both methods (rows of `intervals`)."""
+    with Pool() as pool:
+        return later_intervals(con, pool, model, resamples, seed)()
 
-    The resampling of each method and aggregate is a piece on the pool (compute.threads), all at once."""
+
+def later_intervals(con, pool: Pool, model: str, resamples: int, seed: int) -> Callable[[], pl.DataFrame]:
+    """`model_intervals`, its resampling started now on `pool` (a piece per method and aggregate, compute.threads)
+    and the function returned collecting it."""
     columns = ", ".join(f"{expr} AS f{i}" for i, (_, _, _, expr) in enumerate(FIGURES))
     heads = query(con, f"""
         SELECT h.layer, {columns} FROM heads h JOIN models m USING (model)
@@ -69,15 +81,18 @@ def model_intervals(con, model: str, resamples: int, seed: int) -> pl.DataFrame:
               "head": np.arange(len(layer))[:, None]}
     chosen = [(m, method, aggregate, [i for i, figure in enumerate(FIGURES) if figure[2] == aggregate])
               for m, method in enumerate(METHODS) for aggregate in bootstrap.AGGREGATES]
-    with Pool() as pool:
-        pieces = [pool.submit(bootstrap.intervals, values[:, figures], aggregate, groups[method], resamples, (seed, m))
-                  for m, method, aggregate, figures in chosen]
+    pieces = [pool.submit(bootstrap.intervals, values[:, figures], aggregate, groups[method], resamples, (seed, m))
+              for m, method, aggregate, figures in chosen]
+
+    def collect() -> pl.DataFrame:
         parts = [pl.DataFrame({
             "model": model, "view": [FIGURES[i][0] for i in figures], "figure": [FIGURES[i][1] for i in figures],
             "method": method, "estimate": result[:, 0], "low": result[:, 1], "high": result[:, 2],
             "resamples": resamples, "seed": seed})
             for (_, method, _, figures), result in zip(chosen, (piece.result() for piece in pieces))]
-    return pl.concat(parts).with_columns(pl.col(pl.Float64).fill_nan(None))
+        return pl.concat(parts).with_columns(pl.col(pl.Float64).fill_nan(None))
+
+    return collect
 
 
 def model_head_types(con, model: str, seed: int) -> pl.DataFrame:
