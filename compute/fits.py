@@ -28,6 +28,8 @@ they are not estimates: where a likelihood-ratio test does not reject q = 0 (the
 q's 95% interval holds 0, over which a = q^-2, c and the scale are unbounded (or where the scale
 overflows a double).
 """
+from typing import NamedTuple
+
 import numpy as np
 from scipy import special as sc
 
@@ -317,26 +319,42 @@ def _histogram(z, valid, n):
     return heights, (edges[:, :-1] + edges[:, 1:]) / 2.0
 
 
-def _quality(family, x, valid, n, p, q, scale):
+class _Observed(NamedTuple):
+    """What the quality of every fit of the same samples compares with, computed once for all families: the
+    valid values (1.0 elsewhere), each row sorted (1.0 past its n values), its mean, and its histogram of x / mean."""
+
+    xf: np.ndarray
+    valid: np.ndarray
+    n: np.ndarray
+    xs: np.ndarray
+    inside: np.ndarray
+    mean: np.ndarray
+    heights: np.ndarray
+    centres: np.ndarray
+
+    @classmethod
+    def of(cls, x, valid, n) -> "_Observed":
+        xf = np.where(valid, x, 1.0)
+        inside = np.arange(1, x.shape[1] + 1) <= n[:, None]  # valid entries sort first
+        xs = np.where(inside, np.sort(np.where(valid, x, np.inf), axis=1), 1.0)
+        mean = xf.sum(1, where=valid) / n
+        return cls(xf, valid, n, xs, inside, mean, *_histogram(xf / mean[:, None], valid, n))
+
+
+def _quality(family, seen: _Observed, p, q, scale):
     """Log-likelihood, KS distance and histogram error of fitted parameters (each shape (M,))."""
     P, Q, S = p[:, None], q[:, None], scale[:, None]
-    xf = np.where(valid, x, 1.0)
-    loglik = np.where(valid, _std_logpdf(family, xf / S, P, Q) - np.log(S), 0.0).sum(1)
+    loglik = np.where(seen.valid, _std_logpdf(family, seen.xf / S, P, Q) - np.log(S), 0.0).sum(1)
 
-    m = x.shape[1]
-    rank = np.arange(1, m + 1)
-    inside = rank <= n[:, None]  # valid entries sort first
-    xs = np.where(inside, np.sort(np.where(valid, x, np.inf), axis=1), 1.0)
-    cdf = _std_cdf(family, xs / S, P, Q)
-    nn = n[:, None].astype(np.float64)
+    rank = np.arange(1, seen.xs.shape[1] + 1)
+    cdf = _std_cdf(family, seen.xs / S, P, Q)
+    nn = seen.n[:, None].astype(np.float64)
     gap = np.maximum(rank / nn - cdf, cdf - (rank - 1) / nn)
-    ks = np.max(np.where(inside, gap, -np.inf), axis=1)
+    ks = np.max(np.where(seen.inside, gap, -np.inf), axis=1)
 
-    mean = xf.sum(1, where=valid) / n
-    heights, centres = _histogram(xf / mean[:, None], valid, n)
-    Sm = (scale / mean)[:, None]
-    density = np.exp(_std_logpdf(family, centres / Sm, P, Q)) / Sm
-    hist_error = np.sqrt(np.mean((heights - density) ** 2, axis=1))
+    Sm = (scale / seen.mean)[:, None]
+    density = np.exp(_std_logpdf(family, seen.centres / Sm, P, Q)) / Sm
+    hist_error = np.sqrt(np.mean((seen.heights - density) ** 2, axis=1))
     return loglik, ks, hist_error
 
 
@@ -415,9 +433,10 @@ def fit_families(x: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
             "weibull": (c_w, nan, np.exp(log_scale_w)),
             "gengamma": (sigma_g, q_g, np.exp(mu_g)),  # Prentice's, for quality and mode; natural ones below
         }
-        quality = {f: _quality(f, x, valid, n, p, q, scale) for f, (p, q, scale) in params.items()}
+        seen = _Observed.of(x, valid, n)
+        quality = {f: _quality(f, seen, p, q, scale) for f, (p, q, scale) in params.items()}
         modes = {f: _mode(f, p, q, scale) for f, (p, q, scale) in params.items()}
-        limits = [_quality(law, x, valid, n, beta, nan, b) for law, (beta, b) in _limit_laws(x, logs, valid, n).items()]
+        limits = [_quality(law, seen, beta, nan, b) for law, (beta, b) in _limit_laws(x, logs, valid, n).items()]
         best = np.argmax(np.stack([lim[0] for lim in limits]), axis=0)
         sup = [np.choose(best, [lim[j] for lim in limits]) for j in range(3)]
         at_edge = np.abs(q_g / sigma_g) * sigma >= EDGE_SHARE * GENGAMMA_GRID[-1]

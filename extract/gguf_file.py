@@ -6,6 +6,7 @@ come with it, and the score-scale rule llama.cpp applies.
 """
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -172,12 +173,12 @@ class _HeaderReader(gguf.GGUFReader):
         count = int(self._get(orig_offs + 4, np.uint64)[0])
         offs = orig_offs + 12
         if item_type == GGUFValueType.STRING:
-            buf = memoryview(self.data)
-            order = "little" if self.endianess == gguf.GGUFEndian.LITTLE else "big"
+            buf, end = memoryview(self.data), len(self.data) - 8
+            length = struct.Struct("<Q" if self.endianess == gguf.GGUFEndian.LITTLE else ">Q").unpack_from
             for _ in range(count):
-                if offs + 8 > len(buf):
+                if offs > end:
                     raise _Cut("metadata runs past the end of the file")
-                offs += 8 + int.from_bytes(buf[offs:offs + 8], order)
+                offs += 8 + length(buf, offs)[0]
         elif item_type in self.gguf_scalar_to_np:
             offs += count * np.dtype(self.gguf_scalar_to_np[item_type]).itemsize
         else:  # arrays of arrays: rare and short, the stock parser handles them
@@ -232,7 +233,7 @@ def _weight(tensor, data: np.ndarray, layer: int, rows: int | None = None) -> np
     refuses non-finite values. GGML blocks never span rows, so a fused attn_qkv's V rows are left undecoded.
     """
     shape = tuple(int(d) for d in tensor.shape[::-1])
-    data = data if rows is None else data[:rows]
+    data = np.asarray(data if rows is None else data[:rows])  # a plain view of a memmap: its slices cost no Python
     if tensor.tensor_type == GGMLQuantizationType.F64:
         w = np.asarray(data, dtype=np.float64)
     else:
