@@ -47,16 +47,17 @@ class Rotation:
         """R(delta) as a dense n x n matrix (for tests and small checks; the batch code never forms it)."""
         return self.rotate(np.eye(n), np.array([delta]))[0]
 
-    def rotate(self, rows, deltas: np.ndarray):
-        """R(delta) @ rows for every delta: rows (..., n, m) -> (D, ..., n, m).
+    def rotate(self, rows, deltas: np.ndarray, scale: float = 1.0):
+        """scale * R(delta) @ rows for every delta: rows (..., n, m) -> (D, ..., n, m).
 
         Row-wise R(delta) x = c * x + s * x[partner]: a plane's first row takes cos x_first - sin x_second,
-        its second row sin x_first + cos x_second; rows in no plane keep c = 1, s = 0."""
+        its second row sin x_first + cos x_second; rows in no plane keep c = 1, s = 0. A power-of-two `scale`
+        (the halving of S = (L + L^T)/2) is exact, folded into c and s."""
         n = rows.shape[-2]
         angles = np.outer(deltas, self.frequencies)                        # (D, P)
-        c, s = np.ones((len(deltas), n)), np.zeros((len(deltas), n))
-        c[:, self.first], c[:, self.second] = np.cos(angles), np.cos(angles)
-        s[:, self.first], s[:, self.second] = -np.sin(angles), np.sin(angles)
+        c, s = np.full((len(deltas), n), scale), np.zeros((len(deltas), n))
+        c[:, self.first], c[:, self.second] = scale * np.cos(angles), scale * np.cos(angles)
+        s[:, self.first], s[:, self.second] = scale * -np.sin(angles), scale * np.sin(angles)
         partner = np.arange(n)
         partner[self.first], partner[self.second] = self.second, self.first
         shape = (len(deltas),) + (1,) * (rows.ndim - 2) + (n, 1)
@@ -65,7 +66,9 @@ class Rotation:
 
             c, s = (torch.as_tensor(x, dtype=rows.dtype, device=rows.device) for x in (c, s))
             partner = torch.as_tensor(partner, device=rows.device)
-        return c.reshape(shape) * rows + s.reshape(shape) * rows[..., partner, :]
+        out = c.reshape(shape) * rows
+        out += s.reshape(shape) * rows[..., partner, :]
+        return out
 
 
 def _top_rows(factors, n: int, rotation: Rotation, deltas: np.ndarray):
@@ -108,12 +111,10 @@ def profile_problems(factors, n: int, rotation: Rotation, deltas: np.ndarray, so
     rest = np.empty((len(deltas) - len(s), H, r, min(n, r)))
     l2, t2 = np.empty((len(deltas), H)), np.empty((len(deltas), H))
     for mask, out in ((solve, s[..., :n]), (~solve, rest)):
-        _halved_transposed_top(factors, n, rotation, deltas[mask], out)
-        l2[mask], t2[mask] = _halved_norms(out)
-    if len(s):
-        a = s[..., :n, :n]
-        np.add(a, a.swapaxes(-2, -1), out=a)  # A^T/2 + A/2 = (A + A^T)/2 exactly; B^T/2 lies below it
-        s[..., n:, n:] = 0.0                  # LAPACK reads the lower triangle alone: the block above is left unset
+        for i, j in enumerate(np.flatnonzero(mask)):  # one delta at a time: its forms stay in cache
+            _halved_transposed_top(factors, n, rotation, deltas[j:j + 1], out[i:i + 1])
+            l2[j], t2[j] = _halved_norms(out[i], symmetrize=out is not rest)
+    s[..., n:, n:] = 0.0  # LAPACK reads the lower triangle alone: the block above is left unset
     eig_S = np.linalg.eigvalsh(s.reshape(-1, r, r), UPLO="L")[..., ::-1]
     return eig_S, l2.ravel(), t2.ravel()
 
@@ -121,17 +122,21 @@ def profile_problems(factors, n: int, rotation: Rotation, deltas: np.ndarray, so
 def _halved_transposed_top(factors: np.ndarray, n: int, rotation: Rotation, deltas: np.ndarray, out: np.ndarray) -> None:
     """out (D, H, r, n) = [A^T; B^T] / 2 of each l_delta's top rows [A | B]: R_Q (R_K R(delta))^T / 2, one batched
     product written where S_delta's lower triangle wants it (halving is exact, a power of two)."""
-    rotated = rotation.rotate(factors[..., :n, :n].swapaxes(-2, -1), -deltas)  # R(-delta) R_K^T = (R_K R(delta))^T
-    rotated *= 0.5
+    rotated = rotation.rotate(factors[..., :n, :n].swapaxes(-2, -1), -deltas, 0.5)  # R(-delta) R_K^T / 2
     np.matmul(factors[..., n:], rotated, out=out)
 
 
-def _halved_norms(half: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """||L||^2 and ||T||^2 (D, H) of forms given as [A^T; B^T] / 2 (D, H, r, n)."""
+def _halved_norms(half: np.ndarray, symmetrize: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """||L||^2 and ||T||^2 (D, H) of forms given as [A^T; B^T] / 2 (D, H, r, n); with `symmetrize`, the A^T/2 block
+    then becomes (A + A^T)/2 in place (exactly A^T/2 + A/2), from the same transposed copy (B^T/2 lies below it)."""
     n = half.shape[-1]
     a, b = half[..., :n, :], half[..., n:, :]
     b2 = _squares(b)
-    return 4 * (_squares(a) + b2), _squares(a - a.swapaxes(-2, -1)) + 2 * b2
+    transposed = a.swapaxes(-2, -1).copy()
+    l2, t2 = 4 * (_squares(a) + b2), _squares(a - transposed) + 2 * b2
+    if symmetrize:
+        a += transposed
+    return l2, t2
 
 
 def _device_problems(factors, n: int, rotation: Rotation, deltas: np.ndarray, solve: np.ndarray):
