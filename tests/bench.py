@@ -370,7 +370,8 @@ def demo_cli(tmp: Path) -> dict:
           f"peak RSS {max(rss) / GB:.2f} GB")
     print(f"  runs: {', '.join(f'{w:.2f}' for w in walls)} s; cores busy (CPU time user+sys / wall): "
           f"{', '.join(f'{b:.2f}' for b in busy)} of {floor.cores()}")
-    return {"walls": walls, "busy": busy[walls.index(min(walls))]}
+    best = walls.index(min(walls))
+    return {"walls": walls, "busy": busy[best], "cpu": busy[best] * walls[best]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -426,6 +427,12 @@ def demo_floor(model_layers: dict, cli: dict, start: float, before: dict[str, fl
     wall = min(cli["walls"])
     print(f"headforms extract demo: {wall:.2f} s = {wall / result.total:.2f}x its floor; {cli['busy']:.2f} of "
           f"{result.cores} cores busy")
+    # What the run's own CPU time allows: the start (interpreter, imports: one core, as `headforms --help`) and
+    # then every other CPU second spread over all cores without a gap.
+    packed = start + (cli["cpu"] - start) / result.cores
+    print(f"  its CPU time {cli['cpu']:.2f} s, packed on {result.cores} cores after a one-core start of {start:.2f} s, "
+          f"would take {packed:.2f} s = {packed / result.total:.2f}x the floor and keep at most "
+          f"{cli['cpu'] / packed:.2f} cores busy (information: the wall beyond this is cores left idle, up to it work)")
     return result
 
 
