@@ -181,162 +181,248 @@ def run_python(max_children: int, env: dict, targets: list[str], report_only: bo
     status = dict(_listing())
     counted = sample([name for name in status if not mutants or any(fnmatch.fnmatch(name, g) for g in mutants)],
                      fraction)
+
+    def reviewed(names) -> dict[str, str]:
+        """Of these mutants, the survivors the tables name: 'equivalent' or 'killed by hand'."""
+        found = {}
+        for name in names:
+            key = mutation(name) if status[name] == "survived" else None
+            if key in PY_EQUIVALENT:
+                found[name] = "equivalent"
+            elif key in PY_AT_IMPORT:
+                found[name] = "killed by hand"
+        return found
+
     # reviewed equivalents and mutants killed by hand that survived stay so: running them again would change nothing
-    pending = [name for name in counted if status[name] in ("not checked", "survived", "no tests")
-               and not (status[name] == "survived" and name in PY_EQUIVALENT | PY_AT_IMPORT)]
+    known = reviewed(counted)
+    pending = [name for name in counted if status[name] in ("not checked", "survived", "no tests") and name not in known]
     if pending and not report_only:
         subprocess.run(run + pending, cwd=STAGE, env=env, check=False)
         status = dict(_listing())
+        known = reviewed(counted)
     counts: dict[str, Counter] = defaultdict(Counter)
     for name in counted:
-        survived = status[name] == "survived"
-        counts[_module(name)]["equivalent" if survived and name in PY_EQUIVALENT
-                              else "killed by hand" if survived and name in PY_AT_IMPORT else status[name]] += 1
-    survivors = [f"{name}: {status[name]}" for name in counted
-                 if status[name] in ("survived", "no tests") and name not in PY_EQUIVALENT | PY_AT_IMPORT]
+        counts[_module(name)][known.get(name, status[name])] += 1
+    survivors = [f"{name}: {status[name]} ({' -> '.join(mutation(name))})" for name in counted
+                 if status[name] in ("survived", "no tests") and name not in known]
     (STAGE / "survivors.txt").write_text("\n".join(survivors) + "\n")
     return counts
 
 
 # Python mutants reviewed as equivalent (they change nothing a caller or the warehouse can see), with the reason;
-# the kill rate is over the others. A name stops matching when its function changes (mutmut renumbers it): the
-# mutant then reports as survived again, for review.
+# the kill rate is over the others. Each is named by its function and the line it writes (mutmut's `show`), not by
+# its number: mutmut numbers a function's mutants in order, so after the function changes, a number names another
+# mutation, while a reviewed line that is no longer written matches nothing and its mutant reports as survived again.
 PY_EQUIVALENT = {
-    "headforms.api.x_analyse__mutmut_60":
+    ('headforms.api.x_analyse',
+     ')'):
         "parity_tolerance left to analyse_layer's default, PARITY_TOLERANCE: what the API passes for None",
-    "headforms.cli.x__log__mutmut_17":
+    ('headforms.cli.x__log',
+     'with open(path, "a", encoding=None) as log:'):
         "the error log opened in the locale's encoding, UTF-8 here (Python coerces the C locale to UTF-8, PEP 538)",
-    "headforms.compute.rotary.x__symmetric_eigenvalues__mutmut_50":
-        "eig(S) of the distance forms ascending rather than decreasing: both lobes come out reversed in the same "
-        "order, and every profile statistic is a sum or norm over aligned pairs",
-    "headforms.compute.bootstrap.x_median__mutmut_24":
-        "take_along_axis without axis=-1: the last axis is its default (numpy 2)",
-    "headforms.compute.bootstrap.x_percent__mutmut_8":
-        "shape[+1] = shape[-1]: percent is only called on 2-D arrays (figures x rows, resamples x rows)",
-    "headforms.compute.reduction.x_reduce_factors__mutmut_55":
-        "K left in its own float dtype on the device path: torch.cat with float64 Q promotes it to float64",
-    "headforms.compute.reduction.x_reduce_factors__mutmut_62":
+    ('headforms.compute.rotary.x_profile_problems',
+     'eig_S = np.linalg.eigvalsh(s.reshape(-1, r, r), UPLO="L")[..., ::+1]'):
+        'eig(S) of the distance forms ascending rather than decreasing: both lobes come out reversed in the same order, and every profile statistic is a sum or norm over aligned pairs',
+    ('headforms.compute.bootstrap.x_median',
+     'low = np.take_along_axis(ordered, np.maximum(count - 1, 0) // 2, )'):
+        'take_along_axis without axis=-1: the last axis is its default',
+    ('headforms.compute.bootstrap.x_median',
+     'high = np.take_along_axis(ordered, count // 2 - (count == 0), )'):
+        'take_along_axis without axis=-1: the last axis is its default',
+    ('headforms.compute.bootstrap.x_percent',
+     'share = 100 * values.sum(axis=-1) / values.shape[+1]'):
+        'shape[+1] = shape[-1]: percent is only called on 2-D arrays (figures x rows, resamples x rows)',
+    ('headforms.compute.reduction.x_reduce_factors',
+     'k = torch.as_tensor(wk, dtype=None, device=device)'):
+        'K left in its own float dtype on the device path: torch.cat with float64 Q promotes it to float64',
+    ('headforms.compute.reduction.x_reduce_factors',
+     'k = k[torch.as_tensor(np.asarray(kv_index), dtype=None, device=device)]'):
         "the key index's dtype left to torch: kv_index is int64 already, torch's long",
-    "headforms.compute.spectra.x__assemble__mutmut_26":
-        "argsort without axis=-1: the last axis is its default",
-    "headforms.compute.threads.xǁPoolǁ__exit____mutmut_4":
-        "shutdown without wait=True: True is its default",
-    "headforms.compute.spectra.x__spectra__mutmut_13":
-        "the empty (H, 0) eigenvalues as float64: the concatenation with complex ones promotes them",
-    "headforms.compute.threads.x__cores__mutmut_7":
+    ('headforms.compute.spectra.x__assemble',
+     'order = np.argsort(-np.abs(eig_L), kind="stable")'):
+        'argsort without axis=-1: the last axis is its default',
+    ('headforms.compute.spectra.x__assemble',
+     'eig_L = np.concatenate([eig_L, np.zeros((H, r - m), None)], axis=1)'):
+        'the empty (H, 0) eigenvalues as float64: the concatenation with complex ones promotes them',
+    ('headforms.compute.threads.x__cores',
+     'if os.environ.get("OMP_NUM_THREADS", "XXXX").isdigit():'):
         "'XXXX'.isdigit() is False like ''.isdigit(): an unset OMP_NUM_THREADS either way",
-    "headforms.extract.discover.x__layout_from_model__mutmut_14":
+    ('headforms.extract.discover.x__layout_from_model',
+     'if attr in children or attr in dict(module.named_parameters(recurse=True)):'):
         "named_parameters(recurse=True) names a child's parameters 'child.name': a bare name matches only the module's own",
-    "headforms.extract.discover.x__layout_from_model__mutmut_224":
-        "rope_pairing of a model without RoPE: never read (only RoPE forms rotate)",
-    "headforms.extract.discover.x__layout_from_model__mutmut_226":
-        "rope_pairing of a model without RoPE: never read (only RoPE forms rotate)",
-    "headforms.extract.discover.x__layout_from_model__mutmut_227":
-        "rope_pairing of a model without RoPE: never read (only RoPE forms rotate)",
-    "headforms.extract.hf.x_torch_zip_extent__mutmut_14":
-        "bytes read past the file's end: every caller compares them with a zip signature, which neither b'' nor "
-        "b'XXXX' is",
-    "headforms.extract.hub.xǁRemoteFileǁ_fetch__mutmut_113":
-        "the reason of a short body set when the body was whole: the loop then ends and the reason is never read",
-    "headforms.extract.hub.xǁRemoteFileǁread_many__mutmut_82":
-        "an empty span sliced from a fetched buffer or read from the cache: empty either way",
-    "headforms.extract.hub.xǁHubRepoǁ_cached__mutmut_19":
+    ('headforms.extract.discover.x__layout_from_model',
+     'refusal=_softcap_refusal, rope_pairing=_rope_pairing(first) if (rotary) or True else "split-half")'):
+        'rope_pairing of a model without RoPE: never read (only RoPE forms rotate)',
+    ('headforms.extract.discover.x__layout_from_model',
+     'refusal=_softcap_refusal, rope_pairing=_rope_pairing(first) if rotary else "XXsplit-halfXX")'):
+        'rope_pairing of a model without RoPE: never read (only RoPE forms rotate)',
+    ('headforms.extract.discover.x__layout_from_model',
+     'refusal=_softcap_refusal, rope_pairing=_rope_pairing(first) if rotary else "SPLIT-HALF")'):
+        'rope_pairing of a model without RoPE: never read (only RoPE forms rotate)',
+    ('headforms.extract.hf.x_torch_zip_extent',
+     'return bytes(read_at(offset, min(n, size - offset))) if offset < size else b"XXXX"'):
+        "bytes read past the file's end: every caller compares them with a zip signature, which neither b'' nor b'XXXX' is",
+    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+     'if got < end + start:'):
+        'the reason of a short body set when the body was whole: the loop then ends and the reason is never read',
+    ('headforms.extract.hub.xǁRemoteFileǁread_many',
+     'holder = next(((a, b) for a, b in fresh if a < start and end <= b), None)'):
+        'an empty span sliced from a fetched buffer or read from the cache: empty either way',
+    ('headforms.extract.hub.xǁHubRepoǁ_cached',
+     'table = _repo_dir(repo_id) / (commit or "XX-XX") / "files.json"'):
         "the files table's folder without a commit: never read (no commit raises first)",
-    "headforms.warehouse.publishing.export.x_write_paper_format__mutmut_11":
+    ('headforms.warehouse.publishing.export.x_write_paper_format',
+     'f"len($models) + 1), model, {order}", {"MODELS": paper_models})'):
         "DuckDB's named parameters are case-insensitive ($models binds MODELS)",
-    "headforms.warehouse.publishing.export.x_export__mutmut_72":
-        "the index's orientation inferred: it always has more rows (every table and figure) than its 4 columns, "
-        "which polars reads as rows",
-    "headforms.warehouse.publishing.figures.x__save__mutmut_4":
+    ('headforms.warehouse.publishing.export.x_export',
+     'pl.DataFrame(index, schema=["file", "kind", "source", "description"], orient=None).write_csv(index_path)'):
+        "the index's orientation inferred: it always has more rows (every table and figure) than its 4 columns, which polars reads as rows",
+    ('headforms.warehouse.publishing.figures.x__save',
+     'fig.savefig(path, dpi=None)'):
         "savefig's dpi left to rcParams['savefig.dpi'], 'figure': the figure's own, DPI (every figure is made by _figure)",
-    "headforms.warehouse.publishing.figures.x_pairing_distribution__mutmut_29":
+    ('headforms.warehouse.publishing.figures.x_pairing_distribution',
+     'axes = fig.subplots(max(len(models), 1), squeeze=False, sharex=True)[:, 0]  # no pairing at all: one empty panel'):
         "fig.subplots(n, ...) without its ncols of 1: 1 is subplots' default",
-    "headforms.warehouse.publishing.figures.x_training_dynamics__mutmut_7":
-        "SQL keywords in lower case",
-    "headforms.warehouse.publishing.report.x__layer_body__mutmut_30":
-        "SQL keywords in lower case",
-    "headforms.warehouse.publishing.report.x__model_body__mutmut_299":
+    ('headforms.warehouse.publishing.figures.x_training_dynamics',
+     'data = _frame(con, "select * from dynamics_by_step order by base_model, training_step")'):
+        'SQL keywords in lower case',
+    ('headforms.warehouse.publishing.report.x__layer_body',
+     '"and family = \'gamma\' and shape is not null and scale is not null", [model, layer])'):
+        'SQL keywords in lower case',
+    ('headforms.warehouse.publishing.report.x__model_body',
+     'grid = heads.pivot(on="head", index="layer", values=column, sort_columns=False).sort("layer")'):
         "the maps' head columns unsorted: their x labels are taken from the same columns, so each cell keeps its head",
-    "headforms.warehouse.running.behaviour.x_behaviour_intervals__mutmut_108":
+    ('headforms.warehouse.running.behaviour.x_behaviour_intervals',
+     '"HIGH": np.concatenate([result[:, 2], high]), "resamples": resamples, "seed": seed,'):
         "'HIGH' in behaviour_intervals: DuckDB column names are case-insensitive",
-    "headforms.warehouse.running.behaviour.x_write_behaviour__mutmut_15":
+    ('headforms.warehouse.running.behaviour.x_write_behaviour',
+     'parity = query(con, "SELECT LAYER, HEAD, PARITY FROM HEADS WHERE MODEL = ?", [model])'):
         "SQL keywords and names in upper case: DuckDB's names are case-insensitive",
-    "headforms.warehouse.running.behaviour.x_behaviour_rows__mutmut_46":
+    ('headforms.warehouse.running.behaviour.x_behaviour_rows',
+     '"model": ckpt.name, "layer": np.full(heads, layer, ), "head": np.arange(heads, dtype=np.int32),'):
         "layer as int64 in the frame: it is inserted into head_behaviour's INTEGER column and never returned",
-    "headforms.compute.bootstrap.x_intervals__mutmut_23":
-        "which warnings are silenced changes warnings only",
-    "headforms.compute.bootstrap.x_median__mutmut_6":
-        "axis +1 = -1: median is only called on 2-D arrays",
-    "headforms.compute.fits.x__quality__mutmut_53":
+    ('headforms.compute.bootstrap.x_intervals',
+     'warnings.simplefilter("ignore", )  # a figure undefined on every resample: NaN bounds'):
+        'which warnings are silenced changes warnings only',
+    ('headforms.compute.bootstrap.x_median',
+     'chosen = np.partition(values, half, axis=+1)'):
+        'axis +1 = -1: median is only called on 2-D arrays',
+    ('headforms.compute.bootstrap.x_median',
+     'low = chosen[..., :half].max(axis=+1) if width % 2 == 0 else chosen[..., half]'):
+        'axis +1 = -1: median is only called on 2-D arrays',
+    ('headforms.compute.bootstrap.x_median',
+     'ordered = np.sort(values, axis=+1)                       # NaN sorts last'):
+        'axis +1 = -1: median is only called on 2-D arrays',
+    ('headforms.compute.bootstrap.x_median',
+     'count = (~np.isnan(values)).sum(axis=+1, keepdims=True)'):
+        'axis +1 = -1: median is only called on 2-D arrays',
+    ('headforms.compute.bootstrap.x_median',
+     'low = np.take_along_axis(ordered, np.maximum(count - 1, 0) // 2, axis=+1)'):
+        'axis +1 = -1: median is only called on 2-D arrays',
+    ('headforms.compute.bootstrap.x_median',
+     'high = np.take_along_axis(ordered, count // 2 - (count == 0), axis=+1)'):
+        'axis +1 = -1: median is only called on 2-D arrays',
+    ('headforms.compute.fits.xǁ_Observedǁof',
+     'xs = np.where(inside, np.sort(np.where(valid, x, np.inf), ), 1.0)'):
         "np.sort's default axis is the last, axis 1 of the 2-D samples",
-    "headforms.compute.fits.x__std_logpdf__mutmut_61":
-        "the power-function density beyond its support (z > 1): never evaluated, its scale is the sample "
-        "maximum",
-    "headforms.compute.fits.x_fit_families__mutmut_142":
-        "the NaN placeholder as None: only gengamma reads shape2, and None becomes NaN when stored into the "
-        "float64 results",
-    "headforms.compute.head_types.x_silhouette__mutmut_20":
+    ('headforms.compute.fits.x__std_logpdf',
+     'return np.where(z <= 1.0, np.log(p) + sc.xlogy(p - 1.0, z), +np.inf)'):
+        'the power-function density beyond its support (z > 1): never evaluated, its scale is the sample maximum',
+    ('headforms.compute.fits.x_fit_families',
+     'nan = np.full(len(x), None)'):
+        'the NaN placeholder as None: only gengamma reads shape2, and None becomes NaN when stored into the float64 results',
+    ('headforms.compute.head_types.x_silhouette',
+     'with np.errstate(divide="ignore"):'):
         "np.errstate's arguments change warnings only",
-    "headforms.compute.head_types.x_silhouette__mutmut_21":
+    ('headforms.compute.head_types.x_silhouette',
+     'with np.errstate(invalid="ignore", ):'):
         "np.errstate's arguments change warnings only",
-    "headforms.compute.reduction.x_reduce_factors__mutmut_13":
-        "one of Q and K left in its own float dtype: the concatenation promotes to float64",
-    "headforms.compute.reduction.x_reduce_factors__mutmut_43":
-        "kv_index is int64 already, torch's long",
-    "headforms.compute.rotary.x__profiles__mutmut_60":
-        "eig(S) of the distance forms ascending rather than decreasing: both lobes come out reversed in the "
-        "same order, and every profile statistic is a sum or norm over aligned pairs",
-    "headforms.compute.rotary.x_distance_forms__mutmut_16":
-        "shape[:+2] = shape[:-2] of the 4-D (D, H, n, r)",
-    "headforms.compute.rotary.x_distance_profiles__mutmut_3":
+    ('headforms.compute.reduction.x_reduce_factors',
+     'k = np.asarray(wk, )'):
+        'one of Q and K left in its own float dtype: the concatenation promotes to float64',
+    ('headforms.compute.reduction.x_reduce_factors',
+     'kv = np.asarray(kv_index, dtype=None)'):
+        "kv_index as int64 or numpy's intp: int64 here",
+    ('headforms.compute.reduction.x_reduce_factors',
+     'kv = np.asarray(kv_index, )'):
+        "kv_index as int64 or numpy's intp: int64 here",
+    ('headforms.compute.rotary.x_distance_forms',
+     'return np.concatenate([top, np.zeros(top.shape[:+2] + (factors.shape[-2] - n, top.shape[-1]))], axis=-2)'):
+        'shape[:+2] = shape[:-2] of the 4-D (D, H, n, r)',
+    ('headforms.compute.rotary.x_later_profiles',
+     'deltas = np.asarray(deltas, dtype=None)'):
         "deltas as int64 or numpy's default int (int64)",
-    "headforms.compute.rotary.x_distance_profiles__mutmut_5":
-        "deltas as int64 or numpy's default int (int64)",
-    "headforms.compute.rotary.x_distance_profiles__mutmut_72":
-        "reshape(..., -2): numpy takes any negative size as the unknown one",
-    "headforms.compute.rotary.xǁRotationǁof__mutmut_5":
+    ('headforms.compute.rotary.x_profile_problems',
+     'eig_S = np.linalg.eigvalsh(s.reshape(-2, r, r), UPLO="L")[..., ::-1]'):
+        'reshape(..., -2): numpy takes any negative size as the unknown one',
+    ('headforms.compute.rotary.x_assemble_profiles',
+     'solved, l2, t2 = (np.concatenate([x.reshape(-2, part.stop - part.start, *x.shape[1:])'):
+        'reshape(..., -2): numpy takes any negative size as the unknown one',
+    ('headforms.compute.rotary.xǁRotationǁof',
+     'freq = np.asarray(frequencies, )'):
         "frequencies' dtype: float64 anyway",
-    "headforms.compute.spectra.x__spectra__mutmut_38":
-        "the empty (H, 0) eigenvalues as float64: the concatenation with complex zeros promotes them",
-    "headforms.compute.spectra.x__spectra__mutmut_58":
-        "float64 zeros concatenated to complex eigenvalues are promoted to complex",
-    "headforms.compute.spectra.x__spectra__mutmut_80":
-        "axis +1 = -1 of the 2-D |eigenvalues|",
-    "headforms.compute.spectra.x__spectra_torch__mutmut_29":
-        "flip(+1) = flip(-1) of the 2-D eigenvalues",
-    "headforms.compute.statistics.x__profile_numerators__mutmut_15":
-        "u > 0 -> u >= 0: u = 0 adds 0",
-    "headforms.compute.statistics.x_theta__mutmut_11":
+    ('headforms.compute.spectra.x__assemble',
+     'order = np.argsort(-np.abs(eig_L), axis=+1, kind="stable")'):
+        'axis +1 = -1 of the 2-D |eigenvalues|',
+    ('headforms.compute.spectra.x__assemble',
+     'return eig_S, sv_T, np.take_along_axis(eig_L, order, axis=+1), sv_L'):
+        'axis +1 = -1 of the 2-D |eigenvalues|',
+    ('headforms.compute.spectra.x__spectra_torch',
+     'eig_S = torch.linalg.eigvalsh(s).flip(+1)'):
+        'flip(+1) = flip(-1) of the 2-D eigenvalues',
+    ('headforms.compute.statistics.x__profile_numerators',
+     'return 2 * (plus * minus).sum(axis=1), np.where(u >= 0, u**2, 0.0).sum(axis=1), np.where(u < 0, u**2, 0.0).sum(axis=1)'):
+        'u > 0 -> u >= 0: u = 0 adds 0',
+    ('headforms.compute.statistics.x_theta',
+     't = np.clip(offset @ THETA_DIRECTIONS.T / norms2, -0.5, None)              # (H, 2)'):
         "theta's clip to t <= 0 never binds on the simplex (t = -(3c + d)/6 and -(c + 3d)/6)",
-    "headforms.compute.statistics.x_theta__mutmut_32":
-        "gaps are NaN only for a zero form, whose theta is NaN whichever vertex argmin picks",
-    "headforms.extract.spec.x_model_spec__mutmut_128":
+    ('headforms.compute.statistics.x_theta',
+     'nearer = np.argmin(np.where(None, np.inf, gaps), axis=1)[:, None]'):
+        'gaps are NaN only for a zero form, whose theta is NaN whichever vertex argmin picks',
+    ('headforms.extract.spec.x_model_spec',
+     'recorded["tower"] = architecture.rpartition(".")[2]'):
         "rpartition = partition on 'family.tower', the only dotted architecture names",
-    "headforms.extract.layouts.xǁLayoutǁqk_maps__mutmut_70":
-        "reshape(-2, ...): numpy takes any negative size as the unknown one",
-    "headforms.warehouse.running.load.x__model_record__mutmut_5":
+    ('headforms.extract.layouts.xǁLayoutǁqk_maps',
+     'w_k = w_k * (self.norm_offset + _gains(tensors, "k_norm", spec.n_kv_heads)).reshape(-2, spec.head_dim, 1)'):
+        'reshape(-2, ...): numpy takes any negative size as the unknown one',
+    ('headforms.warehouse.running.load.x__model_record',
+     '"model": ckpt.name, "SOURCE": ckpt.source, "revision": ckpt.revision, "revision_kind": ckpt.revision_kind,'):
         "'SOURCE' in the models row: DuckDB column names are case-insensitive",
-    "headforms.warehouse.storing.store.x__shadow_added_columns__mutmut_25":
+    ('headforms.warehouse.storing.store.x__shadow_added_columns',
+     'database = con.execute("SELECT CURRENT_DATABASE()").fetchone()[0]'):
         "CURRENT_DATABASE(): DuckDB's function names are case-insensitive",
-    "headforms.extract.checkpoint.xǁDigestǁ__init____mutmut_6":
-        "a digest's layers before expect() as None: both readers call expect() before the Checkpoint exists, and "
-        "nothing reads them earlier",
-    "headforms.warehouse.storing.store.x_insert__mutmut_10":
+    ('headforms.extract.checkpoint.xǁDigestǁ__init__',
+     'self.layers: list[list[tuple[Path, str]]] = None  # per layer, the (file, tensor) its reader reads'):
+        "a digest's layers before expect() as None: both readers call expect() before the Checkpoint exists, and nothing reads them earlier",
+    ('headforms.warehouse.storing.store.x_insert',
+     'con.unregister("_FRAME")'):
         "unregister('_FRAME') removes '_frame': DuckDB's names are case-insensitive",
-    "headforms.warehouse.storing.revision.x_record__mutmut_12":
+    ('headforms.warehouse.storing.revision.x_record',
+     'con.execute("UPDATE MODELS SET REVISION = ? WHERE MODEL = ? AND REVISION = ?", [revision, ckpt.name, pending])'):
         "the revision's UPDATE in upper case: DuckDB's keywords and names are case-insensitive",
-    "headforms.warehouse.running.load.x__plan__mutmut_37":
+    ('headforms.warehouse.running.load.x__plan',
+     'return _Plan(ckpt, opts, record, list(range(n_layers)), "replaced", None)'):
         "a replacement's `created` as None rather than False: only its truth is read",
-    "headforms.warehouse.running.layers.x_layer_tables__mutmut_180":
+    ('headforms.warehouse.running.layers.x_layer_tables',
+     '"DELTA": dist["delta"].ravel(),'):
         "'DELTA' in distance_profiles: DuckDB column names are case-insensitive",
 }
 
 # Mutants of code that runs at import (a click option's decorator): mutmut switches a mutant on only during a test's
 # calls, so they survive whatever the tests check. Each was applied to the checkout by hand and its test failed.
 PY_AT_IMPORT = {
-    "headforms.cli.x_db_option__mutmut_18":
+    ('headforms.cli.x_db_option',
+     'type=click.Path(dir_okay=False, exists=None),'):
         "a reading command's --db allowed to be missing: test_cli.py::test_reading_commands_refuse_a_missing_warehouse",
 }
+
+
+def mutation(name: str) -> tuple[str, str]:
+    """A Python mutant as the reviewed tables name it: (its function, the lines it writes joined by ' | ')."""
+    shown = subprocess.run([str(BIN / "mutmut"), "show", name], cwd=STAGE, capture_output=True, text=True).stdout
+    written = [line[1:].strip() for line in shown.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    return name.rsplit("__mutmut_", 1)[0], " | ".join(written)
+
 
 # SQL mutants that change nothing a warehouse can hold, with the reason (file -> description -> why). The kill
 # rate is over the others. A parity, a symmetric part with c_sym and d_sym, and a balanced signature exist
