@@ -1,4 +1,5 @@
 """The CPU thread policy: how many workers, and that each runs single-threaded BLAS."""
+import contextlib
 import os
 import threading
 
@@ -85,6 +86,38 @@ def test_the_pool_runs_workers_pieces_at_once(workers, count):
     with threads.Pool() as pool:
         pool.map(piece, range(4 * count))
     assert most[0] == count
+
+
+@pytest.mark.parametrize("leaving", ["normally", "by an exception"])
+def test_leaving_the_pool_finishes_its_pieces_or_cancels_those_not_started(workers, leaving):
+    """Left normally, the pool waits for every piece submitted (collected or not); left by an exception (a failed
+    layer, Ctrl-C), the pieces not started yet are cancelled, so the error is not held up by work nobody will read,
+    and those running are waited for."""
+    threads.set_workers(2)
+    release, started = threading.Event(), threading.Barrier(3, timeout=30)
+    ran = []
+
+    def blocker():  # holds a pool thread until released
+        started.wait()
+        release.wait(30)
+        ran.append("blocker")
+
+    def queued(i):
+        ran.append(i)
+
+    pool = threads.Pool()
+    with pytest.raises(RuntimeError) if leaving != "normally" else contextlib.nullcontext():
+        with pool:
+            for _ in range(2):
+                pool.submit(blocker)
+            started.wait()  # both pool threads are held: what follows waits in the queue
+            for i in range(6):
+                pool.submit(queued, i)
+            threading.Timer(0.2, release.set).start()
+            if leaving != "normally":
+                raise RuntimeError("injected")
+    assert ran.count("blocker") == 2  # the running pieces were waited for either way
+    assert sorted(x for x in ran if x != "blocker") == ([] if leaving != "normally" else list(range(6)))
 
 
 def test_pool_threads_run_torch_single_threaded(workers):
