@@ -6,8 +6,6 @@ Aggregates follow SQL: NaN is NULL, ignored by median and avg.
 """
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 
 LEVEL = 0.95
@@ -70,8 +68,16 @@ def intervals(values: np.ndarray, aggregate: str, groups: np.ndarray, resamples:
     if len(groups) < 2:
         return np.column_stack([estimate, np.full((len(estimate), 2), np.nan)])
     replicates = np.stack([aggregate_rows(column[rows]) for column in values.T])        # (F, B)
+    return np.column_stack([estimate, *bounds(replicates)])
+
+
+def bounds(replicates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The percentile interval's (low, high) of each row of replicates (F, B), NaN ignored; NaN bounds for a figure
+    undefined on every resample. Such rows are left out of np.nanquantile rather than its warning silenced: the
+    warnings module's filters are global, and this runs on the pool's threads beside other code."""
     alpha = (1 - LEVEL) / 2
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # a figure undefined on every resample: NaN bounds
-        low, high = np.nanquantile(replicates, [alpha, 1 - alpha], axis=1)
-    return np.column_stack([estimate, low, high])
+    low, high = np.full(len(replicates), np.nan), np.full(len(replicates), np.nan)
+    defined = ~np.isnan(replicates).all(axis=1)
+    if defined.any():
+        low[defined], high[defined] = np.nanquantile(replicates[defined], [alpha, 1 - alpha], axis=1)
+    return low, high

@@ -301,9 +301,6 @@ PY_EQUIVALENT = {
     ('headforms.warehouse.running.behaviour.x_behaviour_rows',
      '"model": ckpt.name, "layer": np.full(heads, layer, ), "head": np.arange(heads, dtype=np.int32),'):
         "layer as int64 in the frame: it is inserted into head_behaviour's INTEGER column and never returned",
-    ('headforms.compute.bootstrap.x_intervals',
-     'warnings.simplefilter("ignore", )  # a figure undefined on every resample: NaN bounds'):
-        'which warnings are silenced changes warnings only',
     ('headforms.compute.bootstrap.x_median',
      'chosen = np.partition(values, half, axis=+1)'):
         'axis +1 = -1: median is only called on 2-D arrays',

@@ -1,6 +1,9 @@
 """Bootstrap intervals: the array aggregates against numpy and DuckDB, the resamples against their definition,
 the intervals against a plain loop over resamples and the normal approximation, and the stored `intervals`
 table against the views (its estimates) and a per-resample recomputation from the heads table."""
+import threading
+import warnings
+
 import duckdb
 import numpy as np
 import polars as pl
@@ -75,6 +78,57 @@ def test_intervals_equal_a_loop_over_resamples(values):
     np.testing.assert_allclose(result[:, 0], np.nanmedian(x, axis=0))
     np.testing.assert_allclose(result[:, 1], np.nanpercentile(replicates, 2.5, axis=0))
     np.testing.assert_allclose(result[:, 2], np.nanpercentile(replicates, 97.5, axis=0))
+
+
+def _undefined_beside_defined():
+    """Three figures over 40 rows in 8 groups: defined everywhere, defined in group 0 alone (undefined on the
+    resamples that miss it), NaN everywhere (undefined on every resample)."""
+    x = np.random.default_rng(11).normal(size=(40, 3))
+    x[5:, 1] = np.nan
+    x[:, 2] = np.nan
+    return x, np.arange(40).reshape(8, 5)
+
+
+def test_a_figure_undefined_on_every_resample_has_nan_bounds_and_warns_nothing():
+    """NaN bounds for the figure undefined on every resample; the others' bounds are np.nanpercentile's of their
+    replicates (those defined on some resamples included), and no warning is raised, even as an error."""
+    x, groups = _undefined_beside_defined()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = bootstrap.intervals(x, "median", groups, 400, 3)
+    rows = bootstrap.resample_rows(groups, 400, np.random.default_rng(3))
+    replicates = np.array([[np.nanmedian(x[r, f]) if not np.isnan(x[r, f]).all() else np.nan for f in range(2)]
+                           for r in rows])
+    np.testing.assert_allclose(result[:2, 1], np.nanpercentile(replicates, 2.5, axis=0))
+    np.testing.assert_allclose(result[:2, 2], np.nanpercentile(replicates, 97.5, axis=0))
+    assert np.isnan(result[2]).all()
+
+
+def test_intervals_on_the_pool_threads_leave_the_warning_filters_alone():
+    """Intervals run on the pool's threads beside each other and the writer (warehouse.running.summaries). The
+    warnings module's filters are the process's: code that changes them from several threads at once can restore
+    them out of order, losing a filter or leaving one behind. Under a process filter turning every warning into an
+    error, many concurrent runs raise nothing and leave the filters as they were."""
+    x, groups = _undefined_beside_defined()
+    failures = []
+
+    def run():
+        try:
+            for _ in range(60):
+                bootstrap.intervals(x, "median", groups, 50, 1)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        before = list(warnings.filters)
+        workers = [threading.Thread(target=run) for _ in range(4)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        assert warnings.filters == before
+    assert not failures, failures[:1]
 
 
 def test_intervals_of_a_mean_match_the_normal_approximation():

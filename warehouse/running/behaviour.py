@@ -7,8 +7,6 @@ copy of the weights: the model's logit is then reproduced by the warehouse's for
 """
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import polars as pl
 
@@ -77,10 +75,7 @@ def behaviour_intervals(rows: pl.DataFrame, parity: pl.Series, resamples: int, s
     estimate = bootstrap.median(plus.T) - bootstrap.median(minus.T)
     replicates = np.stack([bootstrap.median(plus[:, f][drawn]) - bootstrap.median(minus[:, f][drawn])
                            for f in range(len(SCORES))])
-    alpha = (1 - bootstrap.LEVEL) / 2
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # a type absent from every resample: NaN bounds
-        low, high = np.nanquantile(replicates, [alpha, 1 - alpha], axis=1)
+    low, high = bootstrap.bounds(replicates)  # a type absent from every resample: NaN bounds
     return pl.DataFrame({
         "model": rows["model"][0], "parity": [p for p in (*PARITIES, CONTRAST) for _ in SCORES],
         "figure": [f"median_{s}" for _ in range(len(PARITIES) + 1) for s in SCORES],
