@@ -3,6 +3,7 @@ cluster, and `check` finding damaged blocks. Every parallel build is compared va
 serial one; interrupted parallel runs resume to it."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -324,6 +325,28 @@ def test_jobs_failure_undoes_the_run(tmp_path, survey):
     m0 = {name: frame.filter(frame["model"] == "m0") if "model" in frame.columns else frame
           for name, frame in values(serial).items()}
     assert_same(values(db), m0)
+
+
+# Makes a --jobs 2 executor and submits nothing: prints the command lines of all its descendants, then closes it.
+EXECUTOR_ONLY = r"""
+import json, psutil
+from headforms.warehouse.running.executors import Processes
+
+work = Processes(2)
+print(json.dumps([" ".join(child.cmdline()) for child in psutil.Process().children(recursive=True)]))
+work.close()
+"""
+
+
+def test_jobs_fork_server_starts_with_the_executor():
+    """The fork server (whose imports take a second) runs as soon as the executor exists, before any layer is
+    submitted, so its start overlaps the writer's own set-up; no worker is forked before there is work."""
+    run = subprocess.run([sys.executable, "-c", EXECUTOR_ONLY], capture_output=True, text=True, timeout=PATIENCE,
+                         cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    children = json.loads(run.stdout.splitlines()[-1])
+    assert [command for command in children if "multiprocessing.forkserver import main" in command], children
+    assert not [command for command in children if "forkserver" not in command and "resource_tracker" not in command]
 
 
 # 3. Ray ----------------------------------------------------------------------------------------

@@ -231,16 +231,20 @@ class Processes(_Windowed):
     """`jobs` worker processes, each reading and analysing whole layers.
 
     Workers are forked from a fork server that imported the analysis once (a fresh process, so none
-    of this one's threads are copied): each worker starts without paying the imports again."""
+    of this one's threads are copied): each worker starts without paying the imports again. The server is
+    started with the executor, so that its imports (a second on a small machine) run on the other core while
+    the writer prepares the warehouse, not after the first layer is submitted."""
 
     def __init__(self, jobs: int, work: Callable = run_task):
         import multiprocessing
+        import multiprocessing.forkserver
         from concurrent.futures import ProcessPoolExecutor
 
         self.work, self.window = work, WINDOW * jobs
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(["headforms.warehouse.running.load", "headforms.extract.hf",
                                         "headforms.extract.gguf_file"])
+        multiprocessing.forkserver.ensure_running()  # its imports start now, beside the writer's own set-up
         self.pool = ProcessPoolExecutor(jobs, mp_context=context,
                                         initializer=_worker_setup, initargs=(os.getpid(),))
 
