@@ -50,7 +50,8 @@ Sections, each a function below, printed in this order:
                      per-head time from section 4, its reading from section 1);
 8. concurrency       a synthetic survey (SURVEY_MODELS GGUF models) extracted serially, with --jobs 2
                      and on a 2-CPU local Ray cluster (cluster start reported apart), all as whole
-                     processes, each executor's parallel efficiency against its real bound (speed-up
+                     processes in ROUNDS interleaved rounds, each executor's parallel efficiency
+                     (medians) against its real bound (speed-up
                      over min(workers, cores / cores busy in serial)); the latency of readers (open
                      read-only, count heads, close) polled during a serial run; and a 1,000-model
                      survey projected from section 6's measured per-head costs (bytes, heads, hours
@@ -1247,6 +1248,7 @@ def fixed_costs(tmp: Path, demo: dict, split: dict, dense: dict) -> dict:
 
 SURVEY_MODELS, SURVEY_LAYERS = 8, 4
 WORKERS = 2  # of --jobs and of the Ray cluster
+ROUNDS = 3  # interleaved rounds of serial, --jobs and Ray: the efficiencies are taken from their medians
 SURVEY_SHAPE = dict(n_heads=12, n_kv_heads=4, d_model=768, head_dim=64)  # a GPT-2-small-like attention
 RAY_DRIVER = """
 import json, sys, time
@@ -1316,43 +1318,60 @@ def reader_latency(files: list[str], db: Path) -> list[float]:
 
 
 def concurrency(tmp: Path, proj: dict | None, read_gbps: float | None) -> dict:
-    """Serial, --jobs WORKERS and Ray (WORKERS CPUs) on the synthetic survey, each one's parallel efficiency against
-    its real bound; reader latency; the 1,000-model projection (with section 6's `proj`)."""
+    """Serial, --jobs WORKERS and Ray (WORKERS CPUs) on the synthetic survey, ROUNDS interleaved rounds, each
+    executor's parallel efficiency (medians) against its real bound; reader latency; the 1,000-model projection
+    (with section 6's `proj`)."""
     header(f"8. concurrency: a survey of {SURVEY_MODELS} models x {SURVEY_LAYERS} layers x "
-           f"{SURVEY_SHAPE['n_heads']} heads (N={SURVEY_SHAPE['d_model']}, n={SURVEY_SHAPE['head_dim']})")
+           f"{SURVEY_SHAPE['n_heads']} heads (N={SURVEY_SHAPE['d_model']}, n={SURVEY_SHAPE['head_dim']}), "
+           f"{ROUNDS} interleaved rounds")
     folder = tmp / "survey"
     folder.mkdir()
     files = write_survey(folder)
     heads = SURVEY_MODELS * SURVEY_LAYERS * SURVEY_SHAPE["n_heads"]
-    serial_run = run_cli(["extract", *files, "--db", str(folder / "serial.duckdb")])
-    serial, busy = serial_run["wall"], serial_run["cpu"] / serial_run["wall"]
-    jobs = run_cli(["extract", *files, "--db", str(folder / "jobs.duckdb"), "--jobs", str(WORKERS)])["wall"]
-    ray_run = subprocess.run([str(BIN / "python"), "-c", RAY_DRIVER, str(WORKERS), str(folder / "ray.duckdb"), *files],
-                             cwd=ROOT,
-                             capture_output=True, text=True)
-    ray = json.loads(ray_run.stdout.splitlines()[-1]) if ray_run.returncode == 0 else None
+    walls: dict[str, list[float]] = {"serial": [], "jobs": [], "ray": []}
+    busies, ray_starts, ray_error = [], [], None
+    for round_ in range(ROUNDS):  # the host's speed drifts over minutes: each round runs all three side by side
+        serial_run = run_cli(["extract", *files, "--db", str(folder / f"serial{round_}.duckdb")])
+        walls["serial"].append(serial_run["wall"])
+        busies.append(serial_run["cpu"] / serial_run["wall"])
+        walls["jobs"].append(run_cli(["extract", *files, "--db", str(folder / f"jobs{round_}.duckdb"),
+                                      "--jobs", str(WORKERS)])["wall"])
+        ray_run = subprocess.run([str(BIN / "python"), "-c", RAY_DRIVER, str(WORKERS),
+                                  str(folder / f"ray{round_}.duckdb"), *files], cwd=ROOT, capture_output=True, text=True)
+        if ray_run.returncode == 0:
+            ray = json.loads(ray_run.stdout.splitlines()[-1])
+            walls["ray"].append(ray["extract"])
+            ray_starts.append(ray["start"])
+        else:
+            ray_error = ray_run.stderr[-500:]
+    serial, busy = pystats.median(walls["serial"]), pystats.median(busies)
+    jobs = pystats.median(walls["jobs"])
     cores = floor.cores()
     bound = min(WORKERS, cores / busy)  # what WORKERS workers can add to a serial build already using `busy` cores
 
     def efficiency(wall: float) -> float:
         return serial / wall / bound
 
-    print(f"serial            {serial:7.2f} s  ({heads / serial:.0f} heads/s, whole process; {busy:.2f} of {cores} cores "
-          f"busy: its linear algebra is threaded over the cores, so {WORKERS} workers can beat it by at most "
-          f"min({WORKERS}, {cores} / {busy:.2f}) = {bound:.2f}x)")
-    print(f"--jobs {WORKERS}          {jobs:7.2f} s  speed-up {serial / jobs:.2f}x, parallel efficiency "
-          f"{efficiency(jobs):.2f} (whole process, workers' start included)")
+    def runs(key: str) -> str:
+        return "runs " + ", ".join(f"{wall:.2f}" for wall in walls[key]) + " s"
+
+    print(f"serial            {serial:7.2f} s  median ({runs('serial')}; {heads / serial:.0f} heads/s, whole process; "
+          f"{busy:.2f} of {cores} cores busy: its linear algebra is threaded over the cores, so {WORKERS} workers can "
+          f"beat it by at most min({WORKERS}, {cores} / {busy:.2f}) = {bound:.2f}x)")
+    print(f"--jobs {WORKERS}          {jobs:7.2f} s  median ({runs('jobs')}); speed-up {serial / jobs:.2f}x, parallel "
+          f"efficiency {efficiency(jobs):.2f} (whole process, workers' start included)")
+    ray = pystats.median(walls["ray"]) if walls["ray"] else None
     if ray:
-        print(f"Ray, {WORKERS} CPUs       {ray['extract']:7.2f} s  speed-up {serial / ray['extract']:.2f}x, parallel "
-              f"efficiency {efficiency(ray['extract']):.2f} (cluster start {ray['start']:.1f} s apart: a cluster "
+        print(f"Ray, {WORKERS} CPUs       {ray:7.2f} s  median ({runs('ray')}); speed-up {serial / ray:.2f}x, parallel "
+              f"efficiency {efficiency(ray):.2f} (cluster start {pystats.median(ray_starts):.1f} s apart: a cluster "
               "outlives its runs)")
-    else:
-        print(f"Ray: failed: {ray_run.stderr[-500:]}")
+    if ray_error:
+        print(f"Ray: failed: {ray_error}")
     latencies = reader_latency(files, folder / "readers.duckdb")
     print(f"readers during a serial run: {len(latencies)} reads, median {pystats.median(latencies):.3f} s, "
           f"max {max(latencies):.3f} s")
 
-    result = {"jobs_efficiency": efficiency(jobs), "ray_efficiency": efficiency(ray["extract"]) if ray else 0.0,
+    result = {"jobs_efficiency": efficiency(jobs), "ray_efficiency": efficiency(ray) if ray and not ray_error else 0.0,
               "reader_max": max(latencies), "busy": busy}
     if proj is None:
         return result
