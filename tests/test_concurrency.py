@@ -3,12 +3,14 @@ cluster, and `check` finding damaged blocks. Every parallel build is compared va
 serial one; interrupted parallel runs resume to it."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,7 +24,8 @@ from headforms.extract import open_checkpoint
 from headforms.warehouse.running.executors import Processes, Ray, run_task
 from headforms.warehouse.running.layers import LoadOptions
 from headforms.warehouse.running.load import load_models
-from headforms.warehouse.storing.store import Writer, create_schema, connect
+from headforms.warehouse.storing import store
+from headforms.warehouse.storing.store import Writer, create_schema, connect, transaction
 from tests.test_gguf import write_gguf
 from tests.test_robustness import (DRIVER, INTERRUPTED, MINILM, ROOT, Paused, assert_one_error, assert_same,
                                    clean_minilm, findings, headforms, incomplete, invoke, snapshot, values)
@@ -193,11 +196,94 @@ def test_reader_waits_for_a_commit_in_progress(tmp_path):
         said = line
     assert said.startswith(f"waiting for {db}, in use by another process (process {writer.proc.pid})"), said
     assert reader.poll() is None  # still waiting
+    assert _readers_waiting(db)  # and says so, for the writer to let it in before its next commit
     status, _, err = writer.go()
     assert status == 0, err
     out, err = reader.communicate(timeout=PATIENCE)
     assert reader.returncode == 0, err
     assert out.splitlines()[1] in ("0", "1")
+    assert not _readers_waiting(db)
+
+
+def _readers_waiting(db: Path) -> bool:
+    """Whether a reader holds its shared lock on <db>.readers (it waits for the file)."""
+    fd = os.open(f"{db}.readers", os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def test_writer_lets_waiting_readers_in_before_its_next_commit(tmp_path, monkeypatch):
+    """While a reader waits (its shared lock on <db>.readers), the writer does not take the file for its next
+    commit; once the reader is in (the lock released), it does."""
+    db = tmp_path / "w.duckdb"
+    con = connect(db)
+    create_schema(con, views=False)
+    con.close()
+    monkeypatch.setattr(store, "READERS_FIRST", PATIENCE)
+    fd = os.open(f"{db}.readers", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_SH)  # a reader waiting
+    committed = threading.Event()
+
+    def commit():
+        with Writer(db) as writer, writer.connection() as con, transaction(con):
+            con.execute("SELECT 1")
+        committed.set()
+
+    thread = threading.Thread(target=commit)
+    thread.start()
+    try:
+        assert not committed.wait(0.5)  # it waits for the reader
+    finally:
+        os.close(fd)  # the reader is in
+    thread.join(PATIENCE)
+    assert committed.is_set()
+
+
+# Commits back to back (each holding the file 0.2 s, a few milliseconds apart), logging each one as it begins,
+# until the file argv[3] exists.
+BACK_TO_BACK = r"""
+import sys, time
+from pathlib import Path
+from headforms.warehouse.storing.store import Writer, transaction
+
+db, log, stop = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+with Writer(db) as writer:
+    while not stop.exists():
+        with writer.connection() as con, transaction(con):
+            with open(log, "a") as out:
+                out.write("commit\n")
+            time.sleep(0.2)
+"""
+
+
+def test_reader_gets_in_between_back_to_back_commits(tmp_path):
+    """A reader arriving while an extraction commits back to back waits for the commit in progress (and at most one
+    begun as it arrived), not for a gap between two commits that it would rarely meet."""
+    db = tmp_path / "w.duckdb"
+    con = connect(db)
+    create_schema(con)
+    con.close()
+    log, stop = tmp_path / "commits", tmp_path / "stop"
+    writer = subprocess.Popen([sys.executable, "-c", BACK_TO_BACK, str(db), str(log), str(stop)], cwd=ROOT,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        while not log.exists() or log.read_text().count("commit") < 3:  # its commits are under way
+            assert writer.poll() is None, writer.stderr.read()
+            time.sleep(0.05)
+        before = log.read_text().count("commit")
+        reader = connect(db, read_only=True, wait=PATIENCE)
+        begun = log.read_text().count("commit") - before
+        reader.close()
+    finally:
+        stop.touch()
+        writer.wait(timeout=PATIENCE)
+    assert writer.returncode == 0, writer.stderr.read()
+    assert begun <= 2, begun
 
 
 def test_second_extraction_waits_for_the_whole_run(tmp_path):

@@ -23,6 +23,9 @@ READ_WAIT = 10.0
 WRITER_WAIT = 600.0
 POLL = 0.05          # seconds between attempts to open a file another process holds
 ANNOUNCE_AFTER = 1.0  # say that we wait only when it is more than a commit's wait
+# How long an extraction, before its next commit, lets readers already waiting for the file in first: its commits
+# follow each other within milliseconds, and a reader that tries every POLL seconds would rarely meet a gap.
+READERS_FIRST = 2.0
 
 
 class WarehouseError(Exception):
@@ -91,7 +94,9 @@ def _when_free(path: Path, wait: float, attempt, announce_after: float = 0.0):
 
 
 def _open_when_free(path: Path, read_only: bool, wait: float, opener=None):
-    """opener() (default: duckdb.connect of the file), retried while another process holds the file."""
+    """opener() (default: duckdb.connect of the file), retried while another process holds the file; a reader that
+    has to wait says so in `<db>.readers` (a shared lock, until it is in), so that the writer lets it in first."""
+    waiting: list[int] = []  # the reader's descriptor of <db>.readers, once it waits
 
     def attempt():
         try:
@@ -100,11 +105,54 @@ def _open_when_free(path: Path, read_only: bool, wait: float, opener=None):
             if "lock" not in str(exc).lower():
                 raise WarehouseError(f"cannot open {path}: {_first_line(exc)}") from None
             holder = re.search(r"PID (\d+)", str(exc))
+            if read_only and not waiting:
+                waiting.append(_reader_waits(path))
             raise _Busy(f" (process {holder.group(1)})" if holder else "") from None
         except duckdb.Error as exc:
             raise WarehouseError(f"cannot open {path} as a DuckDB warehouse: {_first_line(exc)}") from None
 
-    return _when_free(path, wait, attempt, announce_after=min(ANNOUNCE_AFTER, wait / 2))
+    try:
+        return _when_free(path, wait, attempt, announce_after=min(ANNOUNCE_AFTER, wait / 2))
+    finally:
+        for fd in waiting:
+            if fd >= 0:
+                os.close(fd)  # the lock goes with it
+
+
+def _readers_file(path: Path) -> str:
+    return f"{path}.readers"
+
+
+def _reader_waits(path: Path) -> int:
+    """A shared lock on `<db>.readers` (created if need be), held by its descriptor: -1 where the folder is not
+    writable (the reader then waits for a gap between commits, as any reader did before)."""
+    try:
+        fd = os.open(_readers_file(path), os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        return -1
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+def _readers_first(path: Path) -> None:
+    """Before a commit: while readers wait for the file (a shared lock on `<db>.readers`), wait for them to be
+    in, up to READERS_FIRST seconds; then the commit waits for them to close it, as for any reader."""
+    try:
+        fd = os.open(_readers_file(path), os.O_RDONLY)
+    except OSError:  # no reader has waited for this warehouse
+        return
+    try:
+        deadline = time.monotonic() + READERS_FIRST
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free: nobody waits (closing releases it)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return
+                time.sleep(POLL / 5)
+    finally:
+        os.close(fd)
 
 
 def _refuse_outdated(con: duckdb.DuckDBPyConnection, path: Path) -> None:
@@ -141,6 +189,7 @@ class Writer:
         if self._host is None:
             self._host = duckdb.connect(":memory:")
         host, path = self._host, str(self.path).replace("'", "''")
+        _readers_first(self.path)
         _open_when_free(self.path, False, self.wait, lambda: host.execute(f"ATTACH '{path}' AS {self.ALIAS}"))
         try:
             host.execute(f"USE {self.ALIAS}")
@@ -195,7 +244,7 @@ def exclusive_run(path: str | Path, wait: float = 0.0):
 
 def remove_warehouse(path: str | Path) -> None:
     """Delete a warehouse file and its write-ahead log."""
-    for file in (Path(path), Path(f"{path}.wal"), Path(f"{path}.lock")):
+    for file in (Path(path), Path(f"{path}.wal"), Path(f"{path}.lock"), Path(_readers_file(Path(path)))):
         file.unlink(missing_ok=True)
 
 
