@@ -67,6 +67,8 @@ TARGETS = {
     "headforms/warehouse/storing/store.py": ["test_views.py", "test_check.py", "test_robustness.py", "test_one_view.py",
                                              "test_concurrency.py::test_reader_waits_for_a_commit_in_progress",
                                              "test_concurrency.py::test_second_extraction_waits_for_the_whole_run",
+                                             "test_concurrency.py::test_writer_lets_waiting_readers_in_before_its_next_commit",
+                                             "test_concurrency.py::test_reader_gets_in_between_back_to_back_commits",
                                              "test_api.py", "test_cli.py"],
     "headforms/warehouse/storing/revision.py": ["test_revision.py", "test_revisions_cache.py", "test_dynamics.py"],
     "headforms/warehouse/storing/failures.py": ["test_robustness.py", "test_edges.py", "test_cli.py", "test_sources.py"],
