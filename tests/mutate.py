@@ -69,6 +69,7 @@ TARGETS = {
                                              "test_concurrency.py::test_second_extraction_waits_for_the_whole_run",
                                              "test_concurrency.py::test_writer_lets_waiting_readers_in_before_its_next_commit",
                                              "test_concurrency.py::test_reader_gets_in_between_back_to_back_commits",
+                                             "test_concurrency.py::test_reader_waits_without_readers_file_where_it_cannot_create_one",
                                              "test_api.py", "test_cli.py"],
     "headforms/warehouse/storing/revision.py": ["test_revision.py", "test_revisions_cache.py", "test_dynamics.py"],
     "headforms/warehouse/storing/failures.py": ["test_robustness.py", "test_edges.py", "test_cli.py", "test_sources.py"],
@@ -396,6 +397,15 @@ PY_EQUIVALENT = {
     ('headforms.warehouse.storing.store.x_insert',
      'con.unregister("_FRAME")'):
         "unregister('_FRAME') removes '_frame': DuckDB's names are case-insensitive",
+    ('headforms.warehouse.storing.store.x__readers_first',
+     'if time.monotonic() > deadline:'):
+        "the writer stops waiting for readers one poll later at its 2 s bound: timing only, no reader's outcome changes",
+    ('headforms.warehouse.storing.store.x__readers_first',
+     'time.sleep(POLL * 5)'):
+        "how often the writer looks whether the waiting readers are in: timing only (it waits for them either way)",
+    ('headforms.warehouse.storing.store.x__readers_first',
+     'time.sleep(POLL / 6)'):
+        "how often the writer looks whether the waiting readers are in: timing only (it waits for them either way)",
     ('headforms.warehouse.storing.revision.x_record',
      'con.execute("UPDATE MODELS SET REVISION = ? WHERE MODEL = ? AND REVISION = ?", [revision, ckpt.name, pending])'):
         "the revision's UPDATE in upper case: DuckDB's keywords and names are case-insensitive",

@@ -197,6 +197,7 @@ def test_reader_waits_for_a_commit_in_progress(tmp_path):
     assert said.startswith(f"waiting for {db}, in use by another process (process {writer.proc.pid})"), said
     assert reader.poll() is None  # still waiting
     assert _readers_waiting(db)  # and says so, for the writer to let it in before its next commit
+    assert os.stat(f"{db}.readers").st_mode & 0o111 == 0  # an ordinary file, not an executable one
     status, _, err = writer.go()
     assert status == 0, err
     out, err = reader.communicate(timeout=PATIENCE)
@@ -244,6 +245,52 @@ def test_writer_lets_waiting_readers_in_before_its_next_commit(tmp_path, monkeyp
     assert committed.is_set()
 
 
+# Holds the warehouse argv[1] open for writing until a line arrives on stdin.
+HOLD_OPEN = r"""
+import sys, duckdb
+con = duckdb.connect(sys.argv[1])
+print("@open", flush=True)
+sys.stdin.readline()
+con.close()
+"""
+
+
+def test_reader_waits_without_readers_file_where_it_cannot_create_one(tmp_path, monkeypatch):
+    """A reader that cannot create <db>.readers (a folder it may not write) still waits for the file and gets in
+    once it is free, as readers did before the writer let them in first."""
+    db = tmp_path / "w.duckdb"
+    con = connect(db)
+    create_schema(con, views=False)
+    con.close()
+    real_open = os.open
+
+    def refused(file, *args, **kwargs):
+        if str(file).endswith(".readers"):
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(store.os, "open", refused)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_OPEN, str(db)], cwd=ROOT, text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert holder.stdout.readline().strip() == "@open"
+    opened: list = []
+    reader = threading.Thread(target=lambda: opened.append(connect(db, read_only=True, wait=PATIENCE)))
+    reader.start()
+    try:
+        assert not _joined(reader, 0.5)  # it waits
+    finally:
+        holder.communicate("\n", timeout=PATIENCE)
+    assert _joined(reader, PATIENCE)
+    assert len(opened) == 1 and opened[0].execute("SELECT count(*) FROM models").fetchone() == (0,)
+    opened[0].close()
+    assert not Path(f"{db}.readers").exists()
+
+
+def _joined(thread: threading.Thread, timeout: float) -> bool:
+    thread.join(timeout)
+    return not thread.is_alive()
+
+
 # Commits back to back (each holding the file 0.2 s, a few milliseconds apart), logging each one as it begins,
 # until the file argv[3] exists.
 BACK_TO_BACK = r"""
@@ -278,6 +325,7 @@ def test_reader_gets_in_between_back_to_back_commits(tmp_path):
         before = log.read_text().count("commit")
         reader = connect(db, read_only=True, wait=PATIENCE)
         begun = log.read_text().count("commit") - before
+        assert not _readers_waiting(db)  # once in, it no longer holds the writer back
         reader.close()
     finally:
         stop.touch()

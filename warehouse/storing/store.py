@@ -96,7 +96,7 @@ def _when_free(path: Path, wait: float, attempt, announce_after: float = 0.0):
 def _open_when_free(path: Path, read_only: bool, wait: float, opener=None):
     """opener() (default: duckdb.connect of the file), retried while another process holds the file; a reader that
     has to wait says so in `<db>.readers` (a shared lock, until it is in), so that the writer lets it in first."""
-    waiting: list[int] = []  # the reader's descriptor of <db>.readers, once it waits
+    waiting: list[int | None] = []  # the reader's descriptor of <db>.readers once it waits (None: not writable)
 
     def attempt():
         try:
@@ -115,7 +115,7 @@ def _open_when_free(path: Path, read_only: bool, wait: float, opener=None):
         return _when_free(path, wait, attempt, announce_after=min(ANNOUNCE_AFTER, wait / 2))
     finally:
         for fd in waiting:
-            if fd >= 0:
+            if fd is not None:
                 os.close(fd)  # the lock goes with it
 
 
@@ -123,13 +123,13 @@ def _readers_file(path: Path) -> str:
     return f"{path}.readers"
 
 
-def _reader_waits(path: Path) -> int:
-    """A shared lock on `<db>.readers` (created if need be), held by its descriptor: -1 where the folder is not
-    writable (the reader then waits for a gap between commits, as any reader did before)."""
+def _reader_waits(path: Path) -> int | None:
+    """A shared lock on `<db>.readers` (created if need be), held by its descriptor: None where it cannot be created
+    (the reader then waits for a gap between commits, as any reader did before)."""
     try:
         fd = os.open(_readers_file(path), os.O_RDWR | os.O_CREAT, 0o666)
     except OSError:
-        return -1
+        return None
     fcntl.flock(fd, fcntl.LOCK_SH)
     return fd
 
