@@ -1339,9 +1339,9 @@ def concurrency(tmp: Path, proj: dict | None, read_gbps: float | None) -> dict:
         ray_run = subprocess.run([str(BIN / "python"), "-c", RAY_DRIVER, str(WORKERS),
                                   str(folder / f"ray{round_}.duckdb"), *files], cwd=ROOT, capture_output=True, text=True)
         if ray_run.returncode == 0:
-            ray = json.loads(ray_run.stdout.splitlines()[-1])
-            walls["ray"].append(ray["extract"])
-            ray_starts.append(ray["start"])
+            timed = json.loads(ray_run.stdout.splitlines()[-1])
+            walls["ray"].append(timed["extract"])
+            ray_starts.append(timed["start"])
         else:
             ray_error = ray_run.stderr[-500:]
     serial, busy = pystats.median(walls["serial"]), pystats.median(busies)

@@ -206,6 +206,13 @@ def test_reader_waits_for_a_commit_in_progress(tmp_path):
     assert not _readers_waiting(db)
 
 
+def _empty_warehouse(db: Path) -> None:
+    """A warehouse file with the schema and no model."""
+    con = connect(db)
+    create_schema(con)
+    con.close()
+
+
 def _readers_waiting(db: Path) -> bool:
     """Whether a reader holds its shared lock on <db>.readers (it waits for the file)."""
     fd = os.open(f"{db}.readers", os.O_RDONLY)
@@ -222,9 +229,7 @@ def test_writer_lets_waiting_readers_in_before_its_next_commit(tmp_path, monkeyp
     """While a reader waits (its shared lock on <db>.readers), the writer does not take the file for its next
     commit; once the reader is in (the lock released), it does."""
     db = tmp_path / "w.duckdb"
-    con = connect(db)
-    create_schema(con, views=False)
-    con.close()
+    _empty_warehouse(db)
     monkeypatch.setattr(store, "READERS_FIRST", PATIENCE)
     fd = os.open(f"{db}.readers", os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_SH)  # a reader waiting
@@ -259,9 +264,7 @@ def test_reader_waits_without_readers_file_where_it_cannot_create_one(tmp_path, 
     """A reader that cannot create <db>.readers (a folder it may not write) still waits for the file and gets in
     once it is free, as readers did before the writer let them in first."""
     db = tmp_path / "w.duckdb"
-    con = connect(db)
-    create_schema(con, views=False)
-    con.close()
+    _empty_warehouse(db)
     real_open = os.open
 
     def refused(file, *args, **kwargs):
@@ -312,9 +315,7 @@ def test_reader_gets_in_between_back_to_back_commits(tmp_path):
     """A reader arriving while an extraction commits back to back waits for the commit in progress (and at most one
     begun as it arrived), not for a gap between two commits that it would rarely meet."""
     db = tmp_path / "w.duckdb"
-    con = connect(db)
-    create_schema(con)
-    con.close()
+    _empty_warehouse(db)
     log, stop = tmp_path / "commits", tmp_path / "stop"
     writer = subprocess.Popen([sys.executable, "-c", BACK_TO_BACK, str(db), str(log), str(stop)], cwd=ROOT,
                               stderr=subprocess.PIPE, text=True)
@@ -506,9 +507,7 @@ def test_ray_killed_worker_is_retried(survey, tmp_path, ray_cluster):
         return run_task(ref, opts, layer)
 
     db = tmp_path / "ray.duckdb"
-    con = connect(db)
-    create_schema(con)
-    con.close()
+    _empty_warehouse(db)
     ckpts = [open_checkpoint(f) for f in files]
     results = list(load_models(Writer(db), ckpts, LoadOptions(), Ray(work=dies_once)))
     assert marker.exists()
