@@ -170,3 +170,26 @@ def test_progress_bar_counts_heads_and_bytes_from_the_models_start(monkeypatch):
     assert shown == [(4, "2 heads/s, 4.0 MB fetched at 2.0 MB/s")]
     progress.close()
     assert progress.bar is None
+
+
+def test_the_command_freezes_its_heap_before_the_interpreter_exits(tmp_path):
+    """The `headforms` script runs cli.run: the heap is frozen however the command ends (success, usage error,
+    failure, each with its own exit status), so the interpreter's last cyclic collection skips the libraries'
+    objects; cli.main alone leaves it unfrozen."""
+    import tomllib
+
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["headforms"] == "headforms.cli:run"
+    probe = ("import atexit, gc; atexit.register(lambda: print('frozen', gc.get_freeze_count())); "
+             "from headforms import cli; cli.{}()")
+
+    def command(entry: str, *args: str) -> tuple[int, int, str]:
+        done = subprocess.run([sys.executable, "-c", probe.format(entry), *args], capture_output=True, text=True)
+        return done.returncode, int(done.stdout.rsplit("frozen ", 1)[1]), done.stdout + done.stderr
+
+    status, frozen, out = command("run", "--help")
+    assert (status, "Usage: ") == (0, out[:7]) and frozen > 10_000, out
+    status, frozen, out = command("run", "extract", str(tmp_path / "no-model"), "--db", str(tmp_path / "w.duckdb"))
+    assert status == 1 and frozen > 10_000 and "Error: " in out, out
+    status, frozen, out = command("run", "no-such-command")
+    assert status == 2 and frozen > 10_000, out
+    assert command("main", "--help")[:2] == (0, 0)
