@@ -173,12 +173,12 @@ def test_progress_bar_counts_heads_and_bytes_from_the_models_start(monkeypatch):
 
 
 def test_the_command_freezes_its_heap_before_the_interpreter_exits(tmp_path):
-    """The `headforms` script runs cli.run: the heap is frozen however the command ends (success, usage error,
+    """The installed `headforms` script runs cli.run: the heap is frozen however the command ends (success, usage error,
     failure, each with its own exit status), so the interpreter's last cyclic collection skips the libraries'
     objects; cli.main alone leaves it unfrozen."""
-    import tomllib
+    from importlib.metadata import entry_points
 
-    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["headforms"] == "headforms.cli:run"
+    assert entry_points(group="console_scripts", name="headforms")["headforms"].value == "headforms.cli:run"
     probe = ("import atexit, gc; atexit.register(lambda: print('frozen', gc.get_freeze_count())); "
              "from headforms import cli; cli.{}()")
 
