@@ -70,7 +70,7 @@ TARGETS = {
                                              "test_concurrency.py::test_writer_lets_waiting_readers_in_before_its_next_commit",
                                              "test_concurrency.py::test_reader_gets_in_between_back_to_back_commits",
                                              "test_concurrency.py::test_reader_waits_without_readers_file_where_it_cannot_create_one",
-                                             "test_api.py", "test_cli.py"],
+                                             "test_api.py", "test_cli.py", "test_opening.py"],
     "headforms/warehouse/storing/revision.py": ["test_revision.py", "test_revisions_cache.py", "test_dynamics.py"],
     "headforms/warehouse/storing/failures.py": ["test_robustness.py", "test_edges.py", "test_cli.py", "test_sources.py"],
     "headforms/warehouse/running/load.py": _LOADING,
@@ -397,6 +397,33 @@ PY_EQUIVALENT = {
     ('headforms.warehouse.storing.store.x_insert',
      'con.unregister("_FRAME")'):
         "unregister('_FRAME') removes '_frame': DuckDB's names are case-insensitive",
+    ('headforms.warehouse.storing.store.x__refuse_outdated',
+     'current = con.execute("select bool_or(column_name = \'status\') from information_schema.columns "'):
+        "the query's keywords in lower case: DuckDB's keywords are case-insensitive",
+    ('headforms.warehouse.storing.store.x__refuse_outdated',
+     '"where table_schema = \'main\' and table_name = \'fits\'").fetchall()[0][0]'):
+        "the query's keywords in lower case: DuckDB's keywords are case-insensitive",
+    ('headforms.warehouse.storing.store.x__shadow_added_columns',
+     'present = set(con.execute("select table_name, column_name from duckdb_columns() "'):
+        "the query's keywords in lower case: DuckDB's keywords are case-insensitive",
+    ('headforms.warehouse.storing.store.x__shadow_added_columns',
+     'present = set(con.execute("SELECT TABLE_NAME, COLUMN_NAME FROM DUCKDB_COLUMNS() "'):
+        "column and function names in upper case: DuckDB's names are case-insensitive",
+    ('headforms.warehouse.storing.store.x__shadow_added_columns',
+     '"where database_name = current_database() and schema_name = \'main\'").fetchall())'):
+        "the query's keywords in lower case: DuckDB's keywords are case-insensitive",
+    ('headforms.warehouse.storing.store.x__shadow_added_columns',
+     'database = con.execute("select current_database()").fetchone()[0]'):
+        "the query's keywords in lower case: DuckDB's keywords are case-insensitive",
+    ('headforms.warehouse.storing.store.x_create_views',
+     'kind = "temp view" if temporary else "VIEW"'):
+        "the statement's keywords in lower case: DuckDB's keywords are case-insensitive",
+    ('headforms.warehouse.storing.store.x_create_views',
+     'kind = "TEMP VIEW" if temporary else "view"'):
+        "the statement's keywords in lower case: DuckDB's keywords are case-insensitive",
+    ('headforms.warehouse.storing.store.x_insert',
+     'con.register("_FRAME", frame)'):
+        "register('_FRAME') is read and unregistered as '_frame': DuckDB's names are case-insensitive",
     ('headforms.warehouse.storing.store.x__readers_first',
      'if time.monotonic() > deadline:'):
         "the writer stops waiting for readers one poll later at its 2 s bound: timing only, no reader's outcome changes",
