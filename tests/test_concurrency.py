@@ -27,6 +27,7 @@ from headforms.warehouse.running.load import load_models
 from headforms.warehouse.storing import store
 from headforms.warehouse.storing.store import Writer, create_schema, connect, transaction
 from tests.test_gguf import write_gguf
+from tests.test_opening import HOLD_OPEN, readers_locked
 from tests.test_robustness import (DRIVER, INTERRUPTED, MINILM, ROOT, Paused, assert_one_error, assert_same,
                                    clean_minilm, findings, headforms, incomplete, invoke, snapshot, values)
 
@@ -196,14 +197,14 @@ def test_reader_waits_for_a_commit_in_progress(tmp_path):
         said = line
     assert said.startswith(f"waiting for {db}, in use by another process (process {writer.proc.pid})"), said
     assert reader.poll() is None  # still waiting
-    assert _readers_waiting(db)  # and says so, for the writer to let it in before its next commit
+    assert readers_locked(db)  # and says so, for the writer to let it in before its next commit
     assert os.stat(f"{db}.readers").st_mode & 0o111 == 0  # an ordinary file, not an executable one
     status, _, err = writer.go()
     assert status == 0, err
     out, err = reader.communicate(timeout=PATIENCE)
     assert reader.returncode == 0, err
     assert out.splitlines()[1] in ("0", "1")
-    assert not _readers_waiting(db)
+    assert readers_locked(db) is False
 
 
 def _empty_warehouse(db: Path) -> None:
@@ -211,18 +212,6 @@ def _empty_warehouse(db: Path) -> None:
     con = connect(db)
     create_schema(con)
     con.close()
-
-
-def _readers_waiting(db: Path) -> bool:
-    """Whether a reader holds its shared lock on <db>.readers (it waits for the file)."""
-    fd = os.open(f"{db}.readers", os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
 
 
 def test_writer_lets_waiting_readers_in_before_its_next_commit(tmp_path, monkeypatch):
@@ -251,15 +240,6 @@ def test_writer_lets_waiting_readers_in_before_its_next_commit(tmp_path, monkeyp
 
 
 # Holds the warehouse argv[1] open for writing until a line arrives on stdin.
-HOLD_OPEN = r"""
-import sys, duckdb
-con = duckdb.connect(sys.argv[1])
-print("@open", flush=True)
-sys.stdin.readline()
-con.close()
-"""
-
-
 def test_reader_waits_without_readers_file_where_it_cannot_create_one(tmp_path, monkeypatch):
     """A reader that cannot create <db>.readers (a folder it may not write) still waits for the file and gets in
     once it is free, as readers did before the writer let them in first."""
@@ -326,7 +306,7 @@ def test_reader_gets_in_between_back_to_back_commits(tmp_path):
         before = log.read_text().count("commit")
         reader = connect(db, read_only=True, wait=PATIENCE)
         begun = log.read_text().count("commit") - before
-        assert not _readers_waiting(db)  # once in, it no longer holds the writer back
+        assert readers_locked(db) is False  # once in, it no longer holds the writer back
         reader.close()
     finally:
         stop.touch()

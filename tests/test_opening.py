@@ -20,7 +20,8 @@ import sys, duckdb
 con = duckdb.connect(sys.argv[1])
 print("@open", flush=True)
 sys.stdin.readline()
-"""
+con.close()
+"""  # a process holding the warehouse (read-write) until a line comes on its stdin
 
 
 class Clock:
