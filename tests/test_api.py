@@ -52,7 +52,7 @@ def test_wheel_holds_only_the_headforms_package(tmp_path):
         assert expected in names
     assert not any(name.startswith("headforms/tests") for name in names)
     entry = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
-    assert "headforms = headforms.cli:main" in entry
+    assert "headforms = headforms.cli:run" in entry
 
 
 @pytest.fixture(scope="module")
