@@ -26,8 +26,8 @@ con.close()
 
 class Clock:
     """store's `time` on a virtual clock: sleep() moves it on by exactly what is asked, so waits, announcements and
-    their bounds are exact (POLL is set to a power of two: sums of it are exact too). It starts at ORIGIN, not 0,
-    as a monotonic clock does; times are read since ORIGIN."""
+    their bounds are exact (POLL is set to a power of two: sums of it are exact too). It starts at ORIGIN rather
+    than 0, as a real monotonic clock would; times are read since ORIGIN."""
 
     ORIGIN = 1024.0
 
