@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from headforms.compute.behaviour import attention_scores, repeated_sequences, self_logits
-from headforms.extract.checkpoint import ExtractError
+from headforms.extract.checkpoint import ExtractError, first_line
 
 CAPTURE = "headforms_capture"  # the attention function's name in transformers' registry
 INSTALL = "pip install 'headforms[behaviour]'"
@@ -123,11 +123,6 @@ def where(source: str, revision: str | None) -> tuple[str, dict]:
     return hub, {"revision": revision}
 
 
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
-
-
 def forward_bytes(params: int, spec, length: int, sequences: int) -> int:
     """Estimated peak bytes of a float32 forward pass: the weights, one layer's attention logits and weights
     (B H P^2, a few copies), the residual stream and MLP activations, and the inputs kept for every layer."""
@@ -168,7 +163,7 @@ def load(source: str, revision: str | None, spec, *, tower: str | None, length: 
         with torch.device("meta"):
             params = sum(p.numel() for p in transformers.AutoModel.from_config(config).parameters())
     except Exception as error:  # an architecture or file transformers cannot read: one line, its reason
-        raise ExtractError(f"{label}: transformers cannot run it ({_one_line(error)}); behaviour needs a model "
+        raise ExtractError(f"{label}: transformers cannot run it ({first_line(error)}); behaviour needs a model "
                            "transformers can load") from None
     text = config.get_text_config()
     positions = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
@@ -185,7 +180,7 @@ def load(source: str, revision: str | None, spec, *, tower: str | None, length: 
             model = transformers.AutoModel.from_pretrained(name, config=config, attn_implementation=CAPTURE,
                                                            dtype=torch.float32, **kwargs)
     except Exception as error:
-        raise ExtractError(f"{label}: transformers cannot run it ({_one_line(error)})") from None
+        raise ExtractError(f"{label}: transformers cannot run it ({first_line(error)})") from None
     model = _tower(model.eval().to(device), tower, label)
     return model, _allowed_ids(transformers, name, kwargs, model.config)
 

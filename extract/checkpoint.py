@@ -20,6 +20,15 @@ class ExtractError(Exception):
     """A checkpoint that cannot be read as asked; the message is one line for the user."""
 
 
+def first_line(error: BaseException, typed: bool = False) -> str:
+    """A library's exception as one line of an `Error:` message: its message's first line (after its type's name
+    when `typed`), or the type's name alone when it has no message."""
+    lines = str(error).strip().splitlines()
+    if not lines:
+        return type(error).__name__
+    return f"{type(error).__name__}: {lines[0]}" if typed else lines[0]
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """Shape and attention conventions of a model, normalised across architectures."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import sys
 
-from headforms.extract.checkpoint import ExtractError
+from headforms.extract.checkpoint import ExtractError, first_line
 from headforms.extract.layouts import SEPARATE, SUPPORTED, Layout, Scale, _softcap_refusal
 
 # (query, key) child names of an attention module holding separate projections.
@@ -44,8 +44,8 @@ def discover_layout(raw: dict) -> Layout:
         with torch.device("meta"):
             model = model_class(config) if model_class else transformers.AutoModel.from_config(config)
     except Exception as e:  # unknown model_type, a config the class rejects: one line either way
-        detail = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ExtractError(f"{unsupported}; transformers {transformers.__version__} cannot build it: {detail}") from None
+        raise ExtractError(f"{unsupported}; transformers {transformers.__version__} cannot build it: "
+                           f"{first_line(e)}") from None
     return _layout_from_model(model, config, model_type)
 
 

@@ -15,7 +15,8 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType
 
-from headforms.extract.checkpoint import Checkpoint, Digest, ExtractError, ModelSpec, ReadOptions, hf_cache_commit
+from headforms.extract.checkpoint import (Checkpoint, Digest, ExtractError, ModelSpec, ReadOptions, first_line,
+                                          hf_cache_commit)
 from headforms.extract.formats import extent_problem, header_cut, refuse_foreign
 from headforms.extract.layouts import SEPARATE, Layout
 from headforms.extract.norms import GGUF_NORMS, norm_for
@@ -195,8 +196,7 @@ def _open_reader(path: Path) -> _HeaderReader:
     except (ValueError, IndexError, KeyError, TypeError, OverflowError, OSError) as e:
         if isinstance(e, _Cut) or (path.is_file() and path.stat().st_size == 0):
             raise header_cut(path, path.stat().st_size, "GGUF header (metadata and tensor table)") from None
-        detail = (str(e).splitlines() or [type(e).__name__])[0]
-        raise ExtractError(f"corrupt or truncated GGUF file {path}: {detail}") from None
+        raise ExtractError(f"corrupt or truncated GGUF file {path}: {first_line(e)}") from None
 
 
 def _file_refusal(meta: dict, arch: str) -> str | None:

@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 from safetensors import safe_open
 
-from headforms.extract.checkpoint import Checkpoint, Digest, ExtractError, ReadOptions, hf_cache_commit
+from headforms.extract.checkpoint import Checkpoint, Digest, ExtractError, ReadOptions, first_line, hf_cache_commit
 from headforms.extract.formats import IncompleteFile, extent_problem, header_cut, refuse_foreign, size_mismatch
 from headforms.extract.spec import model_spec
 from headforms.extract.norms import HF_NORMS, norm_for
@@ -38,16 +38,11 @@ _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,  # bytes p
 _NUMPY_DTYPES = {"F16": "<f2", "F32": "<f4", "F64": "<f8"}  # BF16: see span_array
 
 
-def _one_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
 def _safetensors_open(path: Path, framework: str = "numpy"):
     try:
         return safe_open(str(path), framework=framework)
     except Exception as e:  # SafetensorError, OSError: a truncated or foreign file
-        raise ExtractError(f"cannot read {path}: {_one_line(e)}") from None
+        raise ExtractError(f"cannot read {path}: {first_line(e)}") from None
 
 
 _HEADER_LIMIT = 100_000_000  # safetensors' own cap on the JSON header
@@ -97,7 +92,7 @@ def safetensors_spans(read_at: Callable[[int, int], bytes], size: int,
     try:
         header = json.loads(bytes(read_at(8, length)))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ExtractError(f"cannot read {label}: bad safetensors header: {_one_line(e)}") from None
+        raise ExtractError(f"cannot read {label}: bad safetensors header: {first_line(e)}") from None
     if not isinstance(header, dict):
         raise ExtractError(f"cannot read {label}: bad safetensors header")
     base, spans = 8 + length, {}
@@ -168,7 +163,7 @@ def _safetensors_fetch(path: Path, names: list[str], spans: dict, digest: Digest
             try:
                 return {name: _float64(f.get_tensor(name)) for name in names}
             except Exception as e:
-                raise ExtractError(f"cannot read {path}: {_one_line(e)}") from None
+                raise ExtractError(f"cannot read {path}: {first_line(e)}") from None
     out = {}
     with _open_unbuffered(path) as f:
         for name in sorted(names, key=lambda n: spans[n][2]):  # in file order
@@ -194,7 +189,7 @@ def torch_state_dict(path: Path) -> dict:
     try:
         state = torch.load(path, weights_only=True, mmap=zipfile.is_zipfile(path), map_location="cpu")
     except Exception as e:
-        raise ExtractError(f"cannot read {path} (weights-only load refused or failed): {_one_line(e)}") from None
+        raise ExtractError(f"cannot read {path} (weights-only load refused or failed): {first_line(e)}") from None
     if not isinstance(state, dict):
         raise ExtractError(f"{path} does not hold a state dict")
     return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
@@ -414,7 +409,7 @@ def _shard_files(index: Path) -> list[Path]:
         weight_map = json.loads(index.read_text())["weight_map"]
         shards = sorted(set(weight_map.values()))
     except Exception as e:
-        raise ExtractError(f"cannot read shard index {index}: {_one_line(e)}") from None
+        raise ExtractError(f"cannot read shard index {index}: {first_line(e)}") from None
     for shard in shards:
         if Path(shard).name != shard or not (index.parent / shard).is_file():
             raise ExtractError(f"{index} lists shard '{shard}', which is not a file in {index.parent}")
@@ -461,7 +456,7 @@ def _read_config(folder: Path) -> dict:
     try:
         return parse_config(path.read_bytes(), path)
     except OSError as e:
-        raise ExtractError(f"cannot parse {path}: {_one_line(e)}") from None
+        raise ExtractError(f"cannot parse {path}: {first_line(e)}") from None
 
 
 def parse_config(text: bytes, label) -> dict:
@@ -469,7 +464,7 @@ def parse_config(text: bytes, label) -> dict:
     try:
         config = json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ExtractError(f"cannot parse {label}: {_one_line(e)}") from None
+        raise ExtractError(f"cannot parse {label}: {first_line(e)}") from None
     if not isinstance(config, dict):
         raise ExtractError(f"{label} is not a JSON object")
     return config

@@ -25,7 +25,7 @@ from urllib.parse import quote
 import numpy as np
 
 from headforms.extract.caches import cache_root
-from headforms.extract.checkpoint import ExtractError
+from headforms.extract.checkpoint import ExtractError, first_line
 
 RETRIES = 6            # tries of one range before giving up
 BACKOFF = 0.5          # seconds before the first retry, doubling after each
@@ -61,11 +61,6 @@ def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
 def _session_and_errors():
@@ -113,7 +108,7 @@ class HubRepo:
             raise ExtractError(f"no model '{repo_id}' on the Hugging Face hub "
                                "(or it is private: log in with `hf auth login`)") from None
         except (errors.HfHubHTTPError, *_session_and_errors()[1], OSError) as e:
-            return cls._cached(repo_id, revision, refs, f"the hub cannot be reached ({_one_line(e)})")
+            return cls._cached(repo_id, revision, refs, f"the hub cannot be reached ({first_line(e, typed=True)})")
         files = {s.rfilename: (int(s.lfs.size if s.lfs else s.size or 0), s.lfs.sha256 if s.lfs else s.blob_id or "")
                  for s in info.siblings or []}
         repo = cls(repo_id, info.sha, files)
@@ -289,12 +284,13 @@ class RemoteFile:
                     if got < end - start:
                         why = f"short body: {start + got - at} bytes of {end - at}"
             except transport_errors as e:
-                why = _one_line(e)
+                why = first_line(e, typed=True)
                 time.sleep(wait)
             except FetchError:
                 raise
             except Exception as e:  # hf_raise_for_status: 401, 403, 404 ...
-                raise FetchError(f"cannot fetch {self} from the Hugging Face hub: {_one_line(e)}") from None
+                raise FetchError(f"cannot fetch {self} from the Hugging Face hub: "
+                                 f"{first_line(e, typed=True)}") from None
             if start + got > at:  # progress made: the next try resumes, it is no new failure
                 tries = 0
 

@@ -15,7 +15,7 @@ import zipfile
 
 import numpy as np
 
-from headforms.extract.checkpoint import Checkpoint, ExtractError, ReadOptions
+from headforms.extract.checkpoint import Checkpoint, ExtractError, ReadOptions, first_line
 from headforms.extract.formats import header_cut
 from headforms.extract.gguf_file import _Cut, _HeaderReader, gguf_checkpoint
 from headforms.extract.hf import (Weights, hf_checkpoint, parse_config, read_header, safetensors_spans, span_array,
@@ -186,8 +186,7 @@ def _remote_gguf_reader(remote: RemoteFile) -> _HeaderReader:
             if prefix == remote.size:
                 if isinstance(e, _Cut) or remote.size == 0:
                     raise header_cut(remote, remote.size, "GGUF header (metadata and tensor table)") from None
-                detail = (str(e).splitlines() or [type(e).__name__])[0]
-                raise ExtractError(f"corrupt or truncated GGUF file {remote}: {detail}") from None
+                raise ExtractError(f"corrupt or truncated GGUF file {remote}: {first_line(e)}") from None
             prefix = min(prefix + min(prefix, _GGUF_STEP), remote.size)
 
 

@@ -263,12 +263,25 @@ def test_a_failure_in_words():
     assert words(RuntimeError()) == "RuntimeError"
 
 
+def test_a_library_error_in_one_line():
+    """The one helper every `Error:` line quotes a library with: the message's first line, stripped (after the type
+    when `typed`), or the type alone for an empty or blank message."""
+    from headforms.extract.checkpoint import first_line
+
+    assert first_line(ValueError("\n  bad header\nat byte 8\n")) == "bad header"
+    assert first_line(KeyError("q"), typed=True) == "KeyError: 'q'"
+    assert first_line(OSError()) == "OSError"
+    assert first_line(RuntimeError(" \n ")) == "RuntimeError"
+    assert first_line(RuntimeError(" \n "), typed=True) == "RuntimeError"
+
+
 def test_a_failure_in_one_line_says_where_when_known():
     """The tool's refusals stand alone; anything else is its words, after the place a stage labelled it with."""
     from headforms.extract.checkpoint import ExtractError
     from headforms.warehouse.storing.failures import one_line, stage
 
     assert one_line(ExtractError("no config.json in x\nmore")) == ("no config.json in x", False)
+    assert one_line(ExtractError()) == ("ExtractError", False)  # a refusal without words still makes a line
     assert one_line(KeyError("q")) == ("KeyError: 'q'", True)
     with pytest.raises(ValueError) as raised, stage("compute", "m", (2, 3)):
         raise ValueError("bad\nworse")

@@ -16,6 +16,7 @@ import duckdb
 
 from headforms.compute.analysis import SAMPLES
 from headforms.compute.fits import FAMILIES, LIMIT_LAWS, N_PARAMS, STATUSES
+from headforms.extract.checkpoint import first_line
 
 # Rows per head of each spectrum (as warehouse/running/load.py writes them), in terms of the head's
 # n_pos, n_neg and the model's r = min(N, 2n) and n = head_dim.
@@ -226,7 +227,7 @@ def check_warehouse(con: duckdb.DuckDBPyConnection, full: bool = True) -> list[F
                                        "an extract run (opening it for writing) adds them")]
             level = "warning"
         except duckdb.Error as exc:
-            findings.append(Finding("violation", name, None, None, None, f"cannot run: {_first_line(exc)}"))
+            findings.append(Finding("violation", name, None, None, None, f"cannot run: {first_line(exc)}"))
             continue
         findings += [Finding(level, name, *row) for row in rows]
     return findings
@@ -241,16 +242,11 @@ def scan_tables(con: duckdb.DuckDBPyConnection) -> list[Finding]:
                          "WHERE NOT internal AND schema_name = 'main' AND table_name IN "
                          "(SELECT table_name FROM duckdb_tables()) GROUP BY ALL ORDER BY 1").fetchall()
     except duckdb.Error as exc:
-        return [Finding("violation", "unreadable", None, None, None, f"the catalog: {_first_line(exc)}")]
+        return [Finding("violation", "unreadable", None, None, None, f"the catalog: {first_line(exc)}")]
     for table, columns in tables:
         quoted = ", ".join(f'"{column}"' for column in columns)
         try:
             con.sql(f'SELECT bit_xor(hash({quoted})) FROM "{table}"').fetchall()
         except duckdb.Error as exc:
-            findings.append(Finding("violation", "unreadable", None, None, None, f"table {table}: {_first_line(exc)}"))
+            findings.append(Finding("violation", "unreadable", None, None, None, f"table {table}: {first_line(exc)}"))
     return findings
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

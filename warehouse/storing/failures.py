@@ -8,7 +8,7 @@ from pathlib import Path
 
 import duckdb
 
-from headforms.extract.checkpoint import ExtractError
+from headforms.extract.checkpoint import ExtractError, first_line
 from headforms.warehouse.storing.store import WarehouseError
 
 
@@ -52,8 +52,7 @@ def words(exc: BaseException) -> str:
     """An exception in one line: an OS error's reason and path, else its type and the first line of its message."""
     if isinstance(exc, OSError) and exc.strerror:
         return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return first_line(exc, typed=True)
 
 
 class ModelIncomplete(WarehouseError):
@@ -77,5 +76,5 @@ def one_line(exc: Exception) -> tuple[str, bool]:
     if isinstance(exc, ModelIncomplete):
         return str(exc), True
     if isinstance(exc, (ExtractError, WarehouseError)) or (isinstance(exc, duckdb.Error) and place is None):
-        return str(exc).strip().splitlines()[0], False
+        return first_line(exc), False
     return f"{f'{place}: ' if place else ''}{words(exc)}", True

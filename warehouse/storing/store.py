@@ -12,6 +12,8 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
+from headforms.extract.checkpoint import first_line
+
 SCHEMA = Path(__file__).with_name("schema.sql")
 VIEWS = Path(__file__).resolve().parents[2] / "sql"
 DEFAULT_DB = "warehouse.duckdb"
@@ -103,13 +105,13 @@ def _open_when_free(path: Path, read_only: bool, wait: float, opener=None):
             return opener() if opener else duckdb.connect(str(path), read_only=read_only)
         except duckdb.IOException as exc:
             if "lock" not in str(exc).lower():
-                raise WarehouseError(f"cannot open {path}: {_first_line(exc)}") from None
+                raise WarehouseError(f"cannot open {path}: {first_line(exc)}") from None
             holder = re.search(r"PID (\d+)", str(exc))
             if read_only and not waiting:
                 waiting.append(_reader_waits(path))
             raise _Busy(f" (process {holder.group(1)})" if holder else "") from None
         except duckdb.Error as exc:
-            raise WarehouseError(f"cannot open {path} as a DuckDB warehouse: {_first_line(exc)}") from None
+            raise WarehouseError(f"cannot open {path} as a DuckDB warehouse: {first_line(exc)}") from None
 
     try:
         return _when_free(path, wait, attempt, announce_after=min(ANNOUNCE_AFTER, wait / 2))
@@ -246,10 +248,6 @@ def remove_warehouse(path: str | Path) -> None:
     """Delete a warehouse file and its write-ahead log."""
     for file in (Path(path), Path(f"{path}.wal"), Path(f"{path}.lock"), Path(_readers_file(Path(path)))):
         file.unlink(missing_ok=True)
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def create_schema(con: duckdb.DuckDBPyConnection, views: bool = True) -> None:
