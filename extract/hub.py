@@ -27,8 +27,8 @@ import numpy as np
 from headforms.extract.caches import cache_root
 from headforms.extract.checkpoint import ExtractError, first_line
 
-RETRIES = 6            # tries of one range before giving up
-BACKOFF = 0.5          # seconds before the first retry, doubling after each
+RETRIES = 6            # tries of one range in a row without progress before giving up
+BACKOFF = 0.5          # seconds before the first retry, doubling after each (a try that made progress resumes at once)
 RETRY_AFTER_CAP = 60.0  # longest Retry-After honoured, seconds
 TIMEOUT = 30.0         # seconds without a byte before a request counts as dropped
 IN_FLIGHT = 8          # concurrent range requests
@@ -97,8 +97,7 @@ class HubRepo:
         if constants.is_offline_mode():
             return cls._cached(repo_id, revision, refs, "HF_HUB_OFFLINE is set")
         try:
-            info = HfApi(endpoint=constants.ENDPOINT).model_info(repo_id, revision=revision or "main",
-                                                                 files_metadata=True, timeout=TIMEOUT)
+            info = HfApi().model_info(repo_id, revision=revision or "main", files_metadata=True, timeout=TIMEOUT)
         except errors.RevisionNotFoundError:
             raise ExtractError(f"no revision '{revision}' of '{repo_id}' on the Hugging Face hub") from None
         except errors.GatedRepoError:
@@ -237,8 +236,7 @@ class RemoteFile:
         out = {}
         for start, end in spans:
             holder = next(((a, b) for a, b in fresh if a <= start and end <= b), None)
-            out[start, end] = (memoryview(b"") if end == start else fresh[holder][start - holder[0]:end - holder[0]]
-                               if holder else self._from_cache(start, end))
+            out[start, end] = fresh[holder][start - holder[0]:end - holder[0]] if holder else self._from_cache(start, end)
         return out
 
     def _fetch(self, start: int, end: int, into: memoryview) -> None:
@@ -249,14 +247,15 @@ class RemoteFile:
         if constants.is_offline_mode():
             raise FetchError(f"bytes {start}-{end} of {self} are not in the headforms cache and HF_HUB_OFFLINE is set")
         session, transport_errors = _session_and_errors()
-        url = hf_hub_url(self.repo.repo_id, self.path, revision=self.repo.commit, endpoint=constants.ENDPOINT)
-        got, tries, why = 0, 0, ""
+        url = hf_hub_url(self.repo.repo_id, self.path, revision=self.repo.commit)
+        got, tries, why, wait = 0, 0, "", 0.0
         while got < end - start:
             if tries == RETRIES:
                 raise FetchError(f"cannot fetch bytes {start}-{end} of {self} from the Hugging Face hub after "
                                  f"{RETRIES} tries ({why}); committed layers are kept: run the same command to resume")
-            wait, tries = BACKOFF * 2 ** (tries - 1) if tries else 0.0, tries + 1
-            at = start + got
+            time.sleep(wait)
+            at, tries = start + got, tries + 1
+            wait = BACKOFF * 2 ** (tries - 1)  # before the next try, should this one make no progress
             headers = self.repo.headers | {"Range": f"bytes={at}-{end - 1}", "Accept-Encoding": "identity"}
             try:
                 with session.stream("GET", url, headers=headers, timeout=TIMEOUT) as response:
@@ -264,7 +263,6 @@ class RemoteFile:
                         why = f"HTTP {response.status_code}"
                         retry_after = response.headers.get("Retry-After", "")
                         wait = min(float(retry_after), RETRY_AFTER_CAP) if retry_after.isdigit() else wait
-                        time.sleep(wait)
                         continue
                     if response.status_code != 206:
                         response.read()
@@ -285,14 +283,13 @@ class RemoteFile:
                         why = f"short body: {start + got - at} bytes of {end - at}"
             except transport_errors as e:
                 why = first_line(e, typed=True)
-                time.sleep(wait)
             except FetchError:
                 raise
             except Exception as e:  # hf_raise_for_status: 401, 403, 404 ...
                 raise FetchError(f"cannot fetch {self} from the Hugging Face hub: "
                                  f"{first_line(e, typed=True)}") from None
-            if start + got > at:  # progress made: the next try resumes, it is no new failure
-                tries = 0
+            if start + got > at:  # progress made: the next try resumes at once, it is no new failure
+                tries, wait = 0, 0.0
 
 
 class RangeReader:
@@ -313,7 +310,7 @@ class RangeReader:
 
     def read(self, n: int = -1) -> bytes:
         end = self.remote.size if n is None or n < 0 else min(self.remote.size, self.pos + n)
-        data = self.remote.read_at(self.pos, max(end - self.pos, 0)) if end > self.pos else b""
+        data = self.remote.read_at(self.pos, end - self.pos) if end > self.pos else b""
         self.pos += len(data)
         return data
 
@@ -324,7 +321,7 @@ def cache_usage():
     root = cache_root()
     for repo in sorted(root.glob("models--*")):
         for commit in sorted(p for p in repo.iterdir() if p.is_dir() and p.name != "refs"):
-            chunks = [f for f in (commit / "blobs").rglob("*") if f.is_file()] if (commit / "blobs").is_dir() else []
+            chunks = [f for f in (commit / "blobs").rglob("*") if f.is_file()]
             rows.append({"repo": repo.name.removeprefix("models--").replace("--", "/"), "commit": commit.name,
                          "files": len({c.parent for c in chunks}), "bytes": sum(c.stat().st_size for c in chunks)})
     return rows

@@ -104,7 +104,7 @@ def _zip_header(remote: RemoteFile):
     reader = RangeReader(remote)
     if remote.read_at(0, 4) != b"PK\x03\x04":  # a zip starts with a local header; a legacy pickle does not
         print(f"{remote}: a legacy (non-zip) torch pickle cannot be read by range; downloading the whole "
-              f"file ({remote.size / 1e6:.1f} MB)", file=sys.stderr, flush=True)
+              f"file ({remote.size / 1e6:.1f} MB)", file=sys.stderr)
         state = torch_state_dict(remote.prefix_path(remote.size))
         return ({n: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in state.items()},
                 {n: (remote, ("tensor", t)) for n, t in state.items()})

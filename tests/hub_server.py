@@ -1,5 +1,6 @@
-"""A local stand-in for the Hugging Face hub's HTTP API (HF_ENDPOINT): model info with file
-metadata, file resolve with Range support, per-file byte counts, fault injection and a bandwidth cap."""
+"""A local stand-in for the Hugging Face hub's HTTP API (HF_ENDPOINT): model info (file metadata only when
+asked, `?blobs=true`, as the hub does), file resolve with Range support, gated repos, per-file byte counts,
+fault injection and a bandwidth cap."""
 from __future__ import annotations
 
 import hashlib
@@ -9,6 +10,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs, unquote
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -34,19 +36,25 @@ class HubHandler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         hub = self.server
-        path = self.path.split("?")[0]
+        path, _, query = self.path.partition("?")
         hub.requests.append((self.command, path, self.headers.get("Range")))
+        hub.request_headers.append(dict(self.headers))
         info = re.fullmatch(r"/api/models/(.+?)(?:/revision/([^/]+))?", path)
         if info:
-            repo_id, revision = info.groups()
+            repo_id, revision = info[1], info[2] and unquote(info[2])
+            time.sleep(hub.api_stall)
             if repo_id not in hub.repos and repo_id not in hub.revisions:
                 return self._reply(404, b'{"error": "not found"}', {"X-Error-Code": "RepoNotFound"})
+            if repo_id in hub.gated:
+                return self._reply(403, b'{"error": "gated"}', {"X-Error-Code": "GatedRepo"})
             found = hub.checkout(repo_id, revision)
             if found is None:
                 return self._reply(404, b'{"error": "no revision"}', {"X-Error-Code": "RevisionNotFound"})
             commit, files = found
-            siblings = [{"rfilename": name, "size": hub.size(data), "blobId": hub.blob_id(data)}
-                        for name, data in files.items()]
+            blobs = parse_qs(query).get("blobs", [""])[0].lower() == "true"
+            siblings = [{"rfilename": name} | ({"size": hub.size(data), "blobId": hub.blob_id(data)} | (
+                {"lfs": {"size": hub.size(data), "sha256": hub.sha256(data), "pointerSize": 134}} if hub.is_lfs(name)
+                else {}) if blobs else {}) for name, data in files.items()]
             body = json.dumps({"id": repo_id, "sha": commit, "siblings": siblings}).encode()
             return self._reply(200, body, {"Content-Type": "application/json"})
         resolve = re.fullmatch(r"/(.+?)/resolve/([^/]+)/(.+)", path)
@@ -56,21 +64,26 @@ class HubHandler(BaseHTTPRequestHandler):
         name = resolve[3]
         commit, data = found[0], found[1][name]
         fault = hub.faults.pop(0) if hub.faults and self.command == "GET" else None
-        if fault in ("503", "429"):
+        if fault and fault.isdigit():
             return self._reply(int(fault), b"busy", {"Retry-After": str(hub.retry_after)} if fault == "429" else {})
+        if fault == "stall":  # nothing for longer than the client waits
+            time.sleep(hub.stall)
         size = hub.size(data)
         start, end, status = 0, size, 200
-        if self.headers.get("Range"):
+        if self.headers.get("Range") and fault != "whole":
             a, b = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers["Range"]).groups()
             start, end, status = int(a), min(size, int(b) + 1 if b else size), 206
         if hub.refuse is not None and hub.refuse(name, start, end):
             return self._reply(503, b"unavailable")
         headers = {"X-Repo-Commit": commit, "ETag": f'"{hub.blob_id(data)}"', "Accept-Ranges": "bytes"}
-        if status == 206:
-            headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+        if status == 206 and fault != "norange":
+            shift = fault == "range"  # the range after the one asked for
+            headers["Content-Range"] = f"bytes {start + shift}-{end - 1 + shift}/{size}"
         body = hub.read(data, start, end)
         if fault == "short":  # a body that ends early but says so in its length: the client must notice
             body = body[:len(body) // 2]
+        if fault == "long":  # more bytes than the range holds
+            body = bytes(body) + bytes(16)
         self.send_response(status)
         for key, value in headers.items():
             self.send_header(key, value)
@@ -101,8 +114,15 @@ class HubServer(ThreadingHTTPServer):
         self.revisions: dict[str, dict[str, tuple[str, dict[str, bytes | Path]]]] = {}
         self.served: dict[str, int] = {}
         self.requests: list[tuple[str, str, str | None]] = []
-        self.faults: list[str] = []   # "drop", "short", "503", "429": applied to the next file GETs, in order
-        self.retry_after = 1
+        # applied to the next file GETs, in order: "drop" (half the body, then the connection goes), "short" (half the
+        # body, its length saying so), "long" (16 bytes too many), "range" (a Content-Range one byte on), "norange" (none), "whole" (the
+        # Range ignored: 200 and the whole file), "stall" (.stall seconds before replying), or an HTTP status ("503")
+        self.faults: list[str] = []
+        self.retry_after = 1          # the Retry-After of a 429, seconds
+        self.stall = 0.0
+        self.api_stall = 0.0          # seconds every model-info request waits before its reply
+        self.gated: set[str] = set()  # repos whose model info answers 403 GatedRepo
+        self.request_headers: list[dict[str, str]] = []
         self.refuse = None            # (file, start, end) -> True: that request gets a 503, every time
         self.bandwidth = bandwidth    # bytes per second over all connections, None: unlimited
         self._lock = threading.Lock()
@@ -131,6 +151,15 @@ class HubServer(ThreadingHTTPServer):
     @staticmethod
     def blob_id(data: bytes | Path) -> str:
         return hashlib.sha1(str(data).encode() if isinstance(data, Path) else data).hexdigest()
+
+    @staticmethod
+    def is_lfs(name: str) -> bool:
+        """Weight files are stored with Git LFS (their sibling entry has an `lfs` object), small text files are not."""
+        return name.endswith((".safetensors", ".bin", ".gguf"))
+
+    @staticmethod
+    def sha256(data: bytes | Path) -> str:
+        return hashlib.sha256(str(data).encode() if isinstance(data, Path) else data).hexdigest()
 
     @staticmethod
     def read(data: bytes | Path, start: int, end: int) -> bytes | memoryview:

@@ -40,7 +40,8 @@ BIN = Path(sys.executable).parent
 _LOADING = ["test_cli.py", "test_api.py", "test_views.py", "test_wiring.py", "test_export.py", "test_robustness.py"]
 _READING = ["test_formats.py", "test_sources.py", "test_edges.py", "test_robustness.py", "test_layouts.py",
             "test_gguf.py", "test_streaming.py", "test_revision.py"]
-_HUB = ["test_hub.py", "test_revisions_cache.py", "test_revision.py", "test_formats.py", "test_wiring.py"]
+_HUB = ["test_hub.py", "test_hub_ranges.py", "test_hub_checkpoints.py", "test_revisions_cache.py", "test_revision.py",
+        "test_formats.py", "test_wiring.py"]
 TARGETS = {
     "headforms/compute/*": ["test_compute.py", "test_fits.py", "test_fit_status.py", "test_wiring.py", "test_theta.py",
                             "test_bootstrap.py", "test_head_types.py", "test_positions.py", "test_norm_gains.py",
@@ -274,6 +275,132 @@ PY_EQUIVALENT = {
     ('headforms.extract.hub.xǁHubRepoǁ_cached',
      'table = _repo_dir(repo_id) / (commit or "XX-XX") / "files.json"'):
         "the files table's folder without a commit: never read (no commit raises first)",
+    ('headforms.extract.hub.x__session_and_errors',
+     'return session, (importlib.import_module(type(session).__module__.split(None)[0]).TransportError,)'):
+        "the session's class is defined in a top-level module (httpx2.Client): no split changes the name",
+    ('headforms.extract.hub.x__session_and_errors',
+     'return session, (importlib.import_module(type(session).__module__.split("XX.XX")[0]).TransportError,)'):
+        "the session's class is defined in a top-level module (httpx2.Client): no split changes the name",
+    ('headforms.extract.hub.xǁHubRepoǁresolve',
+     'refs = _repo_dir(repo_id) / "refs" / quote(revision or "main", )'):
+        "the ref's file is written and read through this one path (resolve passes it to _cached): any name for the default branch, nested or not, is found again",
+    ('headforms.extract.hub.xǁHubRepoǁresolve',
+     'refs = _repo_dir(repo_id) / "refs" / quote(revision or "XXmainXX", safe="")'):
+        "the ref's file is written and read through this one path (resolve passes it to _cached): any name for the default branch, nested or not, is found again",
+    ('headforms.extract.hub.xǁHubRepoǁresolve',
+     'refs = _repo_dir(repo_id) / "refs" / quote(revision or "MAIN", safe="")'):
+        "the ref's file is written and read through this one path (resolve passes it to _cached): any name for the default branch, nested or not, is found again",
+    ('headforms.extract.hub.xǁHubRepoǁresolve',
+     'refs = _repo_dir(repo_id) / "refs" / quote(revision or "main", safe="XXXX")'):
+        "the ref's file is written and read through this one path (resolve passes it to _cached): any name for the default branch, nested or not, is found again",
+    ('headforms.extract.hub.xǁHubRepoǁresolve',
+     'files = {s.rfilename: (int(s.lfs.size if (s.lfs) and False else s.size or 0), s.lfs.sha256 if s.lfs else s.blob_id or "")'):
+        "the hub gives an LFS file's size both as size and as lfs.size",
+    ('headforms.extract.hub.xǁHubRepoǁresolve',
+     'files = {s.rfilename: (int(s.lfs.size if s.lfs else s.size or 0), s.lfs.sha256 if s.lfs else s.blob_id or "XXXX")'):
+        'asked for file metadata, the hub gives every file a blob id: the fallback is never taken',
+    ('headforms.extract.hub.xǁRemoteFileǁ__init__',
+     'self.chunks = repo.folder / "blobs" / (re.sub(r"XX[^0-9A-Za-z._-]XX", "_", blob or path))'):
+        'blob ids are lowercase hex (git SHA-1, LFS SHA-256), which neither substitution changes',
+    ('headforms.extract.hub.xǁRemoteFileǁ__init__',
+     'self.chunks = repo.folder / "blobs" / (re.sub(r"[^0-9a-za-z._-]", "_", blob or path))'):
+        'blob ids are lowercase hex (git SHA-1, LFS SHA-256), which neither substitution changes',
+    ('headforms.extract.hub.xǁRemoteFileǁ__init__',
+     'self.chunks = repo.folder / "blobs" / (re.sub(r"[^0-9A-Za-z._-]", "XX_XX", blob or path))'):
+        'blob ids are lowercase hex (git SHA-1, LFS SHA-256), which neither substitution changes',
+    ('headforms.extract.hub.xǁRemoteFileǁ_from_cache',
+     'with open(self.chunks / f"{a}-{b}", "rb", ) as f:'):
+        'a chunk read through a buffer: the same bytes',
+    ('headforms.extract.hub.xǁRemoteFileǁ_from_cache',
+     'with open(self.chunks / f"{a}-{b}", "rb", buffering=1) as f:'):
+        'a chunk read through a buffer: the same bytes',
+    ('headforms.extract.hub.xǁRemoteFileǁ_from_cache',
+     'if a <= at <= b:'):
+        'a chunk that ends where the part still to read starts gives an empty view: nothing is read from it',
+    ('headforms.extract.hub.xǁRemoteFileǁ_uncovered',
+     'if a > end:'):
+        "a chunk that starts at the span's end adds the gap up to it: the gap the span's end adds otherwise",
+    ('headforms.extract.hub.xǁRemoteFileǁ_uncovered',
+     'if b >= at:'):
+        'a chunk that ends where the uncovered part starts moves nothing',
+    ('headforms.extract.hub.xǁRemoteFileǁread_many',
+     'gaps = sorted(gap for start, end in set(spans) if end >= start for gap in self._uncovered(start, end))'):
+        'an empty span has no uncovered part',
+    ('headforms.extract.hub.xǁRemoteFileǁread_many',
+     'with ThreadPoolExecutor(None) as pool:'):
+        "the pool's default size: how many requests are in flight, not what they fetch",
+    ('headforms.extract.hub.xǁRangeReaderǁread',
+     'data = self.remote.read_at(self.pos, end - self.pos) if end >= self.pos else b""'):
+        "0 bytes read at the end are b'', as the else gives",
+    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+     'headers = self.repo.headers | {"range": f"bytes={at}-{end - 1}", "Accept-Encoding": "identity"}'):
+        'HTTP header names are case-insensitive: httpx sends, and looks up, the same header',
+    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+     'headers = self.repo.headers | {"RANGE": f"bytes={at}-{end - 1}", "Accept-Encoding": "identity"}'):
+        'HTTP header names are case-insensitive: httpx sends, and looks up, the same header',
+    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+     'headers = self.repo.headers | {"Range": f"bytes={at}-{end - 1}", "accept-encoding": "identity"}'):
+        'HTTP header names are case-insensitive: httpx sends, and looks up, the same header',
+    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+     'headers = self.repo.headers | {"Range": f"bytes={at}-{end - 1}", "ACCEPT-ENCODING": "identity"}'):
+        'HTTP header names are case-insensitive: httpx sends, and looks up, the same header',
+    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+     'retry_after = response.headers.get("retry-after", "")'):
+        'HTTP header names are case-insensitive: httpx sends, and looks up, the same header',
+    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+     'retry_after = response.headers.get("RETRY-AFTER", "")'):
+        'HTTP header names are case-insensitive: httpx sends, and looks up, the same header',
+    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+     'if not response.headers.get("content-range", "").startswith(expected):'):
+        'HTTP header names are case-insensitive: httpx sends, and looks up, the same header',
+    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+     'if not response.headers.get("CONTENT-RANGE", "").startswith(expected):'):
+        'HTTP header names are case-insensitive: httpx sends, and looks up, the same header',
+    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+     'why = f"Content-Range {response.headers.get(\'content-range\')!r}, expected {expected}..."'):
+        'HTTP header names are case-insensitive: httpx sends, and looks up, the same header',
+    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+     'why = f"Content-Range {response.headers.get(\'CONTENT-RANGE\')!r}, expected {expected}..."'):
+        'HTTP header names are case-insensitive: httpx sends, and looks up, the same header',
+    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+     'headers = self.repo.headers | {"Range": f"bytes={at}-{end - 1}", "Accept-Encoding": "IDENTITY"}'):
+        'content codings are case-insensitive (RFC 9110, 8.4.1)',
+    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+     'with session.stream("get", url, headers=headers, timeout=TIMEOUT) as response:'):
+        'httpx upper-cases the method it sends',
+    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+     'if not response.headers.get("Content-Range", "XXXX").startswith(expected):'):
+        'a missing Content-Range fails the check with any default that is not a range',
+    ('headforms.extract.remote.x__zip_fetch',
+     'name_len, extra_len = struct.unpack("<hh", local[26:30])'):
+        "a local header's name and extra lengths read as signed: the same below 32768 (torch writes names of a few dozen bytes, at most 64 of padding)",
+    ('headforms.extract.remote.x__zip_fetch',
+     'name_len, extra_len = struct.unpack("<HH", local[26:31])'):
+        'local is the 30-byte local header: [26:31] is [26:30]',
+    ('headforms.extract.remote.x__zip_header',
+     'problem = torch_zip_extent(remote.read_at, remote.size, remote) if (isinstance(e, zipfile.BadZipFile)) or True else None'):
+        'a zip whose directory reads (so the error came from its pickle) is not cut short: torch_zip_extent finds nothing',
+    ('headforms.extract.remote.x__zip_header',
+     'f"file ({remote.size / 1000001.0:.1f} MB)", file=sys.stderr)'):
+        'the size in MB divided by 1,000,001 rather than 10^6 moves by a millionth of itself: the one-decimal figure changes only within that of a rounding boundary',
+    ('headforms.extract.remote.x__zip_fetch',
+     'if raw else torch.empty(ref.shape, dtype=None))'):
+        'an empty tensor has no values: its dtype before the conversion to float64 cannot show',
+    ('headforms.extract.remote.x__zip_fetch',
+     'if raw else torch.empty(ref.shape, ))'):
+        'an empty tensor has no values: its dtype before the conversion to float64 cannot show',
+    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+     'got, tries, why, wait = 0, 0, "XXXX", 0.0'):
+        'every try that fails sets the reason before the loop can end and read it',
+    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+     'retry_after = response.headers.get("Retry-After", "XXXX")'):
+        'a missing Retry-After is no number with any default that is not one: the backoff wait stays',
+    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+     'if got <= end - start:'):
+        'the reason of a short body set when the body was whole: the loop then ends and the reason is never read',
+    ('headforms.extract.hub.xǁRemoteFileǁread_many',
+     'pieces = [(a, min(a + PIECE, end), fresh[start, end][a - start:min(a + PIECE, end) + start])'):
+        "a piece's view that runs on past the piece: _fetch writes only the piece's own bytes, from its start",
     ('headforms.warehouse.publishing.export.x_write_paper_format',
      'f"len($models) + 1), model, {order}", {"MODELS": paper_models})'):
         "DuckDB's named parameters are case-insensitive ($models binds MODELS)",
