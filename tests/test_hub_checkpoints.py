@@ -20,7 +20,7 @@ from headforms.extract.checkpoint import ExtractError, ReadOptions
 from headforms.extract.hub import HubRepo
 from headforms.extract.sources import open_checkpoint
 from tests.hub_server import serve_hub
-from tests.test_hub import serve
+from tests.test_hub import legacy_pickle, serve
 from tests.test_gguf import write_gguf
 
 
@@ -127,18 +127,6 @@ def test_safetensors_from_the_hub_need_a_little_endian_machine(hub, monkeypatch)
 
 
 # torch zip checkpoints -----------------------------------------------------------------------------------------
-
-def test_a_legacy_pickle_says_its_size_before_it_is_downloaded(hub, tmp_path, capsys):
-    model = tm.build("llama", dtype=torch.float32)
-    folder = tmp_path / "legacy"
-    model.config.save_pretrained(folder)
-    torch.save(model.state_dict(), folder / "pytorch_model.bin", _use_new_zipfile_serialization=False)
-    serve(hub, "org/legacy", folder)
-    open_checkpoint("org/legacy")
-    size = (folder / "pytorch_model.bin").stat().st_size
-    assert capsys.readouterr().err == (f"org/legacy/pytorch_model.bin: a legacy (non-zip) torch pickle cannot be read "
-                                       f"by range; downloading the whole file ({size / 1e6:.1f} MB)\n")
-
 
 @pytest.mark.parametrize("case, message", [
     ("no data.pkl", r"cannot read org/bad/pytorch_model\.bin: not a torch checkpoint \(no single <name>/data\.pkl\)$"),
@@ -251,10 +239,7 @@ def test_a_gguf_at_a_named_revision_is_that_revisions_file(hub, tmp_path):
 def test_the_arrays_a_legacy_pickle_gives_are_the_callers(hub, tmp_path):
     """A float64 legacy pickle's tensors are held for later reads: what a read returns may be changed in place
     without changing the next read."""
-    model = tm.build("llama", dtype=torch.float64)
-    folder = tmp_path / "legacy64"
-    model.config.save_pretrained(folder)
-    torch.save(model.state_dict(), folder / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    folder = legacy_pickle(tmp_path / "legacy64", torch.float64)
     serve(hub, "org/legacy64", folder)
     ckpt = open_checkpoint("org/legacy64")
     for array in ckpt.read_layer(0):
