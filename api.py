@@ -328,6 +328,7 @@ def behaviour(sources: str | Iterable[str], db: str | Path | None = None, *, len
 
     import polars as pl
 
+    from headforms.compute.reduction import device_problem
     from headforms.extract import behaviour as run_model
     from headforms.extract.sources import open_target
     from headforms.warehouse.running.behaviour import behaviour_rows, stored_model, write_behaviour
@@ -335,6 +336,8 @@ def behaviour(sources: str | Iterable[str], db: str | Path | None = None, *, len
 
     if length < 2 or sequences < 1 or resamples < 1:
         raise ValueError(f"length >= 2, sequences >= 1 and resamples >= 1 (got {length}, {sequences}, {resamples})")
+    if problem := device_problem(device, float64=False):  # the forward pass runs in float32
+        raise ExtractError(problem)
     targets, db, rows = plan_targets(sources, name=name), Path(db or default_db()), []
     if not db.exists():
         raise FileNotFoundError(f"no warehouse {db}: run `headforms extract` first")

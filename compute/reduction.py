@@ -12,6 +12,31 @@ def on_cpu(device: str) -> bool:
     return str(device).split(":")[0] == "cpu"
 
 
+def device_problem(device: str, *, float64: bool = True) -> str | None:
+    """Why torch cannot compute on `device` here, or None: a name torch does not know, a device type this torch build
+    or this machine lacks, an index beyond the devices present; and for float64 work (the reduction and spectra),
+    a type other than cpu and cuda. Checked before any work, so that a run refuses it in one line."""
+    if on_cpu(device):
+        return None
+    import torch
+
+    try:
+        where = torch.device(device)
+    except RuntimeError:
+        return f"device {device}: not a torch device name (cpu, cuda or cuda:N)"
+    if float64 and where.type != "cuda":
+        return f"device {device}: headforms computes in float64 on cpu or cuda, not on {where.type}"
+    backend = getattr(torch, where.type, None)
+    count = backend.device_count() if hasattr(backend, "device_count") else 0
+    if count == 0:
+        build = f"torch {torch.__version__}" + ("" if where.type != "cuda" or torch.version.cuda else ", built without CUDA")
+        return f"device {device}: no {where.type} device here ({build}); the default device, cpu, needs none"
+    if (where.index or 0) >= count:
+        return (f"device {device}: this machine has {count} {where.type} device{'s' if count > 1 else ''} "
+                f"({where.type}:0{f' to {where.type}:{count - 1}' if count > 1 else ''})")
+    return None
+
+
 def factor(stacked):
     """[R_K | R_Q] (..., r, 2n) from stacked = [W_K; W_Q] of shape (..., 2n, N), float64 (numpy, or torch on a device).
 

@@ -288,3 +288,46 @@ def test_an_output_folder_that_cannot_be_created_is_one_line(command, small, tmp
     one_error(invoke(command, "--db", complete, "--out", out),
               rf"^Error: cannot create the output folder {re.escape(str(out))} \({re.escape(str(out))}: Not a "
               rf"directory\): choose a folder you can write with --out DIR$")
+
+
+# 4. A device the run cannot use is refused before any work, in one line --------------------------------------
+
+@pytest.mark.parametrize("device, cuda_devices, pattern", [
+    ("foo", 0, r"^Error: device foo: not a torch device name \(cpu, cuda or cuda:N\)$"),
+    ("mps", 0, r"^Error: device mps: headforms computes in float64 on cpu or cuda, not on mps$"),
+    ("cuda", 0, r"^Error: device cuda: no cuda device here \(torch [^)]+\); the default device, cpu, needs none$"),
+    ("cuda:2", 2, r"^Error: device cuda:2: this machine has 2 cuda devices \(cuda:0 to cuda:1\)$"),
+    ("cuda:1", 1, r"^Error: device cuda:1: this machine has 1 cuda device \(cuda:0\)$"),
+])
+def test_an_unusable_device_is_one_line_and_leaves_the_warehouse(device, cuda_devices, pattern, small, tmp_path,
+                                                                  monkeypatch):
+    """--device names a device this machine lacks (CUDA's count stands in for the machine's): extract and behaviour
+    refuse it before opening anything; the warehouse keeps every byte, and a new one is not created."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: cuda_devices)
+    folder, complete = small
+    db = tmp_path / "w.duckdb"
+    db.write_bytes(complete.read_bytes())
+    before = db.read_bytes()
+    one_error(invoke("extract", folder, "--db", db, "--force", "--device", device), pattern)
+    assert db.read_bytes() == before
+    one_error(invoke("extract", folder, "--db", tmp_path / "new.duckdb", "--device", device), pattern)
+    assert list(tmp_path.iterdir()) == [db]
+    if device != "mps":  # the forward pass runs in float32: mps is refused only where it is absent (below)
+        one_error(invoke("behaviour", folder, "--db", db, "--device", device), pattern)
+        assert db.read_bytes() == before
+
+
+def test_the_forward_pass_takes_a_device_the_float64_algebra_refuses(monkeypatch):
+    """behaviour's float32 forward pass may run on mps where one is present; extraction's float64 algebra may not;
+    a present CUDA device within the count is accepted by both."""
+    from headforms.compute.reduction import device_problem
+
+    mps = getattr(torch, "mps")
+    monkeypatch.setattr(mps, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert device_problem("mps", float64=False) is None
+    assert "float64" in device_problem("mps")
+    assert device_problem("cuda") is None and device_problem("cuda:1") is None and device_problem("cpu:0") is None
+    monkeypatch.setattr(mps, "device_count", lambda: 0)
+    assert device_problem("mps", float64=False) == ("device mps: no mps device here (torch "
+                                                    f"{torch.__version__}); the default device, cpu, needs none")

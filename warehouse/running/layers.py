@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from headforms.compute.analysis import LayerAnalysis, start_layer
 from headforms.compute.bootstrap import RESAMPLES
+from headforms.compute.reduction import device_problem
 from headforms.compute.rotary import DEFAULT_DISTANCES, PROFILE_COLUMNS, Rotation
 from headforms.compute.statistics import PARITY_TOLERANCE, lobes
 from headforms.compute.threads import Pool
@@ -31,6 +32,8 @@ class LoadOptions:
     distances: tuple[int, ...] | None = None  # RoPE: deltas of distance_profiles; None: DEFAULT_DISTANCES
 
     def __post_init__(self):
+        if problem := device_problem(self.device):
+            raise ExtractError(problem)
         if self.resamples < 1:
             raise ValueError(f"resamples must be at least 1, not {self.resamples}")
         if self.distances is not None:
