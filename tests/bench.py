@@ -994,8 +994,13 @@ def device_24b(tmp_root: Path, start: float, device: str) -> dict:
     """Section 5d: the 24B shape (no MLP tensors) extracted cold by `headforms extract FOLDER --device DEVICE`
     and then on the CPU, each with a fresh digest cache, as whole processes; the shape's floor on this machine's
     CPU cores (measured before and after); the largest difference between the two warehouses."""
+    from headforms.compute.reduction import device_problem
+
     header(f"5d. the 24B shape on {device} and on the CPU ({SYN_LAYERS} x {SYN_HEADS} heads, {SYN_KV} kv, "
            f"N={SYN_N}, n={SYN_HEAD_DIM}, bf16)")
+    if problem := device_problem(device):
+        print(f"SKIPPED: {problem}")
+        return {"same": False}
     folder = Path(tempfile.mkdtemp(prefix="headforms-24b-", dir=tmp_root)) / "Mistral-Small-24B-synthetic"
     try:
         t0 = time.perf_counter()

@@ -75,7 +75,7 @@ TARGETS = {
     "headforms/warehouse/storing/revision.py": ["test_revision.py", "test_revisions_cache.py", "test_dynamics.py"],
     "headforms/warehouse/storing/failures.py": ["test_robustness.py", "test_edges.py", "test_cli.py", "test_sources.py"],
     "headforms/warehouse/running/load.py": _LOADING,
-    "headforms/warehouse/running/layers.py": _LOADING,
+    "headforms/warehouse/running/layers.py": _LOADING + ["test_fit_status.py"],
     "headforms/warehouse/running/summaries.py": _LOADING + ["test_bootstrap.py", "test_edges.py", "test_check.py"],
     "headforms/warehouse/running/behaviour.py": ["test_behaviour.py"],
     "headforms/warehouse/running/progress.py": ["test_wiring.py", "test_hub.py", "test_cli.py",

@@ -155,3 +155,34 @@ def test_the_factors_are_computed_on_the_device_asked_for(weights):
     wq, wk, kv = weights
     factors = reduction.reduce_factors(wq, wk, kv, device="meta")
     assert factors.device.type == "meta" and factors.shape == (H, 2 * n, 2 * n) and factors.dtype == torch.float64
+
+
+@pytest.mark.parametrize("device, cuda_devices, float64, said", [
+    ("cpu", 0, True, None), ("cpu:0", 0, True, None), ("cuda", 1, True, None), ("cuda:1", 2, True, None),
+    ("foo", 2, True, "device foo: not a torch device name (cpu, cuda or cuda:N)"),
+    ("mps", 0, True, "device mps: headforms computes in float64 on cpu or cuda, not on mps"),
+    ("cuda", 0, False, "device cuda: no cuda device here (torch {version}{build}); the default device, cpu, needs none"),
+    ("cuda:0", 0, True, "device cuda:0: no cuda device here (torch {version}{build}); the default device, cpu, needs none"),
+    ("cuda:2", 2, True, "device cuda:2: this machine has 2 cuda devices (cuda:0 to cuda:1)"),
+    ("cuda:1", 1, True, "device cuda:1: this machine has 1 cuda device (cuda:0)"),
+])
+def test_device_problem_names_what_this_machine_lacks(device, cuda_devices, float64, said, monkeypatch):
+    """Each refusal's words, CUDA's device count standing in for the machine's (the CLI's one line: test_edges)."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: cuda_devices)
+    build = "" if torch.version.cuda else ", built without CUDA"
+    expected = said and said.format(version=torch.__version__, build=build)
+    assert reduction.device_problem(device, float64=float64) == expected
+
+
+def test_the_forward_pass_takes_a_device_the_float64_algebra_refuses(monkeypatch):
+    """behaviour's float32 forward pass may run on mps where one is present, extraction's float64 algebra may not;
+    where none is present, both say so."""
+    monkeypatch.setattr(torch.mps, "device_count", lambda: 1)
+    assert reduction.device_problem("mps", float64=False) is None
+    assert reduction.device_problem("mps:0", float64=False) is None
+    assert "float64" in reduction.device_problem("mps")
+    monkeypatch.setattr(torch.mps, "device_count", lambda: 0)
+    assert reduction.device_problem("mps", float64=False) == (f"device mps: no mps device here (torch "
+                                                              f"{torch.__version__}); the default device, cpu, needs none")
+    assert reduction.device_problem("meta", float64=False) == (f"device meta: no meta device here (torch "
+                                                               f"{torch.__version__}); the default device, cpu, needs none")

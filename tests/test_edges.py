@@ -312,22 +312,6 @@ def test_an_unusable_device_is_one_line_and_leaves_the_warehouse(device, cuda_de
     assert db.read_bytes() == before
     one_error(invoke("extract", folder, "--db", tmp_path / "new.duckdb", "--device", device), pattern)
     assert list(tmp_path.iterdir()) == [db]
-    if device != "mps":  # the forward pass runs in float32: mps is refused only where it is absent (below)
+    if device != "mps":  # the float32 forward pass takes mps where one is present (test_device_path.py)
         one_error(invoke("behaviour", folder, "--db", db, "--device", device), pattern)
         assert db.read_bytes() == before
-
-
-def test_the_forward_pass_takes_a_device_the_float64_algebra_refuses(monkeypatch):
-    """behaviour's float32 forward pass may run on mps where one is present; extraction's float64 algebra may not;
-    a present CUDA device within the count is accepted by both."""
-    from headforms.compute.reduction import device_problem
-
-    mps = getattr(torch, "mps")
-    monkeypatch.setattr(mps, "device_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert device_problem("mps", float64=False) is None
-    assert "float64" in device_problem("mps")
-    assert device_problem("cuda") is None and device_problem("cuda:1") is None and device_problem("cpu:0") is None
-    monkeypatch.setattr(mps, "device_count", lambda: 0)
-    assert device_problem("mps", float64=False) == ("device mps: no mps device here (torch "
-                                                    f"{torch.__version__}); the default device, cpu, needs none")

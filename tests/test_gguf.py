@@ -99,6 +99,26 @@ def test_smollm2_forms_match_transformers(smol, hf_smol, layer):
     assert error.max() < 1e-6
 
 
+def test_the_gpu_machines_attention_only_file_reads_as_smollm2(smol, tmp_path):
+    """tests/qk_only_gguf.py (what tests/gpu_machine.sh checks SmolLM2's layers from): a twelfth of the bytes, the
+    same spec and every layer's W_Q, W_K bit for bit."""
+    from tests import qk_only_gguf
+
+    qk_only_gguf.main(str(tmp_path / "qk.gguf"), str(SMOL))
+    assert (tmp_path / "qk.gguf").stat().st_size < SMOL.stat().st_size / 10
+    small = open_gguf(tmp_path / "qk.gguf", name="qk", source="qk", options=ReadOptions())
+    try:
+        def metadata(spec):  # but the counts of the file's own keys and tensors
+            return {key: value for key, value in spec.config.items() if key not in ("GGUF.kv_count", "GGUF.tensor_count")}
+
+        assert small.spec == smol.spec and metadata(small.spec) == metadata(smol.spec)
+        assert small.spec.config["GGUF.tensor_count"] == 3 * smol.spec.n_layers
+        for layer in range(smol.spec.n_layers):
+            assert all(np.array_equal(a, b) for a, b in zip(small.read_layer(layer), smol.read_layer(layer)))
+    finally:
+        small.close()
+
+
 def test_small_file_roundtrip(tmp_path):
     weights = write_gguf(tmp_path / "tiny.gguf")
     checkpoint = open_gguf(tmp_path / "tiny.gguf", name="tiny", source="tiny.gguf", options=ReadOptions())
