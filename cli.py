@@ -133,7 +133,9 @@ def main(debug):
 @click.option("--parity-tolerance", type=float, default=1 / 50, show_default=True,
               help="Type II when c_sym + d_sym is at most this.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random baseline heads.")
-@click.option("--device", default="cpu", show_default=True, help="torch device for the linear algebra (cpu, cuda).")
+@click.option("--device", default="cpu", show_default=True,
+              help="torch device for the linear algebra: cpu or cuda[:N] (an H200 ran the 24B shape 5x slower than "
+                   "16 CPU cores: README, Performance).")
 @click.option("--resamples", type=click.IntRange(min=1), default=2000, show_default=True,
               help="B, the bootstrap resamples of the per-model intervals (seeded by --seed).")
 @click.option("--plan", is_flag=True, help="Print per model its heads, Q/K bytes and checkpoint size "
