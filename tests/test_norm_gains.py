@@ -205,3 +205,13 @@ def test_fold_norm_comparison_view(compared):
     assert view["folded_model"].to_list() == ["gpt2-center", "gpt2-gain"]
     assert_frame_equal(view, expected.select(view.columns), check_dtypes=False, abs_tol=1e-12)
     assert (view["median_symmetric_energy"] != view["folded_median_symmetric_energy"]).all()
+
+
+def test_an_unknown_fold_norm_option_names_the_options():
+    """The API's fold_norm (the CLI offers only these) refused with every option named."""
+    from headforms.extract.checkpoint import ExtractError
+    from headforms.extract.norms import HF_NORMS, norm_for
+
+    with pytest.raises(ExtractError) as refused:
+        norm_for(None, "centre", HF_NORMS)
+    assert str(refused.value) == "unknown fold-norm option 'centre'; expected one of none, gain, center"

@@ -252,6 +252,31 @@ def test_progress_of_a_live_run_is_seen_and_a_dead_runs_file_is_not(tmp_path):
     assert running(db) is None
 
 
+def test_progress_counts_add_up_and_its_rate_is_heads_over_seconds(tmp_path, monkeypatch):
+    """Layers, heads and bytes add over commits, models over models done; heads_per_second is the heads over the
+    seconds since the run started (a run of under a second too); a run without a warehouse path writes no file."""
+    from headforms.warehouse.running import progress
+
+    clock = iter([100.0, 100.5, 100.5, 102.0, 102.0])  # started; then (elapsed, updated) per write; then 104.0
+    monkeypatch.setattr(progress.time, "time", lambda: next(clock, 104.0))
+    db = tmp_path / "w.duckdb"
+    run = progress.RunProgress(db, models=3)
+    run.layers(count=1, heads=10, bytes_fetched=7)
+    assert progress.running(db)["heads_per_second"] == 10 / 0.5
+    run.layers(count=2, heads=20, bytes_fetched=5)
+    state = progress.running(db)
+    assert (state["layers_done"], state["heads_done"], state["bytes_fetched"]) == (3, 30, 12)
+    assert state["heads_per_second"] == 30 / 2.0 and state["updated"] == 102.0
+    run.model_done()
+    run.model_done()
+    assert progress.running(db)["models_done"] == 2
+    monkeypatch.chdir(tmp_path)
+    quiet = progress.RunProgress(None, models=1)
+    quiet.model("m", n_layers=1, layers_done=0)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["w.duckdb.progress.json"]
+    quiet.close()
+
+
 def test_a_failure_in_words():
     """One line per failure: an OS error's reason with its path when it has one, else the exception's type and its
     message's first line (only the type for an empty message)."""
