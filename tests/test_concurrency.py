@@ -4,6 +4,7 @@ serial one; interrupted parallel runs resume to it."""
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ import pytest
 
 from headforms import api
 from headforms.extract import open_checkpoint
+from headforms.warehouse.running import executors
 from headforms.warehouse.running.executors import Processes, Ray, run_task
 from headforms.warehouse.running.layers import LoadOptions
 from headforms.warehouse.running.load import load_models
@@ -68,7 +70,14 @@ import headforms.warehouse.running.executors as executors
 from tests.test_concurrency import gated_task
 
 gates = sys.argv.pop(1)
-executors.executor = lambda jobs=1, kind="local", address=None: executors.Processes(
+
+class ToWorkers(executors.Processes):
+    def map(self, tasks):
+        results = super().map(tasks)
+        self.up.wait()  # every layer to a worker (none computed by the writer while they start)
+        return results
+
+executors.executor = lambda jobs=1, kind="local", address=None: ToWorkers(
     jobs, work=functools.partial(gated_task, gates))
 """ + DRIVER
 
@@ -377,6 +386,52 @@ def test_jobs_equal_the_serial_build(survey, tmp_path):
     assert findings(db) == []
 
 
+HELD: threading.Event | None = None  # set by a test in its own process: its third layer computed here waits for it
+
+
+def recorded_task(folder: str, ref, opts, layer: int):
+    """run_task, leaving <model>-<layer>-<pid> in `folder`: which process computed the layer."""
+    if HELD is not None and len(list(Path(folder).glob(f"*-{os.getpid()}"))) == 2:
+        assert HELD.wait(PATIENCE)
+    (Path(folder) / f"{ref.name}-{layer}-{os.getpid()}").touch()
+    return run_task(ref, opts, layer)
+
+
+def test_writer_computes_layers_while_the_workers_start(survey, tmp_path, monkeypatch):
+    """Until a worker is up, the writer computes the layers itself, in order (here: the workers' start is held
+    back until it has computed two, and its third waits for them), then the workers compute the rest: the same
+    warehouse as the serial build, and the checkpoint the writer opened for its layers closed with the executor."""
+    files, serial = survey
+    folder = tmp_path / "computed"
+    folder.mkdir()
+    here = os.getpid()
+
+    class Starting(Processes):
+        def ping(self):
+            _wait_for(lambda: len(list(folder.glob(f"*-{here}"))) == 2)
+            return super().ping()
+
+    db = tmp_path / "jobs.duckdb"
+    _empty_warehouse(db)
+    ckpts = [open_checkpoint(f) for f in files]
+    work = Starting(2, work=functools.partial(recorded_task, str(folder)))
+    monkeypatch.setattr(sys.modules[__name__], "HELD", work.up)
+    results = list(load_models(Writer(db), ckpts, LoadOptions(), work))
+    assert [result.status for _, result in results] == ["extracted"] * len(files)
+    computed = {tuple(path.name.rsplit("-", 2)[:2]): int(path.name.rsplit("-", 1)[1]) for path in folder.iterdir()}
+    assert len(computed) == sum(shape["n_layers"] for shape in SURVEY.values())
+    assert sorted(key for key, pid in computed.items() if pid == here) == [("m0", "0"), ("m0", "1"), ("m0", "2")]
+    assert not executors._OPEN
+    assert_same(values(db), values(serial))
+
+
+def _wait_for(condition) -> None:
+    deadline = time.monotonic() + PATIENCE
+    while not condition():
+        assert time.monotonic() < deadline, "waited in vain"
+        time.sleep(0.01)
+
+
 def _commit_layers_one_by_one(run: Gated, layers: int) -> None:
     """Past the models row's commit, the first `layers` layers each computed alone and committed alone (the next
     layer is not computed yet when the writer forms the commit)."""
@@ -442,26 +497,38 @@ def test_jobs_failure_undoes_the_run(tmp_path, survey):
     assert_same(values(db), m0)
 
 
-# Makes a --jobs 2 executor and submits nothing: prints the command lines of all its descendants, then closes it.
+# Makes a --jobs 2 executor and maps no task: prints its descendants (command line, whether this process is
+# their parent) at once and again once the workers are up, then closes it.
 EXECUTOR_ONLY = r"""
-import json, psutil
+import json, os, psutil
 from headforms.warehouse.running.executors import Processes
 
+def descendants():
+    return [[" ".join(child.cmdline()), child.ppid() == os.getpid()]
+            for child in psutil.Process().children(recursive=True)]
+
 work = Processes(2)
-print(json.dumps([" ".join(child.cmdline()) for child in psutil.Process().children(recursive=True)]))
+print(json.dumps(descendants()))
+work.map([])
+assert work.up.wait(300)
+print(json.dumps(descendants()))
 work.close()
 """
 
 
 def test_jobs_fork_server_starts_with_the_executor():
     """The fork server (whose imports take a second) runs as soon as the executor exists, before any layer is
-    submitted, so its start overlaps the writer's own set-up; no worker is forked before there is work."""
+    submitted, so its start overlaps the writer's own set-up; once tasks are mapped, one worker is forked as soon as
+    the server is up, to say so (the writer computes layers itself until then), and no other before there is
+    work."""
     run = subprocess.run([sys.executable, "-c", EXECUTOR_ONLY], capture_output=True, text=True, timeout=PATIENCE,
                          cwd=ROOT)
     assert run.returncode == 0, run.stderr
-    children = json.loads(run.stdout.splitlines()[-1])
-    assert [command for command in children if "multiprocessing.forkserver import main" in command], children
-    assert not [command for command in children if "forkserver" not in command and "resource_tracker" not in command]
+    at_once, up = (json.loads(line) for line in run.stdout.splitlines()[-2:])
+    server = "multiprocessing.forkserver import main"
+    assert [command for command, own in at_once if own and server in command], at_once
+    workers = [command for command, own in up if not own]  # forked by the server
+    assert len(workers) == 1 and server in workers[0], up
 
 
 # 3. Ray ----------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 inputs (the loader passes the right layer and seed), thresholds at their exact boundary, and the
 structure of the reduced form that the spectra rely on for speed."""
 import re
+import threading
 
 import numpy as np
 import polars as pl
@@ -361,3 +362,95 @@ def test_ray_started_here_keeps_worker_output_off_the_terminal(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "head:6379")
     Ray()
     assert calls.pop() == {"address": None, "log_to_driver": False}
+
+
+class _Starting:
+    """An executor (executors._Windowed) whose workers are this thread: a task submitted is done at once; `ping`
+    answers when the test sets `answer`; `submit` refuses layer `refused`."""
+
+    def __init__(self, refused: int | None = None):
+        from concurrent.futures import Future
+
+        from headforms.warehouse.running import executors
+
+        class Starting(executors._Windowed):
+            window = 2
+
+            def ping(inner):
+                return self.answer
+
+            def submit(inner, ref, opts, layer):
+                if layer == refused:
+                    raise RuntimeError(f"cannot submit layer {layer}")
+                self.submitted.append(layer)
+                done = Future()
+                done.set_result(("worker", layer))
+                return done
+
+            def result(inner, future):
+                return future.result()
+
+            def done(inner, future):
+                return future.done()
+
+        self.answer, self.submitted = Future(), []
+        self.executor = Starting(starts=True)
+        self.executor.work = lambda ref, opts, layer: ("here", layer)
+
+    def map(self, layers: int):
+        from types import SimpleNamespace
+
+        from headforms.extract import ReadOptions
+
+        ckpt = SimpleNamespace(source="m", name="m", options=ReadOptions(), revision="r")
+        return self.executor.map((ckpt, None, layer) for layer in range(layers))
+
+
+def _until(condition) -> None:
+    import time
+
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_the_writer_computes_layers_until_the_workers_are_up():
+    """While the workers start, the writer computes one layer at a time itself (not `ready`: not computed yet);
+    once they answer, the layers waiting are submitted at once, up to the window, and results keep their order."""
+    starting = _Starting()
+    results = starting.map(6)
+    assert next(results) == ("here", 0)
+    assert not results.ready()  # layer 1 waits to be computed here
+    assert starting.submitted == []
+    starting.answer.set_result(1)
+    _until(lambda: starting.submitted == [2])  # submitted by the thread that saw the answer, not by the writer
+    assert next(results) == ("here", 1)
+    assert results.ready()
+    assert list(results) == [("worker", layer) for layer in range(2, 6)]
+    assert starting.submitted == [2, 3, 4, 5]
+
+
+def test_workers_that_cannot_start_fail_in_the_writers_order():
+    """A start that fails (the ping raises) sends the layers to the workers anyway, whose failure is the run's;
+    a layer that cannot be submitted raises where its result would have been, after the layers before it."""
+    starting = _Starting(refused=3)
+    starting.answer.set_exception(OSError("no fork server"))
+    results = starting.map(6)
+    assert starting.executor.up.wait(60)
+    assert [next(results) for _ in range(3)] == [("worker", 0), ("worker", 1), ("worker", 2)]
+    with pytest.raises(RuntimeError, match="^cannot submit layer 3$"):
+        next(results)
+
+
+def test_a_closed_executor_submits_nothing_more():
+    """Once closed (a run stopped), the workers' answer submits no layer."""
+    starting = _Starting()
+    results = starting.map(4)
+    assert next(results) == ("here", 0)
+    starting.executor._close_here()
+    starting.answer.set_result(1)
+    for thread in threading.enumerate():
+        if thread.name == "headforms-workers-up":
+            thread.join(60)
+    assert starting.executor.up.is_set() and starting.submitted == []

@@ -205,26 +205,96 @@ def _alive(pid: int) -> bool:
 
 
 class _Windowed:
-    """Ordered results of tasks submitted ahead, at most `window` in flight."""
+    """Ordered results of tasks submitted ahead, at most `window` in flight. An executor whose workers take a while
+    to start (`ping` answers once one has) has the writer compute the next task itself until then, so that no core
+    waits on the start; the tasks waiting are submitted as soon as it answers."""
 
     window: int
+    work: Callable
+
+    def __init__(self, starts: bool):
+        self.up, self._lock, self._fill, self._closed = threading.Event(), threading.Lock(), None, False
+        if not starts:
+            self.up.set()
+
+    def ping(self):
+        """A trivial task submitted to the workers: its result comes once one of them is up."""
+        raise NotImplementedError
+
+    def _wait_up(self) -> None:
+        """In a thread of its own (a submission may wait on the workers' start): mark the workers up once `ping`
+        answers, then submit the tasks waiting."""
+        try:
+            self.result(self.ping())
+        except BaseException:  # workers that cannot start fail the tasks submitted to them, in the writer's order
+            pass
+        with self._lock:
+            self.up.set()
+            fill = self._fill
+        if fill:
+            fill()
 
     def map(self, tasks: Iterable[tuple]) -> Results:
+        """The results of `tasks`, in order (one map per executor)."""
         tasks, pending = iter(tasks), deque()
+        if not self.up.is_set():
+            threading.Thread(target=self._wait_up, name="headforms-workers-up", daemon=True).start()
 
         def fill():
-            while len(pending) < self.window and (task := next(tasks, None)) is not None:
-                ckpt, opts, layer = task
-                pending.append(self.submit(CheckpointRef.of(ckpt), opts, layer))
+            """Submit tasks up to the window, or keep one to compute here while the workers start; called by the
+            writer and, once, by the thread that sees the workers up."""
+            with self._lock:
+                while not self._closed and len(pending) < (self.window if self.up.is_set() else 1) and (
+                        task := next(tasks, None)) is not None:
+                    ckpt, opts, layer = task
+                    ref = CheckpointRef.of(ckpt)
+                    if not self.up.is_set():
+                        pending.append(_Here(self.work, ref, opts, layer))
+                        continue
+                    try:
+                        pending.append(self.submit(ref, opts, layer))
+                    except Exception as exc:  # raised where its result would have been
+                        pending.append(_Here(_raise, exc))
 
         def results():
+            with self._lock:
+                self._fill = fill
             fill()
             while pending:
-                result = self.result(pending.popleft())
+                with self._lock:
+                    entry = pending.popleft()
+                result = entry() if isinstance(entry, _Here) else self.result(entry)
                 fill()
                 yield result
 
-        return Results(results(), lambda: bool(pending) and self.done(pending[0]))
+        def ready() -> bool:
+            with self._lock:
+                return bool(pending) and not isinstance(pending[0], _Here) and self.done(pending[0])
+
+        return Results(results(), ready)
+
+    def _close_here(self) -> None:
+        """Submit nothing more, and close what the tasks computed here opened (a worker's open checkpoints live as
+        long as the worker)."""
+        with self._lock:
+            self._closed = True
+        for ckpt in _OPEN.values():
+            ckpt.close()
+        _OPEN.clear()
+
+
+class _Here:
+    """A task computed in the writer's thread when its result is asked for."""
+
+    def __init__(self, fn: Callable, *args):
+        self.fn, self.args = fn, args
+
+    def __call__(self):
+        return self.fn(*self.args)
+
+
+def _raise(exc: BaseException):
+    raise exc
 
 
 class Processes(_Windowed):
@@ -233,13 +303,14 @@ class Processes(_Windowed):
     Workers are forked from a fork server that imported the analysis once (a fresh process, so none
     of this one's threads are copied): each worker starts without paying the imports again. The server is
     started with the executor, so that its imports (a second on a small machine) run on the other core while
-    the writer prepares the warehouse, not after the first layer is submitted."""
+    the writer prepares the warehouse; until a worker is up, the writer computes layers itself."""
 
     def __init__(self, jobs: int, work: Callable = run_task):
         import multiprocessing
         import multiprocessing.forkserver
         from concurrent.futures import ProcessPoolExecutor
 
+        super().__init__(starts=True)
         self.work, self.window = work, WINDOW * jobs
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(["headforms.warehouse.running.load", "headforms.extract.hf",
@@ -247,6 +318,9 @@ class Processes(_Windowed):
         multiprocessing.forkserver.ensure_running()  # its imports start now, beside the writer's own set-up
         self.pool = ProcessPoolExecutor(jobs, mp_context=context,
                                         initializer=_worker_setup, initargs=(os.getpid(),))
+
+    def ping(self):
+        return self.pool.submit(os.getpid)
 
     def submit(self, ref, opts, layer):
         return self.pool.submit(self.work, ref, opts, layer)
@@ -259,6 +333,7 @@ class Processes(_Windowed):
 
     def close(self) -> None:
         """Stop the workers now (tasks still queued are dropped: an interrupted run resumes them)."""
+        self._close_here()
         processes = list(getattr(self.pool, "_processes", {}).values())  # the pool has no public terminate
         self.pool.shutdown(wait=False, cancel_futures=True)
         for process in processes:
@@ -277,6 +352,7 @@ class Ray(_Windowed):
             from headforms.warehouse.storing.store import WarehouseError
 
             raise WarehouseError("--executor ray needs Ray: pip install 'headforms[ray]'") from None
+        super().__init__(starts=False)  # a task is submitted at once; a worker's imports are its own
         self.ray, self.started = ray, not ray.is_initialized()
         if self.started:
             local = address is None and not os.environ.get("RAY_ADDRESS")  # else: connect to a running cluster
@@ -294,6 +370,7 @@ class Ray(_Windowed):
         return bool(self.ray.wait([handle], timeout=0)[0])
 
     def close(self) -> None:
+        self._close_here()
         if self.started:
             self.ray.shutdown()
 
