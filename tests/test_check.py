@@ -82,6 +82,23 @@ DAMAGE = {
         ["UPDATE eigenvalues SET value = value + 100 WHERE model = {M} AND layer = 1 AND head = 4 "
          "AND spectrum = 'S_pos' AND idx = 4"],
         [("violation", "eigenvalue_order", M, 1, 4)]),
+    "a duplicated eigenvalue row": (  # the detail tables declare no key (schema.sql): the check holds it
+        ["INSERT INTO eigenvalues SELECT * FROM eigenvalues WHERE model = {M} AND layer = 3 AND head = 5 "
+         "AND spectrum = 'S' AND idx = 2"],
+        [("violation", "duplicate_rows", M, 3, 5), ("violation", "eigenvalue_rows", M, 3, 5)]),
+    "an eigenvalue idx written twice, count and first and last idx kept": (  # only the key sees it
+        ["UPDATE eigenvalues SET idx = 1, value = (SELECT value FROM eigenvalues WHERE model = {M} AND layer = 2 "
+         "AND head = 0 AND spectrum = 'L_sv' AND idx = 1) WHERE model = {M} AND layer = 2 AND head = 0 "
+         "AND spectrum = 'L_sv' AND idx = 2"],
+        [("violation", "duplicate_rows", M, 2, 0)]),
+    "a duplicated fit row": (
+        ["INSERT INTO fits SELECT * FROM fits WHERE model = {G} AND layer = 1 AND head = 1 AND sample = 'S_pos' "
+         "AND family = 'gamma'"],
+        [("violation", "duplicate_rows", G, 1, 1)]),
+    "a duplicated distance profile": (
+        ["INSERT INTO distance_profiles SELECT * FROM distance_profiles WHERE model = {G} AND layer = 0 AND head = 2 "
+         "AND delta = 8"],
+        [("violation", "duplicate_rows", G, 0, 2)]),
     "delete a fit row": (
         ["DELETE FROM fits WHERE model = {G} AND layer = 0 AND head = 3 AND sample = 'S_neg' AND family = 'weibull'"],
         [("violation", "fits", G, 0, 3)]),

@@ -28,6 +28,9 @@ PROFILE_TOLERANCE = 1e-9
 # Tables whose rows belong to a model: a row of a model not in `models` is an orphan.
 MODEL_ROW_TABLES = ("layers", "heads", "eigenvalues", "fits", "intervals", "head_types")
 ORDER_TOLERANCE = 1e-12  # relative: a value may exceed its predecessor by rounding only
+# The key of each per-head detail table beyond (model, layer, head): schema.sql declares none (no index to keep up
+# while loading), so a row's key is checked here.
+DETAIL_KEYS = {"eigenvalues": ("spectrum", "idx"), "fits": ("sample", "family"), "distance_profiles": ("delta",)}
 
 
 def _values(name: str, items) -> str:
@@ -48,6 +51,10 @@ def placeholders() -> dict[str, object]:
         "model_orphans": " UNION ALL ".join(
             f"SELECT model, NULL, NULL, format('{{}} {table} rows of a model not in models', count(*)) "
             f"FROM {table} ANTI JOIN models USING (model) GROUP BY model" for table in MODEL_ROW_TABLES),
+        "duplicates": " UNION ALL ".join(
+            f"SELECT model, layer, head, format('{{}} {table} rows share the key {', '.join(f'{c} {{}}' for c in key)}', "
+            f"count(*), {', '.join(key)}) FROM {table} GROUP BY model, layer, head, {', '.join(key)} HAVING count(*) > 1"
+            for table, key in DETAIL_KEYS.items()),
         "profile_tolerance": PROFILE_TOLERANCE,
         "order_tolerance": ORDER_TOLERANCE,
     }
@@ -94,6 +101,7 @@ CHECKS: tuple[tuple[str, str, str], ...] = (
         SELECT model, layer, head, format('{} fits rows without a heads row', count(*))
         FROM fits SEMI JOIN models USING (model) ANTI JOIN heads USING (model, layer, head)
         GROUP BY model, layer, head"""),
+    ("duplicate_rows", "violation", "$duplicates"),
     ("kv_head", "violation", """
         SELECT h.model, h.layer, h.head, format('kv_head {}, expected {}', h.kv_head,
                                                 h.head // (m.n_heads // m.n_kv_heads))

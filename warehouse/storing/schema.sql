@@ -91,6 +91,10 @@ ALTER TABLE heads ADD COLUMN IF NOT EXISTS random_theta_position DOUBLE;
 --   'T_sigma' sigma(T): one value per pair, the positive imaginary parts of eig(T)
 --   'L'       eigenvalues of L by decreasing magnitude (value = real part, imag), rank(L) <= n of them
 --   'L_sv'    singular values of L, n of them
+-- The per-head detail tables (eigenvalues, fits, distance_profiles) declare no primary key: their rows are
+-- written with their heads rows, in one transaction, so the key of heads holds them, and an ART index over some
+-- 600 rows a head costs a run as much as its other writes (`make bench`, section 7). `headforms check` verifies
+-- their keys instead (duplicate_rows). Warehouses built before keep their keys; both are read alike.
 CREATE TABLE IF NOT EXISTS eigenvalues (
     model    VARCHAR NOT NULL,
     layer    INTEGER NOT NULL,
@@ -98,8 +102,7 @@ CREATE TABLE IF NOT EXISTS eigenvalues (
     spectrum VARCHAR NOT NULL,
     idx      INTEGER NOT NULL,
     value    DOUBLE NOT NULL,
-    imag     DOUBLE NOT NULL,
-    PRIMARY KEY (model, layer, head, spectrum, idx)
+    imag     DOUBLE NOT NULL     -- key: (model, layer, head, spectrum, idx)
 );
 
 -- Distribution fits (statistics.md section 4), location fixed at 0, scipy's parametrisation:
@@ -124,8 +127,7 @@ CREATE TABLE IF NOT EXISTS fits (
     aic        DOUBLE,             -- 2 k - 2 loglik, k free parameters: 2, or 3 for gengamma
     bic        DOUBLE,             -- k ln(n) - 2 loglik
     n          INTEGER NOT NULL,
-    status     VARCHAR NOT NULL,   -- 'ok', 'boundary', 'failed'
-    PRIMARY KEY (model, layer, head, sample, family)
+    status     VARCHAR NOT NULL    -- 'ok', 'boundary', 'failed'; key: (model, layer, head, sample, family)
 );
 -- Every ok fit in Prentice's (1974) generalized-gamma coordinates, log x = mu + sigma w (README "### Fit
 -- status, AIC and BIC"): gamma q = sigma, lognormal q = 0, Weibull q = 1; NULL unless status = 'ok'.
@@ -174,8 +176,7 @@ CREATE TABLE IF NOT EXISTS distance_profiles (
     symmetric_energy DOUBLE,
     a DOUBLE, b DOUBLE, c DOUBLE, d DOUBLE,
     parity           VARCHAR,   -- 'I+', 'II', 'I-' at the model's parity_tolerance
-    pairing          DOUBLE,
-    PRIMARY KEY (model, layer, head, delta)
+    pairing          DOUBLE     -- key: (model, layer, head, delta)
 );
 
 -- Columns added after the first release (old warehouses gain them when opened for writing).
