@@ -60,6 +60,18 @@ def test_a_range_is_asked_for_exactly_and_uncompressed(hub):
     assert file.repo.meter.bytes == 5000 and hub.waits == [0.0]
 
 
+def test_a_file_served_from_disk_gives_the_same_ranges_and_counts(hub, tmp_path):
+    """A repo file given as a path (as the bench serves checkpoints: sendfile, no copy in the server) answers ranges
+    and their counts as one held in memory does."""
+    path = tmp_path / "blob.bin"
+    path.write_bytes(hub.repos["org/r"]["blob.bin"])
+    hub.repos["org/d"] = {"blob.bin": path}
+    spans = [(0, 10), (4096, 70_000), (SIZE - 7, SIZE)]
+    got = remote(repo="org/d").read_many(spans)
+    assert {span: bytes(view) for span, view in got.items()} == {(a, b): fetched(hub, a, b) for a, b in spans}
+    assert hub.served == {"blob.bin": 10 + (70_000 - 4096) + 7}
+
+
 @pytest.mark.parametrize("fault, why", [
     ("503", r"HTTP 503"),
     ("500", r"HTTP 500"),
