@@ -31,7 +31,7 @@ from headforms.warehouse.running.layers import LayerRows, LoadOptions, deltas
 from headforms.warehouse.running.progress import RunProgress
 from headforms.warehouse.running import summaries
 from headforms.warehouse.storing.failures import ModelIncomplete, place_of, stage, words
-from headforms.warehouse.storing.store import WarehouseError, Writer, insert, transaction
+from headforms.warehouse.storing.store import WarehouseError, Writer, insert, query, transaction
 
 
 def tool_version() -> str:
@@ -78,7 +78,8 @@ def load_models(writer: Writer, ckpts: list[Checkpoint], opts: LoadOptions, exec
     commits them model by model, layer by layer, in order. `on_start` is the writer's own work done
     while the first layers are computed (the caller's: the warehouse's views), as is importing what the summaries
     need."""
-    plans = [_plan(writer, ckpt, opts) for ckpt in ckpts]
+    with writer.connection() as con:  # the file attached once for every model's plan
+        plans = [_plan(con, ckpt, opts) for ckpt in ckpts]
     executor = executor or Serial()
     run = RunProgress(writer.path, len(plans))
     with single_threaded():  # held by the caller's thread for the run: it set the BLAS limit, so it restores it
@@ -110,12 +111,12 @@ class _Plan:
     created: bool   # the models row is this run's
 
 
-def _plan(writer: Writer, ckpt: Checkpoint, opts: LoadOptions) -> _Plan:
+def _plan(con, ckpt: Checkpoint, opts: LoadOptions) -> _Plan:
     """Compare `ckpt` with what the warehouse holds of it: refuse a changed source unless forced."""
     name, n_layers = ckpt.name, ckpt.spec.n_layers
     deltas(ckpt.spec, opts)  # refuses distances a RoPE model's conventions do not allow, before any write
     record = _model_record(ckpt, opts)
-    old = writer.query(f"SELECT {', '.join(IDENTITY)}, complete FROM models WHERE model = ?", [name])
+    old = query(con, f"SELECT {', '.join(IDENTITY)}, complete FROM models WHERE model = ?", [name])
     if old.height:
         prev = old.row(0, named=True)
         changed = [f"{key} {prev[key]} -> {record[key]}" for key in IDENTITY if prev[key] != record[key]]
@@ -126,7 +127,7 @@ def _plan(writer: Writer, ckpt: Checkpoint, opts: LoadOptions) -> _Plan:
             return _Plan(ckpt, opts, record, list(range(n_layers)), "replaced", False)
         if prev["complete"]:
             return _Plan(ckpt, opts, record, [], "up to date", False)
-    done = set(writer.query("SELECT layer FROM layers WHERE model = ?", [name])["layer"].to_list())
+    done = set(query(con, "SELECT layer FROM layers WHERE model = ?", [name])["layer"].to_list())
     todo = [layer for layer in range(n_layers) if layer not in done]
     return _Plan(ckpt, opts, record, todo, "resumed" if done or old.height else "extracted", not old.height)
 

@@ -201,10 +201,6 @@ class Writer:
                 host.execute("USE memory")
                 host.execute(f"DETACH {self.ALIAS}")
 
-    def query(self, sql: str, params=None) -> pl.DataFrame:
-        with self.connection() as con:
-            return query(con, sql, params)
-
     def close(self) -> None:
         if self._host is not None:
             self._host.close()
