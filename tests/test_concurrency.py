@@ -531,6 +531,38 @@ def test_jobs_fork_server_starts_with_the_executor():
     assert len(workers) == 1 and server in workers[0], up
 
 
+# A --jobs 2 executor's worker, asked for its OpenBLAS thread counts and its environment's OPENBLAS_NUM_THREADS;
+# then this process's own value of it.
+WORKER_BLAS = r"""
+import json, os, threadpoolctl
+from headforms.warehouse.running.executors import Processes
+
+work = Processes(2)
+info = work.pool.submit(threadpoolctl.threadpool_info).result()
+seen = work.pool.submit(os.getenv, "OPENBLAS_NUM_THREADS").result()
+work.close()
+print(json.dumps([sorted({lib["num_threads"] for lib in info if lib["internal_api"] == "openblas"}), seen,
+                  os.environ.get("OPENBLAS_NUM_THREADS")]))
+"""
+
+
+@pytest.mark.parametrize("users", [None, "3"])
+def test_jobs_workers_start_openblas_single_threaded_unless_the_user_says(users):
+    """The fork server starts with OPENBLAS_NUM_THREADS=1 (a worker's linear algebra is single-threaded, and
+    OpenBLAS spins its other threads idle after loading, on the cores the writer computes on); the writer's own
+    environment is left as it was, and a value the user set is the workers' too."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if users:
+        env["OPENBLAS_NUM_THREADS"] = users
+    run = subprocess.run([sys.executable, "-c", WORKER_BLAS], capture_output=True, text=True, timeout=PATIENCE,
+                         cwd=ROOT, env=env)
+    assert run.returncode == 0, run.stderr
+    counts, seen, own = json.loads(run.stdout.splitlines()[-1])
+    assert (seen, own) == (users or "1", users)
+    if not users:
+        assert counts == [1]
+
+
 # 3. Ray ----------------------------------------------------------------------------------------
 
 def test_ray_equals_the_serial_build(survey, tmp_path, ray_cluster):

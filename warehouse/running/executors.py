@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -179,6 +180,23 @@ class _Ahead:
         raise StopIteration
 
 
+# A worker's linear algebra is single-threaded (its siblings have the other cores): OpenBLAS started with more
+# threads spins them idle after its load, 0.1 s of CPU per thread and library, on the cores the writer computes on.
+SINGLE_THREADED_BLAS = {"OPENBLAS_NUM_THREADS": "1"}
+
+
+@contextmanager
+def _environment(values: dict[str, str]):
+    """os.environ with `values` set where the user has not set them, restored after (for a child started inside)."""
+    added = {key: value for key, value in values.items() if key not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
 def _worker_setup(parent: int) -> None:
     """A worker process leaves Ctrl-C to the writer (which stops it), runs single-threaded (its siblings
     have the other cores), and exits when the writer is gone (killed: nobody would read its results)."""
@@ -315,7 +333,8 @@ class Processes(_Windowed):
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(["headforms.warehouse.running.load", "headforms.extract.hf",
                                         "headforms.extract.gguf_file"])
-        multiprocessing.forkserver.ensure_running()  # its imports start now, beside the writer's own set-up
+        with _environment(SINGLE_THREADED_BLAS):  # the server's environment is this process's at its start
+            multiprocessing.forkserver.ensure_running()  # its imports start now, beside the writer's own set-up
         self.pool = ProcessPoolExecutor(jobs, mp_context=context,
                                         initializer=_worker_setup, initargs=(os.getpid(),))
 
