@@ -382,6 +382,32 @@ def test_offline_from_the_cache_and_the_cache_command(hub, tmp_path, monkeypatch
         open_checkpoint("org/tiny")
 
 
+def test_a_damaged_cached_range_is_one_error_line_naming_the_command_that_clears_it(hub, tmp_path):
+    """A cached chunk cut short outside headforms (it is read from its mapping, which would fault past the file's
+    end): the extraction stops with one line naming the bytes and `headforms cache --clear --repo`, writing
+    nothing; once cleared, the same command refetches and extracts."""
+    from tests.test_robustness import assert_failed
+
+    serve(hub, "org/tiny", llama(tmp_path, "safetensors"))
+    first = tmp_path / "first.duckdb"
+    api.extract("org/tiny", db=first)
+    chunks = [f for f in (tmp_path / "cache").rglob("*") if f.is_file() and re.fullmatch(r"\d+-\d+", f.name)]
+    largest = max(chunks, key=lambda f: f.stat().st_size)
+    start, end = map(int, largest.name.split("-"))
+    with open(largest, "r+b") as f:
+        f.truncate(end - start - 1)
+    second = tmp_path / "second.duckdb"
+    args = ["extract", "org/tiny", "--db", str(second)]
+    assert_failed(CliRunner().invoke(cli.main, args),
+                  rf"^Error: the cached bytes {start}-{end} of org/tiny/\S+ are damaged \({end - start - 1} bytes "
+                  rf"where {end - start} belong\): run `headforms cache --clear --repo org/tiny` and extract again$")
+    assert not second.exists()
+    assert CliRunner().invoke(cli.main, ["cache", "--clear", "--repo", "org/tiny"]).exit_code == 0
+    result = CliRunner().invoke(cli.main, args)
+    assert result.exit_code == 0, result.output
+    assert_same_values(second, first)
+
+
 def test_plan_prints_bytes_per_model_from_headers_alone(hub, tmp_path):
     for fmt in ("sharded", "bin"):
         serve(hub, f"org/{fmt}", llama(tmp_path, fmt))

@@ -7,6 +7,7 @@ import importlib
 import io
 import os
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -205,6 +206,31 @@ def test_two_spans_of_one_fetched_range_are_views_of_one_buffer(hub):
     assert ranges(hub) == ["bytes=100-499"] and [bytes(got[s]) for s in spans] == [fetched(hub, *s) for s in spans]
     a, b, c = (np.frombuffer(got[s], np.uint8).__array_interface__["data"][0] for s in spans)
     assert (b - a, c - a) == (200, 150)  # where they lie in the range's buffer
+
+
+def _mapped_file(address: int) -> str | None:
+    """The file whose mapping in this process holds `address` (from /proc/self/maps), None for anonymous memory."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        low, high = (int(x, 16) for x in fields[0].split("-"))
+        if low <= address < high:
+            return fields[5] if len(fields) == 6 else None
+    raise AssertionError(f"address {address:#x} is mapped nowhere")
+
+
+def test_a_span_one_cached_chunk_holds_is_read_from_its_mapping(hub):
+    """A span inside one cached chunk (a layer fetched ahead, read back) is a view of the chunk file's mapping,
+    not a copy in fresh memory; a span across two chunks is assembled in memory; both are the file's bytes."""
+    file = remote()
+    file.read_many([(1000, 9000)])
+    file.read_many([(9000, 30_000)])  # two cached chunks, end to end
+    file = remote()  # a new reader: nothing fetched by it, every span from the cache
+    spans = [(1500, 8000), (1000, 9000), (18_000, 25_000), (8000, 25_000)]  # the third past a page of its chunk
+    got = file.read_many(spans)
+    assert [bytes(got[s]) for s in spans] == [fetched(hub, *s) for s in spans]
+    where = [_mapped_file(np.frombuffer(got[s], np.uint8).__array_interface__["data"][0]) for s in spans]
+    assert where[:3] == [str(file.chunks / name) for name in ("1000-9000", "1000-9000", "9000-30000")]
+    assert where[3] not in where[:3]  # assembled in memory
 
 
 def test_a_prefix_is_a_cached_chunk_grown_without_refetching_or_rewriting(hub, monkeypatch):
