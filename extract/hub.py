@@ -182,8 +182,8 @@ class RemoteFile:
 
     def _from_cache(self, start: int, end: int) -> memoryview:
         """start..end-1 from the cached chunks covering it: a view of the chunk's mapping where one chunk holds it
-        all (a layer fetched ahead is read straight from the page cache: copying it into fresh memory cost three
-        times its decoding), else read into one buffer."""
+        all (a layer fetched ahead is read straight from the page cache, not copied into fresh memory first), else
+        read into one buffer."""
         whole = next(((a, b) for a, b in self._cached_chunks() if a <= start and end <= b), None) if end > start else None
         if whole:
             offset = start - whole[0]
