@@ -372,12 +372,19 @@ def architectures(fmt):
 @click.option("--repo", help="One hub repo (org/name).")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
 def cache(clear, repo, fmt):
-    """The cache of hub byte ranges ($HEADFORMS_CACHE, default ~/.cache/headforms/hub): size per model."""
-    frame = api.cache(clear=clear, repo=repo)
-    if clear:
-        click.echo(f"cleared {repo or 'the cache'} ({api.cache_folder()})")
+    """The cache of hub byte ranges: size per model (repo and commit). It is the folder `headforms` of the Hugging
+    Face cache (~/.cache/huggingface/hub/headforms by default), or $HEADFORMS_CACHE."""
+    held = api.cache(repo=repo)
+    if not clear:
+        _print(held, fmt)
+        return
+    api.cache(clear=True, repo=repo)
+    what = repo or "the cache"
+    if held.height:
+        click.echo(f"cleared {what}: {held['files'].sum()} files, {held['bytes'].sum() / 1e6:.1f} MB "
+                   f"({api.cache_folder()})")
     else:
-        _print(frame, fmt)
+        click.echo(f"nothing cached for {what} ({api.cache_folder()})")
 
 
 @main.command()

@@ -376,8 +376,12 @@ def test_offline_from_the_cache_and_the_cache_command(hub, tmp_path, monkeypatch
     assert result.exit_code == 0, result.output
     rows = list(pl.read_csv(io.StringIO(result.output)).iter_rows(named=True))
     assert rows == [{"repo": "org/tiny", "commit": COMMIT, "files": 2, "bytes": cached}]
+    result = CliRunner().invoke(cli.main, ["cache", "--clear", "--repo", "org/other"])
+    assert result.exit_code == 0 and result.output.startswith("nothing cached for org/other (")
+    assert api.cache().height == 1
     result = CliRunner().invoke(cli.main, ["cache", "--clear"])
     assert result.exit_code == 0 and api.cache().height == 0
+    assert result.output.startswith(f"cleared the cache: 2 files, {cached / 1e6:.1f} MB ({tmp_path / 'cache'})")
     with pytest.raises(ExtractError, match="HF_HUB_OFFLINE is set"):
         open_checkpoint("org/tiny")
 
