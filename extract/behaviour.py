@@ -219,15 +219,16 @@ def _gguf_normal_ids(name: str, kwargs: dict) -> np.ndarray:
     """The ids a GGUF file's tokenizer.ggml.token_type marks NORMAL (not control, user-defined, unused or byte)."""
     import gguf
 
+    from headforms.extract.gguf_file import gguf_array
+
     path = Path(name) / kwargs["gguf_file"]
     if not path.exists():  # a hub file: transformers has just downloaded it into the hub cache
         from huggingface_hub import hf_hub_download
 
         path = Path(hf_hub_download(name, kwargs["gguf_file"], revision=kwargs.get("revision")))
-    field = gguf.GGUFReader(path).fields.get("tokenizer.ggml.token_type")
-    if field is None:
+    types = gguf_array(path, "tokenizer.ggml.token_type")
+    if types is None:
         raise ExtractError(f"{path}: no tokenizer.ggml.token_type to tell ordinary tokens from special ones")
-    types = np.array([field.parts[i][0] for i in field.data])
     return np.flatnonzero(types == gguf.TokenType.NORMAL)
 
 

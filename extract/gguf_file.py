@@ -146,7 +146,8 @@ class _HeaderReader(gguf.GGUFReader):
     the header of a file whose tensor data is cut short.
 
     The stock reader spends ~1.7 s on SmolLM2's tokenizer arrays (~100k strings); stepping over
-    them takes ~0.03 s. Skipped arrays come out empty: nothing here reads them. Tensor data past the
+    them takes ~0.03 s. Arrays of strings come out empty (nothing here reads them), an array of numbers as
+    one array, `gguf_array`. Tensor data past the
     end of the bytes at hand (a truncated file, or a hub file's prefix) gets a zero-stride placeholder,
     so the header describes the whole file and the extent check names what is missing; a header that
     runs past the end raises _Cut.
@@ -180,8 +181,10 @@ class _HeaderReader(gguf.GGUFReader):
                 if offs > end:
                     raise _Cut("metadata runs past the end of the file")
                 offs += 8 + length(buf, offs)[0]
-        elif item_type in self.gguf_scalar_to_np:
-            offs += count * np.dtype(self.gguf_scalar_to_np[item_type]).itemsize
+        elif item_type in self.gguf_scalar_to_np:  # its values as one array, the field's only data part
+            values = self._get(offs, self.gguf_scalar_to_np[item_type], count)
+            return 12 + values.nbytes, [np.array([item_type], np.uint32), np.array([count], np.uint64), values], \
+                [2], [GGUFValueType.ARRAY, item_type]
         else:  # arrays of arrays: rare and short, the stock parser handles them
             return super()._get_field_parts(orig_offs, raw_type)
         return offs - orig_offs, [], [], [GGUFValueType.ARRAY]
@@ -197,6 +200,17 @@ def _open_reader(path: Path) -> _HeaderReader:
         if isinstance(e, _Cut) or (path.is_file() and path.stat().st_size == 0):
             raise header_cut(path, path.stat().st_size, "GGUF header (metadata and tensor table)") from None
         raise ExtractError(f"corrupt or truncated GGUF file {path}: {first_line(e)}") from None
+
+
+def gguf_array(path: Path, key: str) -> np.ndarray | None:
+    """A metadata array of numbers (tokenizer.ggml.token_type, say) read from the file's header alone; None when the
+    file has no such key."""
+    field = _open_reader(path).fields.get(key)
+    if field is None:
+        return None
+    if field.types[:1] != [GGUFValueType.ARRAY] or len(field.data) != 1:
+        raise ExtractError(f"{path}: {key} is not an array of numbers")
+    return np.array(field.parts[field.data[0]])
 
 
 def _file_refusal(meta: dict, arch: str) -> str | None:

@@ -276,6 +276,8 @@ def test_cli_and_its_refusals(tmp_path, monkeypatch):
 
     other = tm.save(with_biases("llama"), tmp_path / "not-extracted")
     refused([str(other)], "not-extracted is not in the warehouse", "headforms extract")
+    api.extract(str(other), db=db, name="renamed", resamples=20)  # as a model set names its members
+    refused([str(other)], f"not-extracted is not in the warehouse, but {other} is, as renamed: pass --name renamed")
     refused([str(folder), "--length", "40"], "80 tokens", "32 learned positions", "--length 16")
     monkeypatch.setattr(run_model, "available_bytes", lambda device: 1000)
     refused([str(folder), "--length", "4"], "GiB", "--sequences")

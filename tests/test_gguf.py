@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from headforms.extract.checkpoint import ExtractError, ReadOptions
-from headforms.extract.gguf_file import GGUF_ARCHITECTURES, SCALE_RULES, dequantizable, open_gguf
+from headforms.extract.gguf_file import (GGUF_ARCHITECTURES, SCALE_RULES, _open_reader, dequantizable, gguf_array,
+                                         open_gguf)
 from tests import gguf_convert
 from tests import tiny_models as tm
 from tests.test_layouts import logit_error
@@ -128,6 +129,38 @@ def test_small_file_roundtrip(tmp_path):
     w_q, w_k = checkpoint.read_layer(1)
     assert np.array_equal(w_q, weights["blk.1.attn_q.weight"].reshape(4, 8, 32))
     assert np.array_equal(w_k, weights["blk.1.attn_k.weight"].reshape(2, 8, 32))
+
+
+NUMERIC_ARRAYS = {kind: np.arange(-3, 4).astype(gguf.GGUFReader.gguf_scalar_to_np[kind]) % 5
+                  for kind in gguf.GGUFReader.gguf_scalar_to_np}
+
+
+def test_numeric_metadata_arrays_read_as_the_gguf_library_reads_them(tmp_path):
+    """gguf_array (one array from the header) equals gguf.GGUFReader's element-by-element parse for an array of
+    every numeric type and SmolLM2's token types; the keys after them still parse."""
+    path = tmp_path / "arrays.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for kind, values in NUMERIC_ARRAYS.items():
+        writer.add_key_value(f"test.{kind.name}", values.tolist(), gguf.GGUFValueType.ARRAY, sub_type=kind)
+    writer.add_array("test.strings", ["a", "bc"])
+    writer.add_string("test.after", "still read")
+    writer.add_tensor("blk.0.attn_q.weight", np.ones((4, 4), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    stock = gguf.GGUFReader(path).fields
+    keys = [f"test.{kind.name}" for kind in NUMERIC_ARRAYS]
+    for file, key in [(path, key) for key in keys] + [(SMOL, "tokenizer.ggml.token_type")]:
+        field = (stock if file == path else gguf.GGUFReader(SMOL).fields)[key]
+        expected = np.array([field.parts[i][0] for i in field.data], field.parts[-1].dtype)
+        got = gguf_array(file, key)
+        assert got.dtype == expected.dtype and np.array_equal(got, expected) and len(got) == len(field.data), key
+    assert gguf_array(path, "test.absent") is None
+    with pytest.raises(ExtractError, match=r"arrays\.gguf: test\.strings is not an array of numbers$"):
+        gguf_array(path, "test.strings")
+    assert _open_reader(path).fields["test.after"].contents() == "still read"
 
 
 def test_qwen2_is_stored_split_half(tmp_path):

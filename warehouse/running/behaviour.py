@@ -25,6 +25,10 @@ def stored_model(con, ckpt) -> dict:
     no norm folded into W_Q, W_K (the model's logit reads the attention's input as it is)."""
     rows = query(con, "SELECT * FROM models WHERE model = ?", [ckpt.name]).to_dicts()
     if not rows:
+        named = query(con, "SELECT model FROM models WHERE source = ? ORDER BY model", [ckpt.source])["model"]
+        if named.len():  # extracted under another name (a model set's, or --name)
+            raise ExtractError(f"{ckpt.name} is not in the warehouse, but {ckpt.source} is, as {', '.join(named)}: "
+                               f"pass --name {named[0]}" + (" (or another of them)" if named.len() > 1 else ""))
         raise ExtractError(f"{ckpt.name} is not in the warehouse: run `headforms extract {ckpt.source}` on it first")
     model = rows[0]
     if not model["complete"]:
