@@ -283,3 +283,25 @@ def test_insert_appends_by_name_and_leaves_no_frame_registered():
     assert con.execute("SELECT a, b FROM t ORDER BY a").fetchall() == [(1, "x"), (2, "y")]
     with pytest.raises(duckdb.CatalogException):
         con.execute("SELECT * FROM _frame")
+
+
+@pytest.mark.parametrize("in_transaction", [True, False])
+def test_a_failed_insert_is_raised_in_duckdbs_words_for_it_and_leaves_no_frame_registered(in_transaction):
+    """A duplicate key aborts the transaction: unregistering the frame then fails (TransactionException, "Current
+    transaction is aborted"), which once hid the ConstraintException. Inside store.transaction and in autocommit
+    alike, the error raised is the insert's own, the table is as it was and no frame stays registered."""
+    import polars as pl
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t (a INTEGER PRIMARY KEY)")
+    store.insert(con, "t", pl.DataFrame({"a": [1]}))
+    with pytest.raises(duckdb.ConstraintException, match="Duplicate key"):
+        if in_transaction:
+            with store.transaction(con):
+                store.insert(con, "t", pl.DataFrame({"a": [2]}))
+                store.insert(con, "t", pl.DataFrame({"a": [1]}))
+        else:
+            store.insert(con, "t", pl.DataFrame({"a": [1]}))
+    assert con.execute("SELECT a FROM t").fetchall() == [(1,)]
+    with pytest.raises(duckdb.CatalogException):
+        con.execute("SELECT * FROM _frame")

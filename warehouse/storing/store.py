@@ -6,7 +6,7 @@ import os
 import re
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import duckdb
@@ -319,12 +319,17 @@ def transaction(con: duckdb.DuckDBPyConnection):
 
 
 def insert(con: duckdb.DuckDBPyConnection, table: str, frame) -> None:
-    """Append a polars frame or Arrow table to a table in one statement, matching columns by name."""
+    """Append a polars frame or Arrow table to a table in one statement, matching columns by name. A failed INSERT
+    is raised in DuckDB's words for it (a duplicate key, say): it aborts the caller's transaction, whose rollback
+    drops the frame's registration with it (unregistering first would fail, and hide why)."""
     con.register("_frame", frame)
     try:
         con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM _frame")
-    finally:
-        con.unregister("_frame")
+    except duckdb.Error:
+        with suppress(duckdb.TransactionException):  # outside a transaction, nothing is aborted: unregister
+            con.unregister("_frame")
+        raise
+    con.unregister("_frame")
 
 
 def query(con: duckdb.DuckDBPyConnection, sql: str, params=None) -> pl.DataFrame:
