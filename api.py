@@ -16,7 +16,7 @@ from typing import Iterable
 import numpy as np
 
 from headforms.extract import MODEL_SETS, ExtractError, ReadOptions
-from headforms.extract.sources import REVISION_SETS, ArgumentError, plan_targets
+from headforms.extract.sources import REVISION_SETS, ArgumentError, name_clashes, plan_targets
 from headforms.warehouse.running.executors import EXECUTORS
 from headforms.warehouse.storing.failures import ModelIncomplete
 from headforms.warehouse.storing.store import READ_WAIT, WarehouseError, default_db
@@ -93,6 +93,8 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
         for target in targets:
             with stage(f"open ({target.source})", target.name):
                 ckpts.append(open_target(target, read))
+        if clashes := name_clashes([(target.source, ckpt.name) for target, ckpt in zip(targets, ckpts)]):
+            raise ArgumentError(next(iter(clashes.values())))
         with exclusive_run(db, wait):
             con = open_warehouse(db, wait=wait)
             opened = True
@@ -139,14 +141,16 @@ def plan(sources: str | Iterable[str], *, name: str | None = None, revision: str
          tower: str | None = None, fold_norm: str = "none"):
     """What extracting `sources` (with extract's options) would read, from headers alone (nothing else is
     fetched): per model, heads, the bytes of its Q/K tensors and of its weight files. `warning` says why
-    extract would refuse a model whose header was read whole (a file cut short or too long), else null."""
+    extract would refuse a model whose header was read whole (a file cut short or too long, a name an earlier
+    source has), else null."""
     import polars as pl
 
     from headforms.extract.formats import IncompleteFile
     from headforms.extract.sources import open_target
 
     read, rows = ReadOptions(qk_norm=qk_norm, tower=tower, fold_norm=fold_norm), []
-    for target in plan_targets(sources, name=name, revision=revision, revisions=revisions, set_file=set_file):
+    targets = plan_targets(sources, name=name, revision=revision, revisions=revisions, set_file=set_file)
+    for target in targets:
         try:
             ckpt, warning = open_target(target, read), None
         except IncompleteFile as e:  # the header alone still gives the plan
@@ -157,6 +161,8 @@ def plan(sources: str | Iterable[str], *, name: str | None = None, revision: str
         rows.append({"model": ckpt.name, "source": target.source, "heads": ckpt.spec.n_layers * ckpt.spec.n_heads,
                      "qk_bytes": ckpt.qk_bytes, "checkpoint_bytes": ckpt.checkpoint_bytes,
                      "header_bytes_fetched": ckpt.bytes_fetched, "warning": warning})
+    for i, why in name_clashes([(target.source, row["model"]) for target, row in zip(targets, rows)]).items():
+        rows[i]["warning"] = rows[i]["warning"] or why
     return pl.DataFrame(rows, schema_overrides={"qk_bytes": pl.Int64, "checkpoint_bytes": pl.Int64,
                                                 "header_bytes_fetched": pl.Int64, "warning": pl.Utf8})
 

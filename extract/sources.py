@@ -54,7 +54,7 @@ def expand_sources(sources: str | list[str]) -> list[tuple[str | None, str]]:
 
 
 class ArgumentError(ValueError):
-    """Sources and options that contradict each other (a usage error, said before anything is opened)."""
+    """Sources and options that contradict each other (a usage error, said before anything is written)."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,22 @@ def plan_targets(sources: str | list[str], *, name: str | None = None, revision:
             raise ArgumentError("--revisions does not apply to a set that lists its own revisions")
         return [Target(t.source, revision=r, base=t.name, of_revision=True) for t in targets for r in revisions]
     return [t if t.revision or not revision else replace(t, revision=revision) for t in targets]
+
+
+def name_clashes(models: list[tuple[str, str]]) -> dict[int, str]:
+    """For (source, model name) pairs of one run: why each one named as an earlier one cannot be stored, by index (a
+    model is one row of `models`: the same source given twice, or two sources named alike, two folders called
+    `model` say)."""
+    first, clashes = {}, {}
+    for i, (source, name) in enumerate(models):
+        if name not in first:
+            first[name] = source
+        elif first[name] == source:
+            clashes[i] = f"{source} is given twice (model '{name}')"
+        else:
+            clashes[i] = (f"{first[name]} and {source} would both be model '{name}': name them apart in a set file "
+                          "(`source - name` a line) or extract them one at a time with --name")
+    return clashes
 
 
 def read_set_file(path: str | Path) -> list[Target]:

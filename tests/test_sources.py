@@ -129,3 +129,45 @@ def test_expand_sources():
         "opt-6.7b", "opt-13b", "bloom-3b", "bloom-7b1", "pythia-70m-deduped", "Mistral-Small-24B-Base"]
     assert dict(paper)["Mistral-Small-24B-Base"] == "mistralai/Mistral-Small-24B-Base-2501"
     assert dict(paper)["pythia-70m-deduped"] == "EleutherAI/pythia-70m-deduped"
+
+
+def test_two_sources_named_alike_are_refused_before_anything_is_written(tmp_path):
+    """Two files called tiny.gguf in different folders would both be model 'tiny' (the second one's rows met the
+    first one's key once the first was committed, in DuckDB's words): refused in one usage line before the warehouse
+    is opened, so none is created and an existing one keeps its bytes; --plan says it; a set file names them apart."""
+    import duckdb
+    from click.testing import CliRunner
+
+    import headforms.cli as cli
+
+    for folder, seed in (("a", 1), ("b", 2)):
+        (tmp_path / folder).mkdir()
+        write_gguf(tmp_path / folder / "tiny.gguf", seed=seed)
+    a, b, db = str(tmp_path / "a" / "tiny.gguf"), str(tmp_path / "b" / "tiny.gguf"), tmp_path / "w.duckdb"
+    runner = CliRunner()
+
+    def clash(first, second):
+        return (f"{first} and {second} would both be model 'tiny': name them apart in a set file (`source - name` a "
+                "line) or extract them one at a time with --name\n")
+
+    result = runner.invoke(cli.main, ["extract", a, b, "--db", str(db)])
+    assert result.exit_code == 2 and result.output.endswith("Error: " + clash(a, b)), result.output
+    assert not db.exists()
+
+    assert runner.invoke(cli.main, ["extract", a, "--db", str(db), "--resamples", "20"]).exit_code == 0
+    kept = db.read_bytes()
+    for sources, said in (([b, a], clash(b, a)), ([a, a], f"{a} is given twice (model 'tiny')\n")):
+        result = runner.invoke(cli.main, ["extract", *sources, "--db", str(db)])
+        assert result.exit_code == 2 and result.output.endswith("Error: " + said), result.output
+        assert db.read_bytes() == kept
+
+    result = runner.invoke(cli.main, ["extract", a, b, "--plan"])
+    assert result.exit_code == 0 and result.stderr == "Warning: " + clash(a, b), result.stderr
+
+    survey = tmp_path / "survey.txt"
+    survey.write_text(f"{a} - tiny-a\n{b} - tiny-b\n")
+    result = runner.invoke(cli.main, ["extract", "--set", str(survey), "--db", str(db), "--resamples", "20"])
+    assert result.exit_code == 0, result.output
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT model, source FROM models ORDER BY model").fetchall() == [
+            ("tiny", a), ("tiny-a", a), ("tiny-b", b)]
