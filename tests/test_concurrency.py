@@ -644,6 +644,34 @@ def _unreadable_tables(db) -> dict[str, str] | None:
     return failed
 
 
+def test_a_damaged_warehouse_is_said_to_be_one(survey, tmp_path):
+    """A warehouse file cut in half, and one with 16 bytes overwritten where a table's values lie: reading a table
+    that no longer reads ends in one line that says the warehouse file is damaged, DuckDB's words for how, and what
+    to do (`check` names the tables: test below)."""
+    _, serial = survey
+    size = serial.stat().st_size
+    said = (r"^Error: the warehouse file is damaged \((Corrupt database file|IO Error: Could not read enough bytes "
+            r"from file)[^\n]*\): `headforms check` names the tables that no longer read; restore the file from a copy, "
+            r"or extract into a new one$")
+    cut = tmp_path / "cut.duckdb"
+    shutil.copy(serial, cut)
+    os.truncate(cut, size // 2)
+    damaged = [(cut, _unreadable_tables(cut))]
+    for offset in range(4096, size, size // 48):  # the first offset whose bytes a table's scan reads
+        overwritten = tmp_path / f"overwritten{offset}.duckdb"
+        shutil.copy(serial, overwritten)
+        with open(overwritten, "r+b") as f:
+            f.seek(offset)
+            f.write(b"\xa5" * 16)
+        if broken := _unreadable_tables(overwritten):
+            damaged.append((overwritten, broken))
+            break
+    assert len(damaged) == 2 and all(damaged[0][1].values()), damaged
+    for db, broken in damaged:
+        result = invoke("sql", f"SELECT * FROM {next(iter(broken))}", "--db", db, "--wait", "0")
+        assert_one_error(result.exit_code, result.stderr, said)
+
+
 def test_check_reports_every_damaged_block(survey, tmp_path):
     """16 bytes overwritten at many offsets of a real warehouse: wherever a full scan of a table fails,
     `check` reports a line naming that table (or one Error line when the file does not open), never a

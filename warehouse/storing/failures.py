@@ -69,12 +69,21 @@ def writable_folder(folder: Path) -> None:
                              f"choose a folder you can write with --out DIR") from None
 
 
+# DuckDB's words for a warehouse file whose bytes are not those it wrote: a block whose checksum fails, a block past
+# the end of a file cut short.
+DAMAGED = ("Corrupt database file", "IO Error: Could not read enough bytes from file")
+
+
 def one_line(exc: Exception) -> tuple[str, bool]:
     """A failure as the one line a user reads, and whether its traceback is worth keeping: the tool's own refusals
-    (and DuckDB's words on a query) stand alone; anything else says where it happened and what it was."""
+    (and DuckDB's words on a query) stand alone, a damaged warehouse file is named as such; anything else says where
+    it happened and what it was."""
     place = place_of(exc)
     if isinstance(exc, ModelIncomplete):
         return str(exc), True
+    if isinstance(exc, duckdb.Error) and first_line(exc).startswith(DAMAGED):
+        return (f"the warehouse file is damaged ({first_line(exc)}): `headforms check` names the tables that no "
+                "longer read; restore the file from a copy, or extract into a new one"), False
     if isinstance(exc, (ExtractError, WarehouseError)) or (isinstance(exc, duckdb.Error) and place is None):
         return first_line(exc), False
     return f"{f'{place}: ' if place else ''}{words(exc)}", True
