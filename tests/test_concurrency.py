@@ -672,6 +672,49 @@ def test_a_damaged_warehouse_is_said_to_be_one(survey, tmp_path):
         assert_one_error(result.exit_code, result.stderr, said)
 
 
+def test_a_warehouse_cut_short_is_refused_before_anything_writes_to_it(survey, tmp_path):
+    """A warehouse file cut short (a copy or a download that stopped) opens in DuckDB, which fails only on reading a
+    missing block, after a write may already have changed the file. Cut anywhere but on the edge of one of its
+    256 kB blocks (half its size, its last byte, a block and a page from its end), on an edge wherever a full scan
+    of its tables fails (the oracle), and a warehouse of one model (no free blocks) by its last block (an index's):
+    `extract` into it is refused in one line and leaves it byte for byte as it was, and so does opening it for a
+    write as `behaviour` does, or through the Python API."""
+    files, serial = survey
+    single = tmp_path / "single.duckdb"
+    assert invoke("extract", files[1], "--db", single).exit_code == 0
+    size = serial.stat().st_size
+    said = r"^Error: the warehouse file is damaged \(.*cut\.duckdb is cut short: [\d,]+ bytes, .*\): `headforms " \
+           r"check` names the tables that no longer read; restore the file from a copy, or extract into a new one$"
+    edges = [size - k * 262144 for k in range(1, 5)]
+    cuts = [(serial, length) for length in [size // 2, size - 1, size - 262144 - 4096] + [
+        edge for edge in edges if _unreadable_tables_cut(serial, tmp_path, edge)]]
+    assert len(cuts) >= 4, cuts  # at least one cut on an edge took blocks a table reads
+    cuts.append((single, single.stat().st_size - 262144))
+    assert _unreadable_tables_cut(single, tmp_path, cuts[-1][1]) is False  # no table reads the block it took
+    for db, length in cuts:
+        cut = tmp_path / "cut.duckdb"
+        shutil.copy(db, cut)
+        os.truncate(cut, length)
+        before = cut.read_bytes()
+        result = invoke("extract", files[0], "--db", cut, "--name", "again", "--resamples", "10")
+        assert_one_error(result.exit_code, result.stderr, said)
+        assert cut.read_bytes() == before, length
+        with pytest.raises(store.WarehouseError, match="is cut short"), Writer(cut) as writer:
+            with writer.connection():
+                pass
+        with pytest.raises(store.WarehouseError, match="is cut short"):
+            api.connect(cut, read_only=False)  # the Python API's writable connection (its schema is created)
+        assert cut.read_bytes() == before, length
+
+
+def _unreadable_tables_cut(serial: Path, folder: Path, length: int) -> bool:
+    """Whether a full scan of some table fails on a copy of `serial` cut to `length` bytes."""
+    cut = folder / f"scan{length}.duckdb"
+    shutil.copy(serial, cut)
+    os.truncate(cut, length)
+    return _unreadable_tables(cut) != {}
+
+
 def test_check_reports_every_damaged_block(survey, tmp_path):
     """16 bytes overwritten at many offsets of a real warehouse: wherever a full scan of a table fails,
     `check` reports a line naming that table (or one Error line when the file does not open), never a

@@ -9,7 +9,7 @@ from pathlib import Path
 import duckdb
 
 from headforms.extract.checkpoint import ExtractError, first_line
-from headforms.warehouse.storing.store import WarehouseError
+from headforms.warehouse.storing.store import WarehouseError, damaged
 
 
 @dataclass(frozen=True)
@@ -82,8 +82,7 @@ def one_line(exc: Exception) -> tuple[str, bool]:
     if isinstance(exc, ModelIncomplete):
         return str(exc), True
     if isinstance(exc, duckdb.Error) and first_line(exc).startswith(DAMAGED):
-        return (f"the warehouse file is damaged ({first_line(exc)}): `headforms check` names the tables that no "
-                "longer read; restore the file from a copy, or extract into a new one"), False
+        return damaged(first_line(exc)), False
     if isinstance(exc, (ExtractError, WarehouseError)) or (isinstance(exc, duckdb.Error) and place is None):
         return first_line(exc), False
     return f"{f'{place}: ' if place else ''}{words(exc)}", True

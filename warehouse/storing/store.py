@@ -34,6 +34,12 @@ class WarehouseError(Exception):
     """A warehouse that cannot be opened or changed as asked; one line for the user."""
 
 
+def damaged(how: str) -> str:
+    """The line for a warehouse file whose bytes are not those DuckDB wrote, `how` saying what is wrong with them."""
+    return (f"the warehouse file is damaged ({how}): `headforms check` names the tables that no longer read; "
+            "restore the file from a copy, or extract into a new one")
+
+
 def default_db() -> str:
     """The warehouse path: $HEADFORMS_DB, else warehouse.duckdb in the current folder."""
     return os.environ.get(DB_ENV, DEFAULT_DB)
@@ -52,6 +58,12 @@ def connect(path: str | Path, *, read_only: bool = False, wait: float = 0.0) -> 
     if read_only:
         _shadow_added_columns(con)
         create_views(con, temporary=True)
+    else:
+        try:
+            _refuse_cut_short(con, path)
+        except WarehouseError:
+            con.close()
+            raise
     return con
 
 
@@ -68,7 +80,7 @@ def _shadow_added_columns(con: duckdb.DuckDBPyConnection) -> None:
     for table, column, kind in _ADDED_COLUMN.findall(SCHEMA.read_text()):
         if (table, column) not in present and any(t == table for t, _ in present):
             missing.setdefault(table, []).append(f"NULL::{kind} AS {column}")
-    database = con.execute("SELECT current_database()").fetchone()[0]
+    [(database,)] = con.execute("SELECT current_database()").fetchall()
     for table, columns in missing.items():
         con.execute(f'CREATE TEMP VIEW {table} AS SELECT *, {", ".join(columns)} FROM "{database}".main.{table}')
 
@@ -168,6 +180,39 @@ def _refuse_outdated(con: duckdb.DuckDBPyConnection, path: Path) -> None:
                              f"rebuild it (remove the file, then run `headforms extract` again)")
 
 
+# DuckDB's main header and its two database headers, before block 0 of a file; DuckDB writes whole blocks after them.
+FILE_HEADERS = 3 * 4096
+
+
+def _refuse_cut_short(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """Refuse a file cut short (a copy or a download that stopped) before anything is written to it: DuckDB opens
+    such a file and fails only on reading a missing block, by when a write may have changed it. Seen here: a length
+    that is not the headers and whole blocks (a cut anywhere but on a block's edge), a block that the tables or the
+    metadata list past the end, more blocks in use than the file holds (a cut on an edge that took only an index's
+    blocks, with as many free blocks in the file, is not). The blocks' lists are read, not their bytes (about 10 ms
+    for the demo warehouse)."""
+    [(database,)] = con.execute("SELECT current_database()").fetchall()
+    quoted = '"{}"'.format(database.replace('"', '""'))
+    tables = con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = ? AND schema_name = 'main'",
+                         [database]).fetchall()
+    listed = " UNION ALL ".join(["SELECT max(block_id) AS block FROM pragma_metadata_info(?)"] + [
+        "SELECT max(greatest(block_id, list_max(additional_block_ids))) FROM pragma_storage_info(?)"] * len(tables))
+    [(last, block_size, in_use)] = con.execute(
+        f"SELECT (SELECT max(block) FROM ({listed})), block_size, used_blocks FROM pragma_database_size() "
+        f"WHERE database_name = ?", [database] + [f'{quoted}.main."{name}"' for (name,) in tables] + [database]).fetchall()
+    size = path.stat().st_size
+    blocks, rest = divmod(size - FILE_HEADERS, block_size)
+    if size < FILE_HEADERS or rest:
+        why = f"{size:,} bytes, not {FILE_HEADERS:,} bytes of headers and whole blocks of {block_size:,}"
+    elif last is not None and last >= blocks:
+        why = f"{size:,} bytes, where its block {last} ends at byte {FILE_HEADERS + (last + 1) * block_size:,}"
+    elif in_use > blocks:
+        why = f"{size:,} bytes, room for {blocks} blocks of {block_size:,} bytes, where it uses {in_use}"
+    else:
+        return
+    raise WarehouseError(damaged(f"{path} is cut short: {why}"))
+
+
 class Writer:
     """The warehouse opened for writing only for the length of each transaction, so that readers in
     other processes (status, sql, check, export) get in between two commits of a running extraction.
@@ -181,6 +226,7 @@ class Writer:
     def __init__(self, path: str | Path | None = None, *, wait: float = WRITER_WAIT, con=None):
         self.path, self.wait, self.con = Path(path) if path is not None else None, wait, con
         self._host = None  # the in-memory DuckDB the file is attached to
+        self._checked = False  # the file's length against its blocks, on the first attach
 
     @contextmanager
     def connection(self):
@@ -195,6 +241,9 @@ class Writer:
         _open_when_free(self.path, False, self.wait, lambda: host.execute(f"ATTACH '{path}' AS {self.ALIAS}"))
         try:
             host.execute(f"USE {self.ALIAS}")
+            if not self._checked:
+                _refuse_cut_short(host, self.path)
+                self._checked = True
             yield host
         finally:
             with interruptible():
