@@ -66,14 +66,15 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     tasks (executor="ray", on the cluster at `ray_address`, else a local one); one writer commits
     them in order, holding the file only while it commits. Returns one row per model: status, layers
     and heads written, seconds, shape, bytes. A failed first run leaves no warehouse file behind; an
-    interruption (Ctrl-C, a hub that gave out) keeps committed layers, and so does a step after the last layer
-    (ModelIncomplete: the model is kept incomplete, models.failed_step names the step; run again to finish)."""
+    interruption (Ctrl-C, a hub that gave out, a full disk) keeps committed layers, and so does a step after the
+    last layer (ModelIncomplete: the model is kept incomplete, models.failed_step names the step; run again to
+    finish)."""
     import polars as pl
 
     from headforms.extract.hub import FetchError
     from headforms.extract.sources import open_target
     from headforms.warehouse.running.executors import executor as make_executor
-    from headforms.warehouse.storing.failures import ModelIncomplete, stage
+    from headforms.warehouse.storing.failures import ModelIncomplete, no_space, stage
     from headforms.warehouse.storing import revision as local_revisions
     from headforms.warehouse.running.layers import LoadOptions
     from headforms.warehouse.running.load import load_models
@@ -116,7 +117,7 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
                     _summary(rows, ckpt, result)
                     progress.model_done(ckpt, result)
     except Exception as error:  # an interruption (Ctrl-C, a lost network) keeps committed layers, and so the file
-        kept = isinstance(error, (FetchError, ModelIncomplete))  # committed layers stay (a failed summary's too)
+        kept = isinstance(error, (FetchError, ModelIncomplete)) or no_space(error) is not None  # layers stay
         if created and opened and not rows and not kept:  # rows undone: the file too
             remove_warehouse(db)
         raise

