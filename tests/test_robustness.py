@@ -403,10 +403,20 @@ def test_failing_runs_undo_only_their_own_layers(tmp_path, monkeypatch):
 def test_rerun_changes_nothing_and_force_recomputes(tmp_path, llama):
     db = tmp_path / "w.duckdb"
     assert "llama: extracted; 2 layers, 8 heads" in invoke("extract", llama, "--db", db).stdout
-    first = snapshot(db)
+    first, before = snapshot(db), db.read_bytes()
     result = invoke("extract", llama, "--db", db)
     assert result.exit_code == 0 and "llama: up to date; 0 layers, 0 heads" in result.stdout
     assert_same(snapshot(db), first)  # timestamps included
+    assert db.read_bytes() == before  # nothing written, the views included
+    con = duckdb.connect(str(db))
+    con.execute("CREATE OR REPLACE VIEW model_medians AS SELECT 1 AS older")  # as an older version stored it
+    con.close()
+    assert invoke("extract", llama, "--db", db).exit_code == 0
+    con = duckdb.connect(str(db), read_only=True)
+    try:  # the stored view itself (a read-only connection of headforms would shadow it), this version's again
+        assert "median_symmetric_energy" in con.sql("SELECT * FROM model_medians").columns
+    finally:
+        con.close()
     result = invoke("extract", llama, "--db", db, "--force")
     assert result.exit_code == 0 and "llama: replaced; 2 layers, 8 heads" in result.stdout
     assert_same(values(db), without_timestamps(first))

@@ -305,13 +305,24 @@ def create_schema(con: duckdb.DuckDBPyConnection, views: bool = True) -> None:
         create_views(con)
 
 
-def create_views(con: duckdb.DuckDBPyConnection, temporary: bool = False) -> None:
-    """Every view of sql/ (a file holds one SELECT; the view's name is the file's stem).
+def create_views(con: duckdb.DuckDBPyConnection, temporary: bool = False) -> set[str]:
+    """Every view of sql/ (a file holds one SELECT; the view's name is the file's stem); returns the views the file
+    already stores word for word (as DuckDB prints them).
 
     Temporary views serve read-only connections, which cannot store them; one is kept only where the file
-    lacks that view or stores another definition (an older version's), so information_schema lists it once."""
-    kind = "TEMP VIEW" if temporary else "VIEW"
-    pending = sorted(VIEWS.glob("*.sql"))
+    lacks that view or stores another definition (an older version's), so information_schema lists it once.
+    Stored views are written only when one differs (compared through temporary copies), so that a run that changes
+    nothing writes nothing."""
+    files = sorted(VIEWS.glob("*.sql"))
+    if not temporary and _stored_views(con):
+        stored = create_views(con, temporary=True)
+        with interruptible():
+            copies = con.execute("SELECT view_name FROM duckdb_views() WHERE temporary AND NOT internal").fetchall()
+            for (name,) in copies:
+                con.execute(f"DROP VIEW temp.main.{name}")
+        if {file.stem for file in files} <= stored:
+            return stored
+    kind, pending = ("TEMP VIEW" if temporary else "VIEW"), files
     with interruptible():
         while pending:  # views may read other views (missing, or stored by an older version): retry until all resolve
             failed = []
@@ -325,19 +336,25 @@ def create_views(con: duckdb.DuckDBPyConnection, temporary: bool = False) -> Non
                     break
                 con.execute(f"CREATE OR REPLACE {kind} {failed[0].stem} AS {failed[0].read_text()}")  # the error
             pending = failed
-        if temporary:
-            _drop_stored_copies(con)
+        return _drop_stored_copies(con) if temporary else set()
 
 
-def _drop_stored_copies(con: duckdb.DuckDBPyConnection) -> None:
-    """Drop the temporary views the file stores word for word (as DuckDB prints both): the stored one answers the
-    same, since names in a view resolve to temporary views and tables first, as in the temporary copy."""
+def _stored_views(con: duckdb.DuckDBPyConnection) -> int:
+    """How many views the file stores."""
+    return con.execute("SELECT count(*) FROM duckdb_views() WHERE NOT internal AND NOT temporary "
+                       "AND database_name = current_database()").fetchall()[0][0]
+
+
+def _drop_stored_copies(con: duckdb.DuckDBPyConnection) -> set[str]:
+    """Drop the temporary views the file stores word for word (as DuckDB prints both), and name them: the stored one
+    answers the same, since names in a view resolve to temporary views and tables first, as in the temporary copy."""
     same = con.execute("""
         SELECT t.view_name FROM duckdb_views() t JOIN duckdb_views() s USING (view_name)
         WHERE t.temporary AND NOT s.temporary AND s.database_name = current_database() AND s.schema_name = 'main'
           AND s.sql = replace(t.sql, 'CREATE TEMP VIEW ', 'CREATE VIEW ')""").fetchall()
     for (name,) in same:
         con.execute(f"DROP VIEW temp.main.{name}")
+    return {name for (name,) in same}
 
 
 @contextmanager
