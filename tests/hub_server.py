@@ -108,7 +108,12 @@ class HubHandler(BaseHTTPRequestHandler):
         if self.command != "GET":
             return
         with open(path, "rb") as f:
-            self.server.count(name, self.connection.sendfile(f, start, end - start))
+            self.server.count(name, end - start)  # before the client can have them (see HubServer.send)
+            sent = 0
+            try:
+                sent = self.connection.sendfile(f, start, end - start)
+            finally:
+                self.server.count(name, sent - (end - start))
 
     do_HEAD = do_GET
 
@@ -192,8 +197,12 @@ class HubServer(ThreadingHTTPServer):
                     self._next_free = max(self._next_free, now) + len(part) / self.bandwidth
                     delay = self._next_free - now
                 time.sleep(delay)
-            out.write(part)
-            self.count(name, len(part))
+            self.count(name, len(part))  # before the client can have them: a test that reads .served once its read
+            try:                         # returned sees them, whenever this thread runs again (a loaded machine)
+                out.write(part)
+            except BaseException:
+                self.count(name, -len(part))
+                raise
 
     def count(self, name: str, sent: int) -> None:
         """Add bytes of a file's body sent to .served."""
