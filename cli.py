@@ -7,9 +7,11 @@ from __future__ import annotations
 import gc
 import os
 import shlex
+import signal
 import sys
 import time
 import traceback
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -166,11 +168,12 @@ def extract(sources, db, name, revision, revisions, set_file, force, qk_norm, to
         return
     started, progress = time.perf_counter(), _BarProgress()
     try:
-        summary = api.extract(sources, db=db, progress=progress, name=name, revision=revision,
-                              qk_norm=qk_norm, tower=tower, wait=wait, parity_tolerance=parity_tolerance, seed=seed,
-                              device=device, force=force, resamples=resamples, revisions=revisions, set_file=set_file,
-                              fold_norm=fold_norm, distances=distances, jobs=jobs, executor=executor,
-                              ray_address=ray_address)
+        with _terminate_as_interrupt():
+            summary = api.extract(sources, db=db, progress=progress, name=name, revision=revision,
+                                  qk_norm=qk_norm, tower=tower, wait=wait, parity_tolerance=parity_tolerance,
+                                  seed=seed, device=device, force=force, resamples=resamples, revisions=revisions,
+                                  set_file=set_file, fold_norm=fold_norm, distances=distances, jobs=jobs,
+                                  executor=executor, ray_address=ray_address)
     except api.ArgumentError as exc:
         raise click.UsageError(str(exc)) from None
     except KeyboardInterrupt:
@@ -179,6 +182,20 @@ def extract(sources, db, name, revision, revisions, set_file, force, qk_norm, to
         progress.close()
     total_heads = summary["heads"].sum() if summary.height else 0
     click.echo(f"{total_heads} heads written to {db} in {time.perf_counter() - started:.1f} s")
+
+
+@contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM (a batch scheduler's time limit, `timeout`, `kill`) ends the run as Ctrl-C does: the layers already
+    computed are committed, one line says so, and the same command resumes."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _distances(value: str | None) -> tuple[int, ...] | None:

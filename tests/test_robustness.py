@@ -256,14 +256,15 @@ def test_kill_at_any_point_then_resume_equals_clean_build(tmp_path, clean_minilm
     assert_same(values(db), values(clean_minilm))
 
 
-def test_ctrl_c_mid_layer_exits_with_one_line_and_resumes(tmp_path, clean_minilm):
-    """SIGINT inside layer 2's transaction: exit status 1, one line saying how to resume, layers 0-1 kept;
-    the same command then writes the other four layers only."""
+@pytest.mark.parametrize("sent", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_mid_layer_exits_with_one_line_and_resumes(tmp_path, clean_minilm, sent):
+    """SIGINT (Ctrl-C) or SIGTERM (a scheduler's time limit, `timeout`) inside layer 2's transaction: exit status 1,
+    one line saying how to resume, layers 0-1 kept; the same command then writes the other four layers only."""
     db = tmp_path / "w.duckdb"
     run = Paused("extract", MINILM, "--db", str(db))
     run.until("@commit", 3)
     run.until("@insert fits")
-    run.proc.send_signal(signal.SIGINT)
+    run.proc.send_signal(sent)
     out, err = run.proc.communicate(timeout=60)
     assert assert_one_error(run.proc.returncode, err, "") == INTERRUPTED
     assert snapshot(db)["layers"]["layer"].to_list() == [0, 1]
