@@ -16,7 +16,8 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 class HubHandler(BaseHTTPRequestHandler):
-    """GET /api/models/REPO[/revision/REV], GET/HEAD /REPO/resolve/REV/PATH (Range: bytes=a-b)."""
+    """GET /api/models/REPO[/revision/REV], GET/HEAD /REPO/resolve/REV/PATH (Range: bytes=a-b); with a CDN, an LFS
+    file's resolve answers 302 to the CDN's /cdn/REPO/COMMIT/PATH, served alike."""
 
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # headers and body are separate writes: without this each reply waits for an ACK
@@ -61,12 +62,17 @@ class HubHandler(BaseHTTPRequestHandler):
                 else {}) if blobs else {}) for name, data in files.items()]
             body = json.dumps({"id": repo_id, "sha": commit, "siblings": siblings}).encode()
             return self._reply(200, body, {"Content-Type": "application/json"})
-        resolve = re.fullmatch(r"/(.+?)/resolve/([^/]+)/(.+)", path)
+        resolve = re.fullmatch(r"/(.+?)/resolve/([^/]+)/(.+)", path) or re.fullmatch(r"/cdn/(.+?)/([0-9a-f]{40})/(.+)",
+                                                                                     path)
         found = resolve and hub.checkout(resolve[1], resolve[2])
         if not found or resolve[3] not in found[1]:
             return self._reply(404, b"not found", {"X-Error-Code": "EntryNotFound"})
         name = resolve[3]
         commit, data = found[0], found[1][name]
+        if hub.cdn is not None and hub.is_lfs(name):  # the hub sends LFS files from its CDN, another origin
+            return self._reply(302, b"", {
+                "Location": f"{hub.cdn.endpoint}/cdn/{resolve[1]}/{commit}/{name}?X-Amz-Signature=local",
+                "X-Repo-Commit": commit, "X-Linked-Size": str(hub.size(data)), "X-Linked-Etag": f'"{hub.sha256(data)}"'})
         fault = hub.faults.pop(0) if hub.faults and self.command == "GET" else None
         if fault and fault.isdigit():
             return self._reply(int(fault), b"busy", {"Retry-After": str(hub.retry_after)} if fault == "429" else {})
@@ -140,6 +146,8 @@ class HubServer(ThreadingHTTPServer):
         self.gated: set[str] = set()  # repos whose model info answers 403 GatedRepo
         self.request_headers: list[dict[str, str]] = []
         self.refuse = None            # (file, start, end) -> True: that request gets a 503, every time
+        # another HubServer sharing .repos (and so another origin, as the hub's CDN is): LFS files are redirected to it
+        self.cdn: HubServer | None = None
         self.bandwidth = bandwidth    # bytes per second over all connections, None: unlimited
         self._lock = threading.Lock()
         self._next_free = 0.0

@@ -356,6 +356,34 @@ def test_killed_mid_model_resumes_without_refetching_committed_layers(hub, tmp_p
     assert layer1 <= weight_bytes_served(hub) <= 1.02 * layer1 + header
 
 
+def test_lfs_files_come_through_the_hubs_redirect_to_its_cdn_without_the_token(hub, tmp_path, monkeypatch):
+    """As on the hub, a weight file's resolve answers 302 to a CDN on another origin: the ranges follow it (the CDN
+    sends every weight byte, the hub none), the token goes to the hub and never to the CDN, a drop and a 503 at the
+    CDN are retried through the hub, and the values equal a local read."""
+    cdn = HubServer()
+    cdn.repos, hub.cdn = hub.repos, cdn
+    try:
+        monkeypatch.setenv("HF_TOKEN", "hf_local_test_token")
+        folder = llama(tmp_path, "sharded")
+        serve(hub, "org/tiny", folder)
+        cdn.faults = ["drop", "503"]
+        db, local = tmp_path / "hub.duckdb", tmp_path / "local.duckdb"
+        api.extract("org/tiny", db=db)
+        api.extract(str(folder), db=local, name="tiny")
+        assert_same_values(db, local)
+        assert cdn.faults == [] and weight_bytes_served(hub) == 0
+        assert qk_bytes(folder) <= weight_bytes_served(cdn) < sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+        redirected = [path for method, path, _ in hub.requests if "/resolve/" in path and path.endswith(".safetensors")]
+        assert redirected and all(method == "GET" and ranged for method, _, ranged in cdn.requests)
+        tokens = [{k.lower(): v for k, v in headers.items()}.get("authorization")  # headforms' requests
+                  for (_, path, _), headers in zip(hub.requests, hub.request_headers)
+                  if path.startswith("/api/models/") or "/resolve/" in path]
+        assert tokens and set(tokens) == {"Bearer hf_local_test_token"}
+        assert not any("authorization" in map(str.lower, headers) for headers in cdn.request_headers)
+    finally:
+        cdn.close()
+
+
 # Cache, offline, plan -----------------------------------------------------------------------------
 
 def test_offline_from_the_cache_and_the_cache_command(hub, tmp_path, monkeypatch):
