@@ -72,7 +72,8 @@ class HubHandler(BaseHTTPRequestHandler):
         if hub.cdn is not None and hub.is_lfs(name):  # the hub sends LFS files from its CDN, another origin
             return self._reply(302, b"", {
                 "Location": f"{hub.cdn.endpoint}/cdn/{resolve[1]}/{commit}/{name}?X-Amz-Signature=local",
-                "X-Repo-Commit": commit, "X-Linked-Size": str(hub.size(data)), "X-Linked-Etag": f'"{hub.sha256(data)}"'})
+                "X-Repo-Commit": commit, "X-Linked-Size": str(hub.size(data)),
+                "X-Linked-Etag": f'"{hub.sha256(data)}"'})
         fault = hub.faults.pop(0) if hub.faults and self.command == "GET" else None
         if fault and fault.isdigit():
             return self._reply(int(fault), b"busy", {"Retry-After": str(hub.retry_after)} if fault == "429" else {})
