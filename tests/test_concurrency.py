@@ -678,7 +678,7 @@ def test_a_warehouse_cut_short_is_refused_before_anything_writes_to_it(survey, t
     256 kB blocks (half its size, its last byte, a block and a page from its end), on an edge wherever a full scan
     of its tables fails (the oracle), and a warehouse of one model (no free blocks) by its last block (an index's):
     `extract` into it is refused in one line and leaves it byte for byte as it was, and so does opening it for a
-    write as `behaviour` does, or through the Python API."""
+    write as `behaviour` does, or through the Python API; `check`, even --quick, says it is cut short."""
     files, serial = survey
     single = tmp_path / "single.duckdb"
     assert invoke("extract", files[1], "--db", single).exit_code == 0
@@ -704,6 +704,8 @@ def test_a_warehouse_cut_short_is_refused_before_anything_writes_to_it(survey, t
                 pass
         with pytest.raises(store.WarehouseError, match="is cut short"):
             api.connect(cut, read_only=False)  # the Python API's writable connection (its schema is created)
+        checked = invoke("check", "--db", cut, "--quick", "--wait", "0")  # --quick: without the tables' scan
+        assert checked.exit_code == 1 and "violation: cut short: " in checked.stdout, (length, checked.output)
         assert cut.read_bytes() == before, length
 
 

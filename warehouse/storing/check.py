@@ -17,6 +17,7 @@ import duckdb
 from headforms.compute.analysis import SAMPLES
 from headforms.compute.fits import FAMILIES, LIMIT_LAWS, N_PARAMS, STATUSES
 from headforms.extract.checkpoint import first_line
+from headforms.warehouse.storing.store import cut_short
 
 # Rows per head of each spectrum (as warehouse/running/load.py writes them), in terms of the head's
 # n_pos, n_neg and the model's r = min(N, 2n) and n = head_dim.
@@ -224,7 +225,7 @@ class Finding:
 def check_warehouse(con: duckdb.DuckDBPyConnection, full: bool = True) -> list[Finding]:
     """Every finding: unreadable tables (when `full`), then every check's warnings and violations, ordered
     by check and then location. A check that cannot run on a damaged file is itself a violation."""
-    findings = scan_tables(con) if full else []
+    findings = _cut_short(con) + (scan_tables(con) if full else [])
     values = placeholders()
     for name, level, sql in CHECKS:
         sql = Template(sql).substitute(values)
@@ -239,6 +240,16 @@ def check_warehouse(con: duckdb.DuckDBPyConnection, full: bool = True) -> list[F
             continue
         findings += [Finding(level, name, *row) for row in rows]
     return findings
+
+
+def _cut_short(con: duckdb.DuckDBPyConnection) -> list[Finding]:
+    """A `cut short` violation where the file is shorter than DuckDB left it (store.cut_short: its blocks' lists,
+    so --quick finds it too); a catalog too damaged to list them is the scan's to report."""
+    try:
+        why = cut_short(con)
+    except duckdb.Error:
+        return []
+    return [Finding("violation", "cut short", None, None, None, why)] if why else []
 
 
 def scan_tables(con: duckdb.DuckDBPyConnection) -> list[Finding]:

@@ -60,7 +60,7 @@ def connect(path: str | Path, *, read_only: bool = False, wait: float = 0.0) -> 
         create_views(con, temporary=True)
     else:
         try:
-            _refuse_cut_short(con, path)
+            _refuse_cut_short(con)
         except WarehouseError:
             con.close()
             raise
@@ -184,14 +184,17 @@ def _refuse_outdated(con: duckdb.DuckDBPyConnection, path: Path) -> None:
 FILE_HEADERS = 3 * 4096
 
 
-def _refuse_cut_short(con: duckdb.DuckDBPyConnection, path: Path) -> None:
-    """Refuse a file cut short (a copy or a download that stopped) before anything is written to it: DuckDB opens
-    such a file and fails only on reading a missing block, by when a write may have changed it. Seen here: a length
-    that is not the headers and whole blocks (a cut anywhere but on a block's edge; unless a write-ahead log holds
-    what a checkpoint that stopped was writing), a block that the tables or the metadata list past the end, more
-    blocks in use than the file holds (a cut on an edge that took only an index's blocks, with as many free blocks in
-    the file, is not). The blocks' lists are read, not their bytes (about 10 ms for the demo warehouse)."""
-    [(database,)] = con.execute("SELECT current_database()").fetchall()
+def cut_short(con: duckdb.DuckDBPyConnection) -> str | None:
+    """How the file of the connection's database is shorter than DuckDB left it (a copy or a download that stopped),
+    or None. Seen here: a length that is not the headers and whole blocks (a cut anywhere but on a block's edge;
+    unless a write-ahead log holds what a checkpoint that stopped was writing), a block that the tables or the
+    metadata list past the end, more blocks in use than the file holds (a cut on an edge that took only an index's
+    blocks, with as many free blocks in the file, is not). The blocks' lists are read, not their bytes (about 10 ms
+    for the demo warehouse)."""
+    [(database, file)] = con.execute("SELECT database_name, path FROM duckdb_databases() "
+                                     "WHERE database_name = current_database()").fetchall()
+    if file is None:  # in memory
+        return None
     quoted = '"{}"'.format(database.replace('"', '""'))
     tables = con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = ? AND schema_name = 'main'",
                          [database]).fetchall()
@@ -200,9 +203,9 @@ def _refuse_cut_short(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     [(last, block_size, in_use)] = con.execute(
         f"SELECT (SELECT max(block) FROM ({listed})), block_size, used_blocks FROM pragma_database_size() "
         f"WHERE database_name = ?", [database] + [f'{quoted}.main."{name}"' for (name,) in tables] + [database]).fetchall()
-    size = path.stat().st_size
+    size = os.path.getsize(file)
     blocks, rest = divmod(size - FILE_HEADERS, block_size)
-    wal = Path(f"{path}.wal")
+    wal = Path(f"{file}.wal")
     if size < FILE_HEADERS or (rest and not (wal.exists() and wal.stat().st_size)):
         why = f"{size:,} bytes, not {FILE_HEADERS:,} bytes of headers and whole blocks of {block_size:,}"
     elif last is not None and last >= blocks:
@@ -210,8 +213,15 @@ def _refuse_cut_short(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     elif in_use > blocks:
         why = f"{size:,} bytes, room for {blocks} blocks of {block_size:,} bytes, where it uses {in_use}"
     else:
-        return
-    raise WarehouseError(damaged(f"{path} is cut short: {why}"))
+        return None
+    return f"{file} is cut short: {why}"
+
+
+def _refuse_cut_short(con: duckdb.DuckDBPyConnection) -> None:
+    """Refuse a file cut short before anything is written to it: DuckDB opens such a file and fails only on reading a
+    missing block, by when a write may have changed it."""
+    if why := cut_short(con):
+        raise WarehouseError(damaged(why))
 
 
 class Writer:
@@ -243,7 +253,7 @@ class Writer:
         try:
             host.execute(f"USE {self.ALIAS}")
             if not self._checked:
-                _refuse_cut_short(host, self.path)
+                _refuse_cut_short(host)
                 self._checked = True
             yield host
         finally:
