@@ -339,7 +339,7 @@ def behaviour(sources: str | Iterable[str], db: str | Path | None = None, *, len
     from headforms.extract import behaviour as run_model
     from headforms.extract.sources import open_target
     from headforms.warehouse.running.behaviour import behaviour_rows, stored_model, write_behaviour
-    from headforms.warehouse.storing.store import Writer, exclusive_run
+    from headforms.warehouse.storing.store import Writer, exclusive_run, refuse_cut_short
 
     if length < 2 or sequences < 1 or resamples < 1:
         raise ValueError(f"length >= 2, sequences >= 1 and resamples >= 1 (got {length}, {sequences}, {resamples})")
@@ -353,6 +353,7 @@ def behaviour(sources: str | Iterable[str], db: str | Path | None = None, *, len
         try:
             con = connect(db, wait=wait)
             try:
+                refuse_cut_short(con)  # before the forward pass, whose rows could not be written
                 model = stored_model(con, ckpt)
             finally:
                 con.close()

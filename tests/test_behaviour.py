@@ -288,6 +288,13 @@ def test_cli_and_its_refusals(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)
     refused([str(folder), "--length", "4"], "pip install 'headforms[behaviour]'")
     monkeypatch.undo()
+    cut = tmp_path / "cut.duckdb"  # a copy of the warehouse cut short: refused before any forward pass
+    cut.write_bytes(db.read_bytes()[:db.stat().st_size // 2])
+    monkeypatch.setattr(run_model, "run", lambda *a, **k: pytest.fail("the forward pass ran"))
+    outcome = runner.invoke(cli.main, ["behaviour", str(folder), "--db", str(cut), "--length", "4"])
+    assert outcome.exit_code == 1 and outcome.output.startswith("Error: the warehouse file is damaged ("), outcome.output
+    assert "cut.duckdb is cut short: " in outcome.output and cut.read_bytes() == db.read_bytes()[:db.stat().st_size // 2]
+    monkeypatch.undo()
     clip = tm.save(tm.build("clip_vision", dtype=torch.float32), tmp_path / "clip")
     api.extract(str(clip), db=db, tower="vision", resamples=20)
     refused([str(clip), "--tower", "vision", "--length", "4"], "token ids", "vision")

@@ -60,7 +60,7 @@ def connect(path: str | Path, *, read_only: bool = False, wait: float = 0.0) -> 
         create_views(con, temporary=True)
     else:
         try:
-            _refuse_cut_short(con)
+            refuse_cut_short(con)
         except WarehouseError:
             con.close()
             raise
@@ -217,7 +217,7 @@ def cut_short(con: duckdb.DuckDBPyConnection) -> str | None:
     return f"{file} is cut short: {why}"
 
 
-def _refuse_cut_short(con: duckdb.DuckDBPyConnection) -> None:
+def refuse_cut_short(con: duckdb.DuckDBPyConnection) -> None:
     """Refuse a file cut short before anything is written to it: DuckDB opens such a file and fails only on reading a
     missing block, by when a write may have changed it."""
     if why := cut_short(con):
@@ -253,7 +253,7 @@ class Writer:
         try:
             host.execute(f"USE {self.ALIAS}")
             if not self._checked:
-                _refuse_cut_short(host)
+                refuse_cut_short(host)
                 self._checked = True
             yield host
         finally:
