@@ -418,11 +418,7 @@ def test_a_cache_on_a_full_disk_is_one_error_line_leaving_no_part_of_a_range(hub
     """The range cache on a disk too small for the model's Q/K ranges (a tmpfs in a mount namespace of its own): the
     extraction says the disk is full in one line and no temporary file is left in the cache; the disk grown, the
     same command extracts the model as a local read does."""
-    import os
-    import subprocess
-    import sys
-
-    from tests.test_robustness import ROOT, assert_one_error
+    from tests.test_robustness import assert_one_error, on_a_small_disk
 
     folder = llama(tmp_path, "safetensors")
     serve(hub, "org/tiny", folder)
@@ -437,11 +433,8 @@ def test_a_cache_on_a_full_disk_is_one_error_line_leaving_no_part_of_a_range(hub
         mount -o remount,size=16m "$DISK"
         "$PY" "$CLI" extract org/tiny --db "$DB" 2> "$DB.second.err"; echo $? > "$DB.second"
     """
-    unshare = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-rm"]
-    env = dict(os.environ, DISK=str(disk), DB=str(db), PY=sys.executable, CLI=str(ROOT / "cli.py"),
-               HEADFORMS_CACHE=str(disk / "cache"), HF_HOME=str(tmp_path / "hf_home"))
-    done = subprocess.run([*unshare, "sh", "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
+    on_a_small_disk(script, DISK=str(disk), DB=str(db), HEADFORMS_CACHE=str(disk / "cache"),
+                    HF_HOME=str(tmp_path / "hf_home"))
     assert_one_error(int(Path(f"{db}.first").read_text()), Path(f"{db}.first.err").read_text(),
                      r"the disk is full \(No space left on device: .*/cache/models--org--tiny/.*\): free space on "
                      r"it, then run the same command again")

