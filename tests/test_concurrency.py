@@ -705,7 +705,7 @@ def test_a_warehouse_cut_short_is_refused_before_anything_writes_to_it(survey, t
         with pytest.raises(store.WarehouseError, match="is cut short"):
             api.connect(cut, read_only=False)  # the Python API's writable connection (its schema is created)
         checked = invoke("check", "--db", cut, "--quick", "--wait", "0")  # --quick: without the tables' scan
-        assert checked.exit_code == 1 and "violation: cut short: " in checked.stdout, (length, checked.output)
+        assert checked.exit_code == 1 and "violation: file_length: " in checked.stdout, (length, checked.output)
         assert cut.read_bytes() == before, length
 
 

@@ -243,13 +243,13 @@ def check_warehouse(con: duckdb.DuckDBPyConnection, full: bool = True) -> list[F
 
 
 def _cut_short(con: duckdb.DuckDBPyConnection) -> list[Finding]:
-    """A `cut short` violation where the file is shorter than DuckDB left it (store.cut_short: its blocks' lists,
+    """A `file_length` violation where the file is shorter than DuckDB left it (store.cut_short: its blocks' lists,
     so --quick finds it too); a catalog too damaged to list them is the scan's to report."""
     try:
         why = cut_short(con)
     except duckdb.Error:
         return []
-    return [Finding("violation", "cut short", None, None, None, why)] if why else []
+    return [Finding("violation", "file_length", None, None, None, why)] if why else []
 
 
 def scan_tables(con: duckdb.DuckDBPyConnection) -> list[Finding]:
