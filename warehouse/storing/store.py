@@ -200,9 +200,10 @@ def cut_short(con: duckdb.DuckDBPyConnection) -> str | None:
                          [database]).fetchall()
     listed = " UNION ALL ".join(["SELECT max(block_id) AS block FROM pragma_metadata_info(?)"] + [
         "SELECT max(greatest(block_id, list_max(additional_block_ids))) FROM pragma_storage_info(?)"] * len(tables))
+    arguments = [database] + [f'{quoted}.main."{name}"' for (name,) in tables] + [database]
     [(last, block_size, in_use)] = con.execute(
         f"SELECT (SELECT max(block) FROM ({listed})), block_size, used_blocks FROM pragma_database_size() "
-        f"WHERE database_name = ?", [database] + [f'{quoted}.main."{name}"' for (name,) in tables] + [database]).fetchall()
+        f"WHERE database_name = ?", arguments).fetchall()
     size = os.path.getsize(file)
     blocks, rest = divmod(size - FILE_HEADERS, block_size)
     wal = Path(f"{file}.wal")
@@ -315,24 +316,23 @@ def create_schema(con: duckdb.DuckDBPyConnection, views: bool = True) -> None:
         create_views(con)
 
 
-def create_views(con: duckdb.DuckDBPyConnection, temporary: bool = False) -> set[str]:
-    """Every view of sql/ (a file holds one SELECT; the view's name is the file's stem); returns the views the file
-    already stores word for word (as DuckDB prints them).
+def create_views(con: duckdb.DuckDBPyConnection, temporary: bool = False) -> None:
+    """Every view of sql/ (a file holds one SELECT; the view's name is the file's stem).
 
     Temporary views serve read-only connections, which cannot store them; one is kept only where the file
     lacks that view or stores another definition (an older version's), so information_schema lists it once.
-    Stored views are written only when one differs (compared through temporary copies), so that a run that changes
+    Stored views are written only when the file lacks one or stores another definition, so that a run that changes
     nothing writes nothing."""
-    files = sorted(VIEWS.glob("*.sql"))
-    if not temporary and _stored_views(con):
-        stored = create_views(con, temporary=True)
-        with interruptible():
-            copies = con.execute("SELECT view_name FROM duckdb_views() WHERE temporary AND NOT internal").fetchall()
-            for (name,) in copies:
-                con.execute(f"DROP VIEW temp.main.{name}")
-        if {file.stem for file in files} <= stored:
-            return stored
-    kind, pending = ("TEMP VIEW" if temporary else "VIEW"), files
+    if temporary:
+        _create_views(con, "TEMP VIEW")
+        _drop_stored_copies(con)
+    elif not _stored_as_they_are(con):
+        _create_views(con, "VIEW")
+
+
+def _create_views(con: duckdb.DuckDBPyConnection, kind: str) -> None:
+    """CREATE OR REPLACE `kind` (VIEW or TEMP VIEW) of every view of sql/."""
+    pending = sorted(VIEWS.glob("*.sql"))
     with interruptible():
         while pending:  # views may read other views (missing, or stored by an older version): retry until all resolve
             failed = []
@@ -342,17 +342,24 @@ def create_views(con: duckdb.DuckDBPyConnection, temporary: bool = False) -> set
                 except (duckdb.CatalogException, duckdb.BinderException):  # a table, column or view not there yet
                     failed.append(file)
             if len(failed) == len(pending):
-                if temporary:  # a read-only warehouse of an earlier version lacks these views' tables or columns
+                if kind == "TEMP VIEW":  # a read-only warehouse of an earlier version lacks these views' tables
                     break
                 con.execute(f"CREATE OR REPLACE {kind} {failed[0].stem} AS {failed[0].read_text()}")  # the error
             pending = failed
-        return _drop_stored_copies(con) if temporary else set()
 
 
-def _stored_views(con: duckdb.DuckDBPyConnection) -> int:
-    """How many views the file stores."""
-    return con.execute("SELECT count(*) FROM duckdb_views() WHERE NOT internal AND NOT temporary "
-                       "AND database_name = current_database()").fetchall()[0][0]
+def _stored_as_they_are(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the file stores every view of sql/ word for word (as DuckDB prints them): compared through temporary
+    copies, all dropped after."""
+    if not con.execute("SELECT count(*) FROM duckdb_views() WHERE NOT internal AND NOT temporary "
+                       "AND database_name = current_database()").fetchall()[0][0]:
+        return False  # a new warehouse: nothing to compare
+    _create_views(con, "TEMP VIEW")
+    same = _drop_stored_copies(con)
+    with interruptible():
+        for (name,) in con.execute("SELECT view_name FROM duckdb_views() WHERE temporary AND NOT internal").fetchall():
+            con.execute(f"DROP VIEW temp.main.{name}")
+    return {file.stem for file in VIEWS.glob("*.sql")} <= same
 
 
 def _drop_stored_copies(con: duckdb.DuckDBPyConnection) -> set[str]:
