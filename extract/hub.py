@@ -1,10 +1,13 @@
 """Hub files read by HTTP range: only the byte ranges a survey needs come over the network.
 
 A `HubRepo` is a repository resolved to a commit with its file table (name -> size, blob id),
-from the hub or, offline or unreachable, from the cache. A `RemoteFile` reads byte ranges of
-one file through huggingface_hub's HTTP session and headers (token, HF_ENDPOINT, proxies),
-adjacent ranges coalesced and several requests in flight; drops, timeouts, 429 and 5xx are
-retried with backoff, resuming a range where it stopped, and a wrong-length body is refused.
+from the hub or, offline or unreachable, from the cache (through huggingface_hub's API client). A
+`RemoteFile` reads byte ranges of one file at huggingface_hub's URLs with its headers (token,
+HF_ENDPOINT) through urllib3 (proxies from HTTP_PROXY, HTTPS_PROXY and NO_PROXY, as huggingface_hub's
+client takes them), each body read into its buffer 4 MB a call (huggingface_hub's httpx client hands a
+body over in 64 kB pieces, copied several times on the way: 2.0 s of CPU per GB against 0.5 s, measured),
+adjacent ranges coalesced and several requests in flight; drops, timeouts, 429 and 5xx are retried with
+backoff, resuming a range where it stopped, and a wrong-length body is refused.
 Every range fetched is kept in the cache (keyed by repo, commit and blob id), so a repeated or
 interrupted extraction refetches nothing and HF_HUB_OFFLINE=1 works from it.
 """
@@ -21,9 +24,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
+from urllib.request import getproxies, proxy_bypass
 
 import numpy as np
+import urllib3
 
 from headforms.extract.caches import cache_root
 from headforms.extract.checkpoint import ExtractError, first_line
@@ -34,6 +39,7 @@ RETRY_AFTER_CAP = 60.0  # longest Retry-After honoured, seconds
 TIMEOUT = 30.0         # seconds without a byte before a request counts as dropped
 IN_FLIGHT = 8          # concurrent range requests
 PIECE = 16 << 20       # a longer range is fetched as pieces of this size, in parallel
+STEP = 4 << 20         # a body is read into its buffer this many bytes a call (64 kB a call costs 2.5x the CPU)
 
 
 class FetchError(ExtractError):
@@ -79,6 +85,27 @@ def _session_and_errors():
 
     session = get_session()
     return session, (importlib.import_module(type(session).__module__.split(".")[0]).TransportError,)
+
+
+@functools.cache
+def _pool(proxy: str | None) -> urllib3.PoolManager:
+    """The process's connections for range requests, through `proxy` when one is named."""
+    return urllib3.ProxyManager(proxy, maxsize=IN_FLIGHT) if proxy else urllib3.PoolManager(maxsize=IN_FLIGHT)
+
+
+if hasattr(os, "register_at_fork"):  # a forked process opens connections of its own
+    os.register_at_fork(after_in_child=_pool.cache_clear)
+
+
+def _request(url: str, headers: dict[str, str]) -> urllib3.BaseHTTPResponse:
+    """GET `url`, its body left to read: through the proxy the environment names for its host (as huggingface_hub's
+    client takes it), redirects followed (the hub sends weight files from its CDN) and the token dropped when one
+    leads to another host; no retries of its own (the caller's resume where a try stopped)."""
+    parts = urlsplit(url)
+    proxy = None if proxy_bypass(parts.hostname or "") else getproxies().get(parts.scheme)
+    return _pool(proxy).request("GET", url, headers=headers, preload_content=False, decode_content=False,
+                                retries=urllib3.Retry(total=None, connect=0, read=0, status=0, other=0, redirect=5),
+                                timeout=urllib3.Timeout(connect=TIMEOUT, read=TIMEOUT))
 
 
 @dataclass
@@ -268,11 +295,9 @@ class RemoteFile:
     def _fetch(self, start: int, end: int, into: memoryview) -> None:
         """Bytes start..end-1 from the hub, into `into`; a drop or short body resumes where it stopped, 429/5xx retry."""
         from huggingface_hub import constants, hf_hub_url
-        from huggingface_hub.utils import hf_raise_for_status
 
         if constants.is_offline_mode():
             raise FetchError(f"bytes {start}-{end} of {self} are not in the headforms cache and HF_HUB_OFFLINE is set")
-        session, transport_errors = _session_and_errors()
         url = hf_hub_url(self.repo.repo_id, self.path, revision=self.repo.commit)
         got, tries, why, wait = 0, 0, "", 0.0
         while got < end - start:
@@ -284,38 +309,52 @@ class RemoteFile:
             wait = BACKOFF * 2 ** (tries - 1)  # before the next try, should this one make no progress
             headers = self.repo.headers | {"Range": f"bytes={at}-{end - 1}", "Accept-Encoding": "identity"}
             try:
-                with session.stream("GET", url, headers=headers, timeout=TIMEOUT) as response:
-                    if response.status_code == 429 or response.status_code >= 500:
-                        why = f"HTTP {response.status_code}"
-                        retry_after = response.headers.get("Retry-After", "")
-                        wait = min(float(retry_after), RETRY_AFTER_CAP) if retry_after.isdigit() else wait
-                        continue
-                    if response.status_code != 206:
-                        response.read()
-                        hf_raise_for_status(response)
-                        raise FetchError(f"the hub answered a range request for {self} with HTTP "
-                                         f"{response.status_code}, not 206 Partial Content")
-                    expected = f"bytes {at}-{end - 1}/"
-                    if not response.headers.get("Content-Range", "").startswith(expected):
-                        why = f"Content-Range {response.headers.get('Content-Range')!r}, expected {expected}..."
-                        continue
-                    for chunk in response.iter_bytes():
-                        self.repo.meter.add(len(chunk))
-                        if got + len(chunk) > end - start:
-                            raise FetchError(f"the hub sent more than bytes {start}-{end} of {self}")
-                        into[got:got + len(chunk)] = chunk
-                        got += len(chunk)
-                    if got < end - start:
-                        why = f"short body: {start + got - at} bytes of {end - at}"
-            except transport_errors as e:
-                why = first_line(e, typed=True)
-            except FetchError:
-                raise
-            except Exception as e:  # hf_raise_for_status: 401, 403, 404 ...
-                raise FetchError(f"cannot fetch {self} from the Hugging Face hub: "
-                                 f"{first_line(e, typed=True)}") from None
+                response = _request(url, headers)
+            except urllib3.exceptions.HTTPError as e:
+                why = _transport_failure(e)
+                continue
+            try:
+                if response.status == 429 or response.status >= 500:
+                    why = f"HTTP {response.status}"
+                    retry_after = response.headers.get("Retry-After", "")
+                    wait = min(float(retry_after), RETRY_AFTER_CAP) if retry_after.isdigit() else wait
+                    continue
+                if response.status >= 400:
+                    said = response.headers.get("X-Error-Message")
+                    raise FetchError(f"cannot fetch {self} from the Hugging Face hub: HTTP {response.status} "
+                                     f"{response.reason}{f' ({said})' if said else ''}" + (
+                                         ": log in with `hf auth login`, with a token that may read it"
+                                         if response.status in (401, 403) else ""))
+                if response.status != 206:
+                    raise FetchError(f"the hub answered a range request for {self} with HTTP {response.status}, "
+                                     "not 206 Partial Content")
+                expected = f"bytes {at}-{end - 1}/"
+                if not response.headers.get("Content-Range", "").startswith(expected):
+                    why = f"Content-Range {response.headers.get('Content-Range')!r}, expected {expected}..."
+                    continue
+                while got < end - start and (n := response.readinto(into[got:got + STEP])):
+                    self.repo.meter.add(n)
+                    got += n
+                if got == end - start and response.read(1):
+                    raise FetchError(f"the hub sent more than bytes {start}-{end} of {self}")
+                if got < end - start:
+                    why = f"short body: {start + got - at} bytes of {end - at}"
+            except (urllib3.exceptions.HTTPError, OSError) as e:
+                why = _transport_failure(e)
+            finally:
+                if response.length_remaining != 0:  # a body not read to its end: its connection serves no other
+                    response.close()
+                response.release_conn()
             if start + got > at:  # progress made: the next try resumes at once, it is no new failure
                 tries, wait = 0, 0.0
+
+
+def _transport_failure(error: BaseException) -> str:
+    """A failed try in a few words: a timeout as the wait it outlasted, else the error's first line."""
+    error = getattr(error, "reason", None) or error  # urllib3's MaxRetryError: what ended the one try
+    if isinstance(error, urllib3.exceptions.TimeoutError):
+        return f"no byte came for {TIMEOUT:g} s"
+    return first_line(error, typed=True)
 
 
 class RangeReader:

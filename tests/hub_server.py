@@ -17,7 +17,8 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 class HubHandler(BaseHTTPRequestHandler):
     """GET /api/models/REPO[/revision/REV], GET/HEAD /REPO/resolve/REV/PATH (Range: bytes=a-b); with a CDN, an LFS
-    file's resolve answers 302 to the CDN's /cdn/REPO/COMMIT/PATH, served alike."""
+    file's resolve answers 302 to the CDN's /cdn/REPO/COMMIT/PATH, served alike. A request a client sends to a
+    proxy (its target a whole URL) is served as the one for that URL's path: a server can stand for a proxy too."""
 
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # headers and body are separate writes: without this each reply waits for an ACK
@@ -41,7 +42,8 @@ class HubHandler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         hub = self.server
-        path, _, query = self.path.partition("?")
+        hub.targets.append(self.path)
+        path, _, query = re.sub(r"^http://[^/]+", "", self.path).partition("?")
         hub.requests.append((self.command, path, self.headers.get("Range")))
         hub.request_headers.append(dict(self.headers))
         info = re.fullmatch(r"/api/models/(.+?)(?:/revision/([^/]+))?", path)
@@ -137,6 +139,7 @@ class HubServer(ThreadingHTTPServer):
         self.revisions: dict[str, dict[str, tuple[str, dict[str, bytes | Path]]]] = {}
         self.served: dict[str, int] = {}
         self.requests: list[tuple[str, str, str | None]] = []
+        self.targets: list[str] = []  # each request's target as sent: a path, or a whole URL when sent to a proxy
         # applied to the next file GETs, in order: "drop" (half the body, then the connection goes), "short" (half the
         # body, its length saying so), "long" (16 bytes too many), "range" (a Content-Range one byte on), "norange" (none), "whole" (the
         # Range ignored: 200 and the whole file), "stall" (.stall seconds before replying), or an HTTP status ("503")

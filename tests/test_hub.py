@@ -384,6 +384,38 @@ def test_lfs_files_come_through_the_hubs_redirect_to_its_cdn_without_the_token(h
         cdn.close()
 
 
+def test_a_proxy_the_environment_names_carries_every_request_and_no_proxy_bypasses_it(hub, tmp_path, monkeypatch):
+    """HTTP_PROXY, as huggingface_hub's client takes it, carries the model info and every range (sent to the proxy as
+    whole URLs naming the hub), the hub itself seeing none; NO_PROXY naming the hub's host sends them all direct."""
+    import huggingface_hub
+
+    proxy = HubServer()
+    proxy.repos = hub.repos
+    try:
+        folder = llama(tmp_path, "safetensors")
+        serve(hub, "org/tiny", folder)
+        monkeypatch.setenv("HTTP_PROXY", proxy.endpoint)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        huggingface_hub.close_session()  # its client reads the proxy settings when it is made
+        api.extract("org/tiny", db=tmp_path / "proxied.duckdb")
+        ranged = [target for target, (_, _, ranged) in zip(proxy.targets, proxy.requests) if ranged]
+        assert any(t.startswith(f"{hub.endpoint}/api/models/org/tiny") for t in proxy.targets)
+        assert ranged and all(t.startswith(f"{hub.endpoint}/org/tiny/resolve/") for t in ranged)
+        assert hub.requests == [] and weight_bytes_served(proxy) >= qk_bytes(folder)
+
+        proxy.requests.clear()
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        huggingface_hub.close_session()
+        api.cache(clear=True)
+        api.extract("org/tiny", db=tmp_path / "direct.duckdb")
+        assert proxy.requests == [] and weight_bytes_served(hub) >= qk_bytes(folder)
+        assert_same_values(tmp_path / "proxied.duckdb", tmp_path / "direct.duckdb")
+    finally:
+        huggingface_hub.close_session()
+        proxy.close()
+
+
 # Cache, offline, plan -----------------------------------------------------------------------------
 
 def test_offline_from_the_cache_and_the_cache_command(hub, tmp_path, monkeypatch):

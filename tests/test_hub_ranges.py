@@ -78,7 +78,7 @@ def test_a_file_served_from_disk_gives_the_same_ranges_and_counts(hub, tmp_path)
     ("500", r"HTTP 500"),
     ("range", r"Content-Range 'bytes 1001-6000/100000', expected bytes 1000-5999/\.\.\."),
     ("norange", r"Content-Range None, expected bytes 1000-5999/\.\.\."),
-    ("stall", r"ReadTimeout: .+"),
+    ("stall", r"no byte came for 0\.2 s"),
 ])
 def test_a_failing_range_waits_backoff_doubling_and_then_says_what_failed(hub, monkeypatch, fault, why):
     """Every try fails without progress: waits 0, BACKOFF, 2 BACKOFF between tries, then one FetchError naming the
@@ -138,8 +138,9 @@ def test_a_short_body_resumes_until_nothing_comes_then_says_so(hub, monkeypatch)
 @pytest.mark.parametrize("fault, message", [
     ("whole", r"the hub answered a range request for org/r/blob\.bin with HTTP 200, not 206 Partial Content"),
     ("long", r"the hub sent more than bytes 1000-6000 of org/r/blob\.bin"),
-    ("403", r"cannot fetch org/r/blob\.bin from the Hugging Face hub: HfHubHTTPError: 403 Forbidden"),
-    ("404", r"cannot fetch org/r/blob\.bin from the Hugging Face hub: HfHubHTTPError: Client error '404 Not Found'"),
+    ("403", r"cannot fetch org/r/blob\.bin from the Hugging Face hub: HTTP 403 Forbidden: log in with `hf auth login`, "
+            r"with a token that may read it$"),
+    ("404", r"cannot fetch org/r/blob\.bin from the Hugging Face hub: HTTP 404 Not Found$"),
 ])
 def test_a_wrong_answer_is_refused_at_once(hub, fault, message):
     hub.faults = [fault]
