@@ -1,11 +1,12 @@
 """A local stand-in for the Hugging Face hub's HTTP API (HF_ENDPOINT): model info (file metadata only when
 asked, `?blobs=true`, as the hub does), file resolve with Range support, gated repos, per-file byte counts,
-fault injection and a bandwidth cap."""
+fault injection and a bandwidth cap; over plain HTTP, or over TLS as the hub and its CDN are."""
 from __future__ import annotations
 
 import hashlib
 import json
 import re
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -43,7 +44,7 @@ class HubHandler(BaseHTTPRequestHandler):
     def do_GET(self):
         hub = self.server
         hub.targets.append(self.path)
-        path, _, query = re.sub(r"^http://[^/]+", "", self.path).partition("?")
+        path, _, query = re.sub(r"^https?://[^/]+", "", self.path).partition("?")
         hub.requests.append((self.command, path, self.headers.get("Range")))
         hub.request_headers.append(dict(self.headers))
         info = re.fullmatch(r"/api/models/(.+?)(?:/revision/([^/]+))?", path)
@@ -133,8 +134,12 @@ class HubServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, bandwidth: float | None = None):
+    def __init__(self, bandwidth: float | None = None, tls: ssl.SSLContext | None = None):
+        """`tls`: a server context holding the certificate it answers with (https://), else plain HTTP."""
         super().__init__(("127.0.0.1", 0), HubHandler)
+        if tls is not None:  # each connection's handshake is made as it is accepted
+            self.socket = tls.wrap_socket(self.socket, server_side=True)
+        self.scheme = "http" if tls is None else "https"
         self.repos: dict[str, dict[str, bytes | Path]] = {}
         self.revisions: dict[str, dict[str, tuple[str, dict[str, bytes | Path]]]] = {}
         self.served: dict[str, int] = {}
@@ -163,7 +168,7 @@ class HubServer(ThreadingHTTPServer):
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server_port}"
+        return f"{self.scheme}://127.0.0.1:{self.server_port}"
 
     def checkout(self, repo_id: str, revision: str | None) -> tuple[str, dict[str, bytes | Path]] | None:
         """(commit, files) of a repo at a revision, named or by its commit (None: main); None when unknown."""
@@ -226,14 +231,14 @@ class HubServer(ThreadingHTTPServer):
         self.server_close()
 
 
-def serve_hub(monkeypatch, tmp_path, *, hf_home: bool = True) -> HubServer:
+def serve_hub(monkeypatch, tmp_path, *, hf_home: bool = True, tls: ssl.SSLContext | None = None) -> HubServer:
     """A HubServer on a local port that huggingface_hub and headforms use (online, fast retries), with the
     headforms range cache (and, with hf_home, HF_HOME and HF_HUB_CACHE) in tmp_path; the caller closes it."""
     import importlib
 
     from headforms.extract import hub as hub_module
 
-    server = HubServer()
+    server = HubServer(tls=tls)
     constants = importlib.import_module("huggingface_hub.constants")
     monkeypatch.setattr(constants, "ENDPOINT", server.endpoint)
     monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",

@@ -7,6 +7,7 @@ import io
 import json
 import pickle
 import re
+import ssl
 import time
 import tracemalloc
 import zipfile
@@ -414,6 +415,54 @@ def test_a_proxy_the_environment_names_carries_every_request_and_no_proxy_bypass
     finally:
         huggingface_hub.close_session()
         proxy.close()
+
+
+def test_over_tls_the_hub_and_its_cdn_are_verified_against_the_certificates_ssl_cert_file_names(tmp_path,
+                                                                                              monkeypatch):
+    """The hub and its CDN over TLS, as the real ones are, with certificates of a test authority that SSL_CERT_FILE
+    names (both clients, huggingface_hub's for the model info and the ranges', take it): the ranges follow the
+    redirect and the values equal a local read. A CDN whose certificate no trusted authority signed ends the range's
+    tries in one error that says so."""
+    import huggingface_hub
+    import trustme
+
+    trusted, stranger = trustme.CA(), trustme.CA()
+    contexts = []
+    for authority in (trusted, trusted, stranger):
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        authority.issue_cert("127.0.0.1").configure_cert(context)
+        contexts.append(context)
+    trusted.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
+    huggingface_hub.close_session()  # its client reads SSL_CERT_FILE when it is made
+    hub = serve_hub(monkeypatch, tmp_path, hf_home=False, tls=contexts[0])
+    cdns = [HubServer(tls=context) for context in contexts[1:]]
+    try:
+        folder = llama(tmp_path, "safetensors")
+        serve(hub, "org/tiny", folder)
+        cdns[0].repos = cdns[1].repos = hub.repos
+        hub.cdn = cdns[0]
+        assert hub.endpoint.startswith("https://") and cdns[0].endpoint.startswith("https://")
+        api.extract("org/tiny", db=tmp_path / "tls.duckdb")
+        api.extract(str(folder), db=tmp_path / "local.duckdb", name="tiny")
+        assert_same_values(tmp_path / "tls.duckdb", tmp_path / "local.duckdb")
+        assert qk_bytes(folder) <= weight_bytes_served(cdns[0]) and weight_bytes_served(hub) == 0
+
+        hub.cdn = cdns[1]
+        api.cache(clear=True)
+        monkeypatch.setattr(hub_module, "RETRIES", 2)
+        result = CliRunner().invoke(cli.main, ["extract", "org/tiny", "--db", str(tmp_path / "stranger.duckdb")])
+        assert result.exit_code == 1 and weight_bytes_served(cdns[1]) == 0
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and re.fullmatch(r"Error: cannot fetch bytes \d+-\d+ of org/tiny/model\.safetensors "
+                                                r"from the Hugging Face hub after 2 tries \(SSLError: .*CERTIFICATE_VERIFY_"
+                                                r"FAILED.*\); committed layers are kept: run the same command to resume",
+                                                lines[0]), lines
+    finally:
+        huggingface_hub.close_session()
+        hub.close()
+        for cdn in cdns:
+            cdn.close()
 
 
 # Cache, offline, plan -----------------------------------------------------------------------------
