@@ -19,6 +19,7 @@ import mmap
 import os
 import re
 import shutil
+import ssl
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -311,6 +312,13 @@ class RemoteFile:
             try:
                 response = _request(url, headers)
             except urllib3.exceptions.HTTPError as e:
+                if isinstance(refused := getattr(e, "reason", None), urllib3.exceptions.SSLError) and isinstance(
+                        refused.args[0], ssl.SSLCertVerificationError):  # no retry changes a certificate
+                    raise FetchError(
+                        f"cannot fetch bytes {start}-{end} of {self}: the certificate of {urlsplit(url).hostname} or "
+                        f"of a host it redirected to was not verified ({refused.args[0].verify_message}): where a "
+                        "proxy or a private certificate authority stands between, point SSL_CERT_FILE at its "
+                        "certificates; committed layers are kept") from None
                 why = _transport_failure(e)
                 continue
             try:
