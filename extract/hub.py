@@ -312,13 +312,12 @@ class RemoteFile:
             try:
                 response = _request(url, headers)
             except urllib3.exceptions.HTTPError as e:
-                if isinstance(refused := getattr(e, "reason", None), urllib3.exceptions.SSLError) and isinstance(
-                        refused.args[0], ssl.SSLCertVerificationError):  # no retry changes a certificate
+                if (unverified := _unverified_certificate(e)) is not None:  # no retry changes a certificate
                     raise FetchError(
                         f"cannot fetch bytes {start}-{end} of {self}: the certificate of {urlsplit(url).hostname} or "
-                        f"of a host it redirected to was not verified ({refused.args[0].verify_message}): where a "
-                        "proxy or a private certificate authority stands between, point SSL_CERT_FILE at its "
-                        "certificates; committed layers are kept") from None
+                        f"of a host it redirected to was not verified ({unverified.verify_message}): where a proxy or "
+                        "a private certificate authority stands between, point SSL_CERT_FILE at its certificates; "
+                        "committed layers are kept") from None
                 why = _transport_failure(e)
                 continue
             try:
@@ -355,6 +354,13 @@ class RemoteFile:
                 response.release_conn()
             if start + got > at:  # progress made: the next try resumes at once, it is no new failure
                 tries, wait = 0, 0.0
+
+
+def _unverified_certificate(error: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate that failed verification behind a failed connection (urllib3 wraps it twice), or None."""
+    reason = getattr(error, "reason", None)
+    cause = reason.args[0] if isinstance(reason, urllib3.exceptions.SSLError) and reason.args else None
+    return cause if isinstance(cause, ssl.SSLCertVerificationError) else None
 
 
 def _transport_failure(error: BaseException) -> str:
