@@ -76,6 +76,11 @@ def _log(exc: Exception) -> str:
     return f"traceback in {path}"
 
 
+def _counted(n: int, word: str) -> str:
+    """'1 head', '2 heads', '0 heads'."""
+    return f"{n} {word}{'s' * (n != 1)}"
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -181,7 +186,7 @@ def extract(sources, db, name, revision, revisions, set_file, force, qk_norm, to
     finally:
         progress.close()
     total_heads = summary["heads"].sum() if summary.height else 0
-    click.echo(f"{total_heads} heads written to {db} in {time.perf_counter() - started:.1f} s")
+    click.echo(f"{_counted(total_heads, 'head')} written to {db} in {time.perf_counter() - started:.1f} s")
 
 
 @contextmanager
@@ -241,7 +246,7 @@ class _BarProgress:
     def model_done(self, ckpt, result):
         self.close()
         spec = ckpt.spec
-        click.echo(f"{result.model}: {result.status}; {result.layers} layers, {result.heads} heads "
+        click.echo(f"{result.model}: {result.status}; {_counted(result.layers, 'layer')}, {_counted(result.heads, 'head')} "
                    f"in {result.seconds:.1f} s ({result.heads / max(result.seconds, 1e-9):.0f} heads/s; "
                    f"{spec.architecture}, {spec.n_layers} x {spec.n_heads} heads, "
                    f"N={spec.d_model}, n={spec.head_dim}, revision {ckpt.revision})"
@@ -274,7 +279,7 @@ def behaviour(sources, db, length, sequences, seed, device, tower, name, resampl
     except api.ArgumentError as exc:
         raise click.UsageError(str(exc)) from None
     for row in frame.iter_rows(named=True):
-        click.echo(f"{row['model']}: {row['heads']} heads in {row['seconds']:.1f} s (forward pass "
+        click.echo(f"{row['model']}: {_counted(row['heads'], 'head')} in {row['seconds']:.1f} s (forward pass "
                    f"{row['forward_seconds']:.1f} s); the form reproduces the self-logits to "
                    f"{row['reproduction_error']:.2e} (largest |self-logit| {row['largest_self_logit']:.3g})")
 
@@ -371,7 +376,7 @@ def check(db, quick, wait):
     violations = sum(finding.level == "violation" for finding in findings)
     if violations:
         raise click.ClickException(f"{db}: {violations} violation{'s' * (violations != 1)} of the warehouse's invariants")
-    click.echo(f"{db}: all invariants hold ({len(findings)} warning{'s' * (len(findings) != 1)})")
+    click.echo(f"{db}: all invariants hold ({_counted(len(findings), 'warning')})")
 
 
 @main.command()

@@ -186,8 +186,13 @@ def torch_state_dict(path: Path) -> dict:
     """A .bin state dict, mmapped (tensor data is paged in only when touched), never running pickled code."""
     import torch  # only .bin checkpoints need torch
 
+    zipped = zipfile.is_zipfile(path)
+    with open(path, "rb") as f:
+        if not zipped and f.read(1) != b"\x80":  # torch.save writes a zip, or (before torch 1.6) a protocol 2+ pickle
+            raise ExtractError(f"cannot read {path}: it is neither a zip archive nor a pickle, so not a PyTorch "
+                               "checkpoint (the file is damaged or in another format)")
     try:
-        state = torch.load(path, weights_only=True, mmap=zipfile.is_zipfile(path), map_location="cpu")
+        state = torch.load(path, weights_only=True, mmap=zipped, map_location="cpu")
     except Exception as e:
         raise ExtractError(f"cannot read {path} (weights-only load refused or failed): {first_line(e)}") from None
     if not isinstance(state, dict):

@@ -47,6 +47,10 @@ class FetchError(ExtractError):
     """A transfer that failed after its retries: resumable, so committed layers are kept."""
 
 
+class RepoNotFound(ExtractError):
+    """The repo is not on the hub, or the hub cannot tell (offline, unreachable) and the cache does not hold it."""
+
+
 class Meter:
     """Bytes fetched over the network (not from the cache), shared by a checkpoint's files."""
 
@@ -139,7 +143,7 @@ class HubRepo:
             raise ExtractError(f"'{repo_id}' is gated on the Hugging Face hub: accept its terms on the "
                                "model page and log in (`hf auth login`)") from None
         except errors.RepositoryNotFoundError:
-            raise ExtractError(f"no model '{repo_id}' on the Hugging Face hub "
+            raise RepoNotFound(f"no model '{repo_id}' on the Hugging Face hub "
                                "(or it is private: log in with `hf auth login`)") from None
         except (errors.HfHubHTTPError, *_session_and_errors()[1], OSError) as e:
             return cls._cached(repo_id, revision, refs, f"the hub cannot be reached ({first_line(e, typed=True)})")
@@ -157,7 +161,7 @@ class HubRepo:
             commit = refs.read_text().strip()
         table = _repo_dir(repo_id) / (commit or "-") / "files.json"
         if commit is None or not table.is_file():
-            raise ExtractError(f"'{repo_id}'{f' at {revision}' if revision else ''} is not in the headforms "
+            raise RepoNotFound(f"'{repo_id}'{f' at {revision}' if revision else ''} is not in the headforms "
                                f"cache ({cache_root()}) and {why}")
         return cls(repo_id, commit, {k: tuple(v) for k, v in json.loads(table.read_text()).items()})
 

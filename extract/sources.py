@@ -193,9 +193,16 @@ def open_checkpoint(source: str, options: ReadOptions = ReadOptions(), *, name: 
         return _open_local(path, name=name, source=source, options=options)
     if source.startswith(("/", ".", "~")) or source.endswith(_PATH_SUFFIXES) or source.count("/") >= 2:
         raise ExtractError(f"no such file or folder: {source}")
+    from headforms.extract.hub import RepoNotFound
     from headforms.extract.remote import open_hub  # torch loads only when a hub model is opened
 
-    return open_hub(source, name=name or _towered(source.rsplit("/", 1)[-1], tower), options=options)
+    try:
+        return open_hub(source, name=name or _towered(source.rsplit("/", 1)[-1], tower), options=options)
+    except RepoNotFound as error:
+        if "/" in source:
+            raise
+        # a bare name may be a hub id (gpt2) or a mistyped local folder: say that neither was found
+        raise RepoNotFound(f"{error}; nor is there a file or folder named {source} in {Path.cwd()}") from None
 
 
 def _towered(name: str, tower: str | None) -> str:

@@ -77,6 +77,7 @@ def few_heads(tmp_path_factory):
     db = root / "w.duckdb"
     result = invoke("extract", *(root / model for model in [*points, *forms]), "--db", db, "--resamples", 50)
     assert result.exit_code == 0, result.output
+    assert "h1: extracted; 1 layer, 1 head in " in result.output and "h2: extracted; 1 layer, 2 heads in " in result.output
     return db, points | forms
 
 

@@ -470,6 +470,22 @@ def test_over_tls_the_hub_and_its_cdn_are_verified_against_the_certificates_ssl_
 
 # Cache, offline, plan -----------------------------------------------------------------------------
 
+def test_a_bare_name_found_neither_on_the_hub_nor_here_says_both(hub, tmp_path, monkeypatch):
+    """A name without a slash may be a hub id (gpt2) or a mistyped local folder: the error says neither was found;
+    an org/name source is a hub id alone."""
+    monkeypatch.chdir(tmp_path)
+    here = re.escape(str(tmp_path))
+    with pytest.raises(ExtractError, match=r"^no model 'my-modle' on the Hugging Face hub \(or it is private: log in "
+                                           rf"with `hf auth login`\); nor is there a file or folder named my-modle in {here}$"):
+        open_checkpoint("my-modle")
+    with pytest.raises(ExtractError, match=r"^no model 'org/my-modle' on the Hugging Face hub \(.*\)$"):
+        open_checkpoint("org/my-modle")
+    go_offline(monkeypatch)
+    with pytest.raises(ExtractError, match=r"^'my-modle' is not in the headforms cache \(.*\) and HF_HUB_OFFLINE is "
+                                           rf"set; nor is there a file or folder named my-modle in {here}$"):
+        open_checkpoint("my-modle")
+
+
 def test_offline_from_the_cache_and_the_cache_command(hub, tmp_path, monkeypatch):
     folder = llama(tmp_path, "safetensors")
     serve(hub, "org/tiny", folder)

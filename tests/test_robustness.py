@@ -565,6 +565,12 @@ def _nonexistent(folder: Path, tmp_path: Path) -> str:
     return str(tmp_path / "no-such-model")
 
 
+def _not_torch(folder: Path, tmp_path: Path) -> str:
+    (folder / "model.safetensors").unlink()
+    (folder / "pytorch_model.bin").write_bytes(b"\x00not a zip, not a pickle" * 100)
+    return str(folder)
+
+
 def _set(name: str, index, value):
     return _weights(lambda s: s[name].__setitem__(index, value))
 
@@ -597,6 +603,9 @@ HOSTILE = {  # name -> (damage(llama folder, tmp_path) -> source, pattern of the
     "GGUF QK-norm": (_gguf_qk_norm, r"GGUF qwen3 file uses QK-norm .*pass --qk-norm fold"),
     "pickle that runs code": (_malicious_pickle, r"cannot read .*pytorch_model\.bin \(weights-only load refused"),
     "path that does not exist": (_nonexistent, r"no such file or folder: .*no-such-model$"),
+    "not a torch checkpoint": (_not_torch, r"cannot read \S*/pytorch_model\.bin: it is neither a zip archive nor a "
+                                           r"pickle, so not a PyTorch checkpoint \(the file is damaged or in another "
+                                           r"format\)$"),
 }
 
 
