@@ -375,7 +375,7 @@ def check(db, quick, wait):
         click.echo(str(finding))
     violations = sum(finding.level == "violation" for finding in findings)
     if violations:
-        raise click.ClickException(f"{db}: {violations} violation{'s' * (violations != 1)} of the warehouse's invariants")
+        raise click.ClickException(f"{db}: {_counted(violations, 'violation')} of the warehouse's invariants")
     click.echo(f"{db}: all invariants hold ({_counted(len(findings), 'warning')})")
 
 
