@@ -17,7 +17,7 @@ import numpy as np
 
 from headforms.extract import MODEL_SETS, ExtractError, ReadOptions
 from headforms.extract.sources import REVISION_SETS, ArgumentError, name_clashes, plan_targets
-from headforms.warehouse.running.executors import EXECUTORS
+from headforms.warehouse.running import EXECUTORS
 from headforms.warehouse.storing.failures import ModelIncomplete
 from headforms.warehouse.storing.store import READ_WAIT, WarehouseError, default_db
 

@@ -12,7 +12,8 @@ Sections, each a function below, printed in this order:
 2b. demo_floor       the floor of that run (tests/floor.py): the linear algebra no implementation
                      avoids, on the demo's own weights, single-threaded LAPACK over the cores (the
                      mean of its measures just before and just after the CLI runs: the host's
-                     speed drifts), plus `headforms --help` as a whole process and the Q/K bytes at
+                     speed drifts), plus the interpreter and the extraction path's imports as a whole
+                     process (floor.EXTRACTION_IMPORTS) and the Q/K bytes at
                      the measured warm read throughput; the CLI's wall over it (`--only demo` runs
                      2 and 2b alone);
 3. fits_smollm2      all 16 fits of all 270 SmolLM2 heads, as the pipeline calls them (per layer);
@@ -465,7 +466,7 @@ def demo_floor(model_layers: dict, cli: dict, start: float, before: dict[str, fl
     wall = min(cli["walls"])
     print(f"headforms extract demo: {wall:.2f} s = {wall / result.total:.2f}x its floor; {cli['busy']:.2f} of "
           f"{result.cores} cores busy")
-    # What the run's own CPU time allows: the start (interpreter, imports: one core, as `headforms --help`) and
+    # What the run's own CPU time allows: the start (interpreter, imports: one core, as the floor's start) and
     # then every other CPU second spread over all cores without a gap.
     packed = start + (cli["cpu"] - start) / result.cores
     print(f"  its CPU time {cli['cpu']:.2f} s, packed on {result.cores} cores after a one-core start of {start:.2f} s, "
@@ -869,7 +870,7 @@ def synthetic_24b(tmp_root: Path, start_s: float) -> dict | None:
     libraries idle for a minute may have been paged out, and their page-ins would count); extract
     in a subprocess (RSS, bytes read); then in this process: cold reading alone (bytes read with the
     libraries certainly resident, and throughput), safetensors' mmap reading for comparison, and the
-    sha256 revision pass; last the shape's floor (`start_s`: headforms --help) and the walls over it.
+    sha256 revision pass; last the shape's floor (`start_s`: the interpreter and imports) and the walls over it.
     The folder is deleted at the end."""
     N, n = SYN_N, SYN_HEAD_DIM
     qk = SYN_LAYERS * (SYN_HEADS + SYN_KV) * n * N * 2
@@ -1054,7 +1055,7 @@ def projection(read_gbps: float | None, start: float) -> dict:
     weights at each model's shape (best of 2: wall and CPU time), and the same layer's floor, times its layers;
     then the set on 2 and on 16 cores: headforms' CPU time at the share of the cores these layers kept busy here
     (assumed to hold on more cores), the floor at full use; reading at `read_gbps` (cold, section 5) and `start`
-    (headforms --help) added to both."""
+    (the interpreter and imports) added to both."""
     from headforms.compute.analysis import analyse_layer
     from headforms.compute.rotary import DEFAULT_DISTANCES, Rotation
     from headforms.extract.rope import rope
@@ -1259,8 +1260,6 @@ def hub_projection() -> None:
 # ---------------------------------------------------------------------------------------------
 # 7. fixed costs
 
-IMPORTS = ("import headforms.cli, headforms.api, headforms.warehouse.running.load, headforms.warehouse.running.executors, "
-           "headforms.extract.hf, headforms.extract.gguf_file")
 DENSE_IMPORTS = "import numpy, scipy.stats"
 
 
@@ -1283,8 +1282,8 @@ def process_wall(code: str, repeats: int = 3) -> tuple[float, float]:
 def fixed_costs(tmp: Path, demo: dict, split: dict, dense: dict) -> dict:
     """Imports, the writes' share of the demo build, and SmolLM2 end to end against the dense way end to end."""
     header("7. fixed costs: imports, writes, SmolLM2 end to end (whole processes)")
-    imports, imports_cpu = process_wall(IMPORTS)
-    code = "import sys; " + IMPORTS + "; print('torch' in sys.modules)"
+    imports, imports_cpu = process_wall(floor.EXTRACTION_IMPORTS)
+    code = "import sys; " + floor.EXTRACTION_IMPORTS + "; print('torch' in sys.modules)"
     torch_loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     print(f"interpreter start + imports of the extraction path: {imports:.2f} s wall, {imports_cpu:.2f} s CPU "
           f"(best of 3); torch imported: {torch_loaded}")
@@ -1600,7 +1599,7 @@ def main() -> int:
         res = hub_ranged(Path(args.tmp))
         return 0 if (res["fetched_over_qk"] <= HUB_TARGETS["fetched_over_qk"]
                      and res["speedup"] >= HUB_TARGETS["speedup"]) else 1
-    start = floor.start_seconds(HEADFORMS)  # the floor's process start, shared by every floor below
+    start = floor.start_seconds(BIN / "python")  # the floor's process start, shared by every floor below
     if args.only == "24b":
         results["synthetic"] = synthetic_24b(Path(args.tmp), start)
         return 0 if results["synthetic"] and targets_24b(results["synthetic"]) else 1

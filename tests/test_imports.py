@@ -3,6 +3,9 @@ importer (at top level or inside a function), and the command line stands on the
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,3 +97,24 @@ def test_the_graph_sees_function_level_imports(tmp_path):
     source.write_text("def f():\n    from headforms.api import extract\n    import headforms.compute.spectra\n")
     assert imports(source, {"headforms.api", "headforms.compute.spectra"}) == {"headforms.api",
                                                                              "headforms.compute.spectra"}
+
+
+# What starting the command line loads: the analysis only when a command extracts.
+ANALYSIS = ("scipy", "pyarrow", "headforms.compute.analysis", "headforms.warehouse.running.executors",
+            "headforms.warehouse.running.load")
+
+
+def test_the_command_line_starts_without_the_analysis():
+    """`headforms sql`, `status`, `--help` (any command that does not extract) start without the extraction's
+    libraries: in a fresh interpreter, the CLI and the API leave every module of ANALYSIS unloaded; an extraction
+    loads them all."""
+    code = ("import json, sys; import headforms.cli{}; "
+            f"print(json.dumps([m for m in {ANALYSIS!r} if m in sys.modules]))")
+
+    def loaded(extra: str = "") -> list[str]:
+        run = subprocess.run([sys.executable, "-c", code.format(extra)], capture_output=True, text=True, cwd=ROOT)
+        assert run.returncode == 0, run.stderr
+        return json.loads(run.stdout)
+
+    assert loaded() == []
+    assert loaded(", headforms.warehouse.running.load") == list(ANALYSIS)

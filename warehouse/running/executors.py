@@ -21,9 +21,8 @@ from typing import Callable, Iterable, Iterator
 from headforms.compute import threads
 from headforms.extract.checkpoint import ReadOptions
 from headforms.extract.sources import open_checkpoint
-from headforms.warehouse.running import layers
+from headforms.warehouse.running import EXECUTORS, layers
 
-EXECUTORS = ("local", "ray")
 WINDOW = 2  # tasks in flight per worker: enough to keep workers busy while the writer commits
 AHEAD = 1  # layers of Q/K the serial executor holds read ahead of their analysis (0: none, no threads)
 ROWS_AHEAD = 8  # analysed layers' rows it holds for the writer (a few MB even at 24B shapes)
