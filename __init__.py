@@ -6,14 +6,14 @@ Subpackages: `headforms.extract` (checkpoints and layouts), `headforms.compute` 
 `headforms.warehouse` (storing, running, publishing).
 """
 import importlib
-import sys
 import types
 
-from headforms import api
-from headforms.api import Analysis, Progress, analyse, behaviour, cache, connect, heads, plan, report, spectra, table
+from headforms import extract as _extract
 
-__all__ = ["Analysis", "Progress", "analyse", "behaviour", "cache", "connect", "extract", "heads", "plan", "report",
-           "spectra", "table"]
+# The API's names, loaded with the API on first use: a process that needs only the math and the checkpoints (a
+# `--jobs` or Ray worker, `headforms.compute` in a notebook) never imports DuckDB or polars.
+_API = ("Analysis", "Progress", "analyse", "behaviour", "cache", "connect", "heads", "plan", "report", "spectra", "table")
+__all__ = sorted(_API + ("extract",))
 
 
 class _CallableExtract(types.ModuleType):
@@ -21,14 +21,21 @@ class _CallableExtract(types.ModuleType):
     Made callable here, at the top, so that the subpackage never imports the API above it."""
 
     def __call__(self, *args, **kwargs):
-        return api.extract(*args, **kwargs)
+        return importlib.import_module("headforms.api").extract(*args, **kwargs)
 
 
-sys.modules["headforms.extract"].__class__ = _CallableExtract  # imported by the API
+_extract.__class__ = _CallableExtract
 
 
 def __getattr__(name: str):
-    """Subpackages load on first use."""
-    if name in ("compute", "warehouse", "cli"):
+    """The API's names and the subpackages load on first use."""
+    if name in _API:
+        return getattr(importlib.import_module("headforms.api"), name)
+    if name in ("api", "compute", "warehouse", "cli"):
         return importlib.import_module(f"headforms.{name}")
     raise AttributeError(f"module 'headforms' has no attribute '{name}'")
+
+
+def __dir__():
+    """The names a notebook completes, the API's among them."""
+    return sorted(set(globals()) | set(_API))

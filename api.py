@@ -18,8 +18,8 @@ import numpy as np
 from headforms.extract import MODEL_SETS, ExtractError, ReadOptions
 from headforms.extract.sources import REVISION_SETS, ArgumentError, name_clashes, plan_targets
 from headforms.warehouse.running import EXECUTORS
-from headforms.warehouse.storing.failures import ModelIncomplete
-from headforms.warehouse.storing.store import READ_WAIT, WarehouseError, default_db
+from headforms.warehouse.storing.failures import ModelIncomplete, WarehouseError
+from headforms.warehouse.storing.store import READ_WAIT, default_db
 
 
 class Progress:

@@ -27,6 +27,7 @@ from headforms.warehouse.running.executors import Processes, Ray, run_task
 from headforms.warehouse.running.layers import LoadOptions
 from headforms.warehouse.running.load import load_models
 from headforms.warehouse.storing import store
+from headforms.warehouse.storing.failures import WarehouseError
 from headforms.warehouse.storing.store import Writer, create_schema, connect, transaction
 from tests.test_gguf import write_gguf
 from tests.test_opening import HOLD_OPEN, readers_locked
@@ -699,10 +700,10 @@ def test_a_warehouse_cut_short_is_refused_before_anything_writes_to_it(survey, t
         result = invoke("extract", files[0], "--db", cut, "--name", "again", "--resamples", "10")
         assert_one_error(result.exit_code, result.stderr, said)
         assert cut.read_bytes() == before, length
-        with pytest.raises(store.WarehouseError, match="is cut short"), Writer(cut) as writer:
+        with pytest.raises(WarehouseError, match="is cut short"), Writer(cut) as writer:
             with writer.connection():
                 pass
-        with pytest.raises(store.WarehouseError, match="is cut short"):
+        with pytest.raises(WarehouseError, match="is cut short"):
             api.connect(cut, read_only=False)  # the Python API's writable connection (its schema is created)
         checked = invoke("check", "--db", cut, "--quick", "--wait", "0")  # --quick: without the tables' scan
         assert checked.exit_code == 1 and "violation: file_length: " in checked.stdout, (length, checked.output)

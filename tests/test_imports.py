@@ -99,6 +99,13 @@ def test_the_graph_sees_function_level_imports(tmp_path):
                                                                              "headforms.compute.spectra"}
 
 
+def _loaded(imports: str, watched: tuple[str, ...]) -> list[str]:
+    code = f"import json, sys; {imports}; print(json.dumps([m for m in {watched!r} if m in sys.modules]))"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout)
+
+
 # What starting the command line loads: the analysis only when a command extracts.
 ANALYSIS = ("scipy", "pyarrow", "headforms.compute.analysis", "headforms.warehouse.running.executors",
             "headforms.warehouse.running.load")
@@ -108,13 +115,19 @@ def test_the_command_line_starts_without_the_analysis():
     """`headforms sql`, `status`, `--help` (any command that does not extract) start without the extraction's
     libraries: in a fresh interpreter, the CLI and the API leave every module of ANALYSIS unloaded; an extraction
     loads them all."""
-    code = ("import json, sys; import headforms.cli{}; "
-            f"print(json.dumps([m for m in {ANALYSIS!r} if m in sys.modules]))")
+    assert _loaded("import headforms.cli", ANALYSIS) == []
+    assert _loaded("import headforms.cli, headforms.warehouse.running.load", ANALYSIS) == list(ANALYSIS)
 
-    def loaded(extra: str = "") -> list[str]:
-        run = subprocess.run([sys.executable, "-c", code.format(extra)], capture_output=True, text=True, cwd=ROOT)
-        assert run.returncode == 0, run.stderr
-        return json.loads(run.stdout)
 
-    assert loaded() == []
-    assert loaded(", headforms.warehouse.running.load") == list(ANALYSIS)
+# What the warehouse loads: none of it belongs in a worker process.
+WAREHOUSE = ("duckdb", "polars", "headforms.api", "headforms.warehouse.storing.store")
+
+
+def test_a_worker_starts_without_the_warehouse():
+    """A `--jobs` or Ray worker imports the layer's task and the readers (executors.WORKER_IMPORTS), and a notebook
+    may import the math alone: in a fresh interpreter neither loads DuckDB, polars or the API; the API loads them."""
+    from headforms.warehouse.running.executors import WORKER_IMPORTS
+
+    assert _loaded(f"import {', '.join(WORKER_IMPORTS)}", WAREHOUSE) == []
+    assert _loaded("import headforms, headforms.compute.analysis", WAREHOUSE) == []
+    assert _loaded("import headforms; headforms.connect", WAREHOUSE) == list(WAREHOUSE)

@@ -13,7 +13,7 @@ import duckdb
 import pytest
 
 from headforms.warehouse.storing import store
-from headforms.warehouse.storing.store import WarehouseError
+from headforms.warehouse.storing.failures import WarehouseError
 
 HOLD_OPEN = r"""
 import sys, duckdb

@@ -336,7 +336,7 @@ def test_ray_executor_without_ray_says_what_to_install(monkeypatch):
     import sys
 
     from headforms.warehouse.running.executors import Ray
-    from headforms.warehouse.storing.store import WarehouseError
+    from headforms.warehouse.storing.failures import WarehouseError
 
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
     with pytest.raises(WarehouseError, match=r"^--executor ray needs Ray: pip install 'headforms\[ray\]'$"):

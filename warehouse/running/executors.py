@@ -182,6 +182,9 @@ class _Ahead:
 # A worker's linear algebra is single-threaded (its siblings have the other cores): OpenBLAS started with more
 # threads spins them idle after its load, 0.1 s of CPU per thread and library, on the cores the writer computes on.
 SINGLE_THREADED_BLAS = {"OPENBLAS_NUM_THREADS": "1"}
+# What a worker process needs, imported once by the `--jobs` fork server: the layer's task and the readers, not
+# the warehouse (no DuckDB, no polars).
+WORKER_IMPORTS = ("headforms.warehouse.running.executors", "headforms.extract.hf", "headforms.extract.gguf_file")
 
 
 @contextmanager
@@ -330,8 +333,7 @@ class Processes(_Windowed):
         super().__init__(starts=True)
         self.work, self.window = work, WINDOW * jobs
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["headforms.warehouse.running.load", "headforms.extract.hf",
-                                        "headforms.extract.gguf_file"])
+        context.set_forkserver_preload(list(WORKER_IMPORTS))
         with _environment(SINGLE_THREADED_BLAS):  # the server's environment is this process's at its start
             multiprocessing.forkserver.ensure_running()  # its imports start now, beside the writer's own set-up
         self.pool = ProcessPoolExecutor(jobs, mp_context=context,
@@ -367,7 +369,7 @@ class Ray(_Windowed):
         try:
             import ray
         except ImportError:
-            from headforms.warehouse.storing.store import WarehouseError
+            from headforms.warehouse.storing.failures import WarehouseError
 
             raise WarehouseError("--executor ray needs Ray: pip install 'headforms[ray]'") from None
         super().__init__(starts=False)  # a task is submitted at once; a worker's imports are its own

@@ -30,8 +30,8 @@ from headforms.warehouse.running.executors import Serial
 from headforms.warehouse.running.layers import LayerRows, LoadOptions, deltas
 from headforms.warehouse.running.progress import RunProgress
 from headforms.warehouse.running import summaries
-from headforms.warehouse.storing.failures import ModelIncomplete, no_space, place_of, stage, words
-from headforms.warehouse.storing.store import WarehouseError, Writer, insert, query, transaction
+from headforms.warehouse.storing.failures import ModelIncomplete, WarehouseError, no_space, place_of, stage, words
+from headforms.warehouse.storing.store import Writer, insert, query, transaction
 
 
 def tool_version() -> str:

@@ -5,14 +5,29 @@ from __future__ import annotations
 import errno
 import os
 import re
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import duckdb
-
 from headforms.extract.checkpoint import ExtractError, first_line
-from headforms.warehouse.storing.store import WarehouseError, damaged
+
+
+class WarehouseError(Exception):
+    """A warehouse that cannot be opened or changed as asked; one line for the user."""
+
+
+def damaged(how: str) -> str:
+    """The line for a warehouse file whose bytes are not those DuckDB wrote, `how` saying what is wrong with them."""
+    return (f"the warehouse file is damaged ({how}): `headforms check` names the tables that no longer read; "
+            "restore the file from a copy, or extract into a new one")
+
+
+def _from_duckdb(exc: BaseException) -> bool:
+    """Whether DuckDB raised `exc`. Asked without importing DuckDB, which a worker process never loads: an error
+    of DuckDB's means the module is loaded."""
+    duckdb = sys.modules.get("duckdb")
+    return duckdb is not None and isinstance(exc, duckdb.Error)
 
 
 @dataclass(frozen=True)
@@ -86,7 +101,7 @@ def no_space(exc: BaseException) -> str | None:
     committed stays (undoing it would need space too), and the same command goes on from there once space is freed."""
     if isinstance(exc, OSError) and exc.errno in NO_SPACE:
         return words(exc)
-    if isinstance(exc, duckdb.Error):
+    if _from_duckdb(exc):
         for reason in map(os.strerror, NO_SPACE):
             if reason in str(exc):
                 file = re.search(r'Could not write file "([^"]+)"', str(exc))
@@ -101,7 +116,7 @@ def one_line(exc: Exception) -> tuple[str, bool]:
     place = place_of(exc)
     if isinstance(exc, ModelIncomplete):
         return str(exc), True
-    if isinstance(exc, duckdb.Error) and first_line(exc).startswith(DAMAGED):
+    if _from_duckdb(exc) and first_line(exc).startswith(DAMAGED):
         return damaged(first_line(exc)), False
     if full := no_space(exc):
         if place is not None and place.step.startswith(("export", "report")):
@@ -109,6 +124,6 @@ def one_line(exc: Exception) -> tuple[str, bool]:
         else:
             then = "free space on it, then run the same command again (an extraction goes on from its last commit)"
         return f"{f'{place}: ' if place else ''}the disk is full ({full}): {then}", False
-    if isinstance(exc, (ExtractError, WarehouseError)) or (isinstance(exc, duckdb.Error) and place is None):
+    if isinstance(exc, (ExtractError, WarehouseError)) or (_from_duckdb(exc) and place is None):
         return first_line(exc), False
     return f"{f'{place}: ' if place else ''}{words(exc)}", True

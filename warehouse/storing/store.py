@@ -13,6 +13,7 @@ import duckdb
 import polars as pl
 
 from headforms.extract.checkpoint import first_line
+from headforms.warehouse.storing.failures import WarehouseError, damaged
 
 SCHEMA = Path(__file__).with_name("schema.sql")
 VIEWS = Path(__file__).resolve().parents[2] / "sql"
@@ -28,16 +29,6 @@ ANNOUNCE_AFTER = 1.0  # say that we wait only when it is more than a commit's wa
 # How long an extraction, before its next commit, lets readers already waiting for the file in first: its commits
 # follow each other within milliseconds, and a reader that tries every POLL seconds would rarely meet a gap.
 READERS_FIRST = 2.0
-
-
-class WarehouseError(Exception):
-    """A warehouse that cannot be opened or changed as asked; one line for the user."""
-
-
-def damaged(how: str) -> str:
-    """The line for a warehouse file whose bytes are not those DuckDB wrote, `how` saying what is wrong with them."""
-    return (f"the warehouse file is damaged ({how}): `headforms check` names the tables that no longer read; "
-            "restore the file from a copy, or extract into a new one")
 
 
 def default_db() -> str:
