@@ -12,7 +12,8 @@ from headforms import extract as _extract
 
 # The API's names, loaded with the API on first use: a process that needs only the math and the checkpoints (a
 # `--jobs` or Ray worker, `headforms.compute` in a notebook) never imports DuckDB or polars.
-_API = ("Analysis", "Progress", "analyse", "behaviour", "cache", "connect", "heads", "plan", "report", "spectra", "table")
+_API = ("Analysis", "Progress", "analyse", "behaviour", "cache", "connect", "heads", "plan", "report", "spectra",
+        "table")
 __all__ = sorted(_API + ("extract",))
 
 

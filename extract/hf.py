@@ -24,6 +24,7 @@ from typing import Callable
 import numpy as np
 from safetensors import safe_open
 
+from headforms.extract import pages
 from headforms.extract.checkpoint import Checkpoint, Digest, ExtractError, ReadOptions, first_line, hf_cache_commit
 from headforms.extract.formats import IncompleteFile, extent_problem, header_cut, refuse_foreign, size_mismatch
 from headforms.extract.spec import model_spec
@@ -48,32 +49,19 @@ def _safetensors_open(path: Path, framework: str = "numpy"):
 _HEADER_LIMIT = 100_000_000  # safetensors' own cap on the JSON header
 
 
-def _open_unbuffered(path: Path):
-    """A raw file without kernel readahead: a read brings in the pages asked for and no more
-    (the device's readahead window can be megabytes, a large share of a small tensor)."""
-    f = open(path, "rb", buffering=0)
-    if hasattr(os, "posix_fadvise"):
-        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
-    return f
-
-
 def _read_at(f, offset: int, size: int, path: Path) -> np.ndarray:
     """Exactly `size` bytes (uint8) of a raw file from `offset` (positioned reads, no extra copy; the buffer is not
     zeroed first)."""
     buf = np.empty(size, np.uint8)
-    view, done = memoryview(buf), 0
-    f.seek(offset)
-    while done < size:
-        got = f.readinto(view[done:])
-        if not got:
-            raise ExtractError(f"cannot read {path}: the file ends at byte {offset + done}, before byte {offset + size}")
-        done += got
+    done = pages.read_into(f.fileno(), memoryview(buf), offset)
+    if done < size:
+        raise ExtractError(f"cannot read {path}: the file ends at byte {offset + done}, before byte {offset + size}")
     return buf
 
 
 def _safetensors_spans(path: Path) -> dict[str, tuple[str, tuple[int, ...], int, int]]:
     """name -> (dtype, shape, start, end) of a local safetensors file (see safetensors_spans)."""
-    with _open_unbuffered(path) as f:
+    with pages.open_unbuffered(path) as f:
         return safetensors_spans(lambda offset, size: _read_at(f, offset, size, path),
                                  os.fstat(f.fileno()).st_size, str(path))
 
@@ -165,7 +153,7 @@ def _safetensors_fetch(path: Path, names: list[str], spans: dict, digest: Digest
             except Exception as e:
                 raise ExtractError(f"cannot read {path}: {first_line(e)}") from None
     out = {}
-    with _open_unbuffered(path) as f:
+    with pages.open_unbuffered(path) as f:
         for name in sorted(names, key=lambda n: spans[n][2]):  # in file order
             dtype, shape, start, end = spans[name]
             raw = _read_at(f, start, end - start, path) if end > start else bytearray()
@@ -202,7 +190,7 @@ def torch_state_dict(path: Path) -> dict:
 
 def _torch_header(path: Path) -> tuple[dict[str, tuple[tuple[int, ...], str]], dict]:
     """Shapes and dtypes of a .bin state dict; a torch zip whose size is not what its records need is refused first."""
-    with _open_unbuffered(path) as f:
+    with pages.open_unbuffered(path) as f:
         problem = torch_zip_extent(lambda offset, size: _read_at(f, offset, size, path), os.fstat(f.fileno()).st_size,
                                    path)
     if problem is not None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import json
-import mmap
 import os
 import re
 import shutil
@@ -31,6 +30,7 @@ from urllib.request import getproxies, proxy_bypass
 import numpy as np
 import urllib3
 
+from headforms.extract import pages
 from headforms.extract.caches import cache_root
 from headforms.extract.checkpoint import ExtractError, first_line
 
@@ -67,12 +67,17 @@ def _repo_dir(repo_id: str) -> Path:
     return cache_root() / ("models--" + repo_id.replace("/", "--"))
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """A cache file appears whole or not at all (a killed run leaves no torn chunk; a full disk, not even a part)."""
+def _write_atomic(path: Path, data, once: bool = False) -> None:
+    """A cache file appears whole or not at all (a killed run leaves no torn chunk; a full disk, not even a part).
+    Bytes written `once` (a range, not read again in this run) are flushed and their pages given back (pages.py)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        tmp.write_bytes(data)
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if once:
+                f.flush()
+                pages.written(f.fileno())
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
         if isinstance(exc, OSError) and exc.filename is None:  # a failed write names no file: say which
@@ -194,6 +199,8 @@ class RemoteFile:
         self.repo, self.path, self.size = repo, path, size
         self.chunks = repo.folder / "blobs" / (re.sub(r"[^0-9A-Za-z._-]", "_", blob or path))
         self._listing: list[tuple[int, int]] | None = None
+        self._held: dict[tuple[int, int], memoryview] = {}  # ranges fetched ahead (read_many's `hold`)
+        self._holding = threading.Lock()  # the layer ahead is fetched in a thread of its own
 
     def __str__(self) -> str:
         return f"{self.repo.repo_id}/{self.path}"
@@ -219,38 +226,25 @@ class RemoteFile:
         return gaps + ([(at, end)] if at < end else [])
 
     def _from_cache(self, start: int, end: int) -> memoryview:
-        """start..end-1 from the cached chunks covering it: a view of the chunk's mapping where one chunk holds it
-        all (a layer fetched ahead is read straight from the page cache, not copied into fresh memory first), else
-        read into one buffer."""
-        whole = next(((a, b) for a, b in self._cached_chunks() if a <= start and end <= b), None) if end > start else None
-        if whole:
-            offset = start - whole[0]
-            aligned = offset - offset % mmap.ALLOCATIONGRANULARITY
-            with self._open_chunk(*whole) as f:
-                mapped = mmap.mmap(f.fileno(), end - whole[0] - aligned, offset=aligned, access=mmap.ACCESS_READ)
-            return memoryview(mapped)[offset - aligned:]
+        """start..end-1 from the cached chunks covering it, read into one buffer."""
         buf, at = np.empty(end - start, np.uint8), start
         for a, b in sorted(self._cached_chunks()):
             if a <= at < b:
-                with self._open_chunk(a, b) as f:
-                    f.seek(at - a)
-                    view = memoryview(buf)[at - start:min(b, end) - start]
-                    while view:
-                        view = view[f.readinto(view):]
+                self._read_chunk(a, b, memoryview(buf)[at - start:min(b, end) - start], at - a)
                 at = min(b, end)
                 if at == end:
                     break
         return memoryview(buf)
 
-    def _open_chunk(self, a: int, b: int):
-        """The cached chunk of bytes a..b-1, refused if its size is not b - a (a cache damaged outside headforms)."""
-        f = open(self.chunks / f"{a}-{b}", "rb", buffering=0)
-        size = os.fstat(f.fileno()).st_size
-        if size != b - a:
-            f.close()
-            raise ExtractError(f"the cached bytes {a}-{b} of {self} are damaged ({size} bytes where {b - a} belong): "
-                               f"run `headforms cache --clear --repo {self.repo.repo_id}` and extract again")
-        return f
+    def _read_chunk(self, a: int, b: int, into: memoryview, offset: int) -> None:
+        """Bytes of the cached chunk of bytes a..b-1, from `offset` in it, into `into`; refused if the chunk does not
+        hold b - a bytes (a cache damaged outside headforms)."""
+        with pages.open_unbuffered(self.chunks / f"{a}-{b}") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size != b - a or pages.read_into(f.fileno(), into, offset) < len(into):
+                raise ExtractError(f"the cached bytes {a}-{b} of {self} are damaged ({size} bytes where {b - a} "
+                                   f"belong): run `headforms cache --clear --repo {self.repo.repo_id}` and extract "
+                                   "again")
 
     def prefix_path(self, size: int) -> Path:
         """A cached chunk holding the file's first `size` bytes (for readers that want a path): only the bytes
@@ -268,10 +262,12 @@ class RemoteFile:
         """Exactly `size` bytes from `offset`, from the cache or the hub."""
         return bytes(self.read_many([(offset, offset + size)])[(offset, offset + size)])
 
-    def read_many(self, spans: list[tuple[int, int]]) -> dict[tuple[int, int], memoryview]:
+    def read_many(self, spans: list[tuple[int, int]], hold: bool = False) -> dict[tuple[int, int], memoryview]:
         """The bytes of each (start, end) span: what the cache holds read locally, the rest fetched with
         adjacent spans coalesced, long ranges split into pieces, several requests in flight; each range
-        cached. Every byte is held once: a range is fetched into one buffer, and spans are views of it."""
+        cached. Every byte is held once: a range is fetched into one buffer, and spans are views of it.
+        `hold` (a layer fetched ahead): the ranges fetched are also kept for the next call that asks for their
+        bytes, which then reads none of them back from the cache."""
         for start, end in spans:
             if not 0 <= start <= end <= self.size:
                 raise ExtractError(f"cannot read {self}: bytes {start}-{end} lie outside its {self.size} bytes")
@@ -289,8 +285,14 @@ class RemoteFile:
             with ThreadPoolExecutor(min(IN_FLIGHT, len(pieces))) as pool:
                 list(pool.map(lambda piece: self._fetch(*piece), pieces))
             for (start, end), data in fresh.items():
-                _write_atomic(self.chunks / f"{start}-{end}", data)
+                _write_atomic(self.chunks / f"{start}-{end}", data, once=True)
                 self._cached_chunks().append((start, end))
+        with self._holding:
+            if hold:
+                self._held |= fresh
+            else:
+                fresh |= {r: self._held.pop(r) for r in list(self._held)
+                          if any(r[0] <= a and b <= r[1] for a, b in spans)}
         out = {}
         for start, end in spans:
             holder = next(((a, b) for a, b in fresh if a <= start and end <= b), None)

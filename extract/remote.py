@@ -90,7 +90,7 @@ def _safetensors_fetch(remote: RemoteFile, names: list[str], spans: dict, decode
     if sys.byteorder != "little":
         raise ExtractError("reading safetensors from the hub needs a little-endian machine")
     wanted = {name: spans[name][1] for name in names}
-    data = remote.read_many([(start, end) for _, _, start, end in wanted.values()])
+    data = remote.read_many([(start, end) for _, _, start, end in wanted.values()], hold=not decode)
     if not decode:
         return {}
     return {name: span_array(data[(start, end)], dtype, shape) for name, (dtype, shape, start, end) in wanted.items()}
@@ -144,7 +144,7 @@ def _zip_fetch(remote: RemoteFile, names: list[str], spans: dict, decode: bool =
     kinds = {name: spans[name][1] for name in names}
     whole = {name: kind[1] for name, kind in kinds.items() if kind[0] == "tensor"}
     zipped = {name: kind[1:] for name, kind in kinds.items() if kind[0] == "zip"}
-    headers = remote.read_many([(r.header_offset, r.header_offset + 30) for _, r in zipped.values()])
+    headers = remote.read_many([(r.header_offset, r.header_offset + 30) for _, r in zipped.values()], hold=not decode)
     wanted = {}
     for name, (ref, record) in zipped.items():
         local = headers[(record.header_offset, record.header_offset + 30)]
@@ -157,7 +157,7 @@ def _zip_fetch(remote: RemoteFile, names: list[str], spans: dict, decode: bool =
         if last * itemsize > record.file_size:
             raise ExtractError(f"cannot read {remote}: tensor '{name}' runs past its storage record")
         wanted[name] = (data + first * itemsize, data + last * itemsize)
-    got = remote.read_many(list(wanted.values()))
+    got = remote.read_many(list(wanted.values()), hold=not decode)
     if not decode:
         return {}
     out = dict(whole)

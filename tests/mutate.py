@@ -315,12 +315,6 @@ PY_EQUIVALENT = {
      'self.chunks = repo.folder / "blobs" / (re.sub(r"[^0-9A-Za-z._-]", "XX_XX", blob or path))'):
         'blob ids are lowercase hex (git SHA-1, LFS SHA-256), which neither substitution changes',
     ('headforms.extract.hub.xǁRemoteFileǁ_from_cache',
-     'with open(self.chunks / f"{a}-{b}", "rb", ) as f:'):
-        'a chunk read through a buffer: the same bytes',
-    ('headforms.extract.hub.xǁRemoteFileǁ_from_cache',
-     'with open(self.chunks / f"{a}-{b}", "rb", buffering=1) as f:'):
-        'a chunk read through a buffer: the same bytes',
-    ('headforms.extract.hub.xǁRemoteFileǁ_from_cache',
      'if a <= at <= b:'):
         'a chunk that ends where the part still to read starts gives an empty view: nothing is read from it',
     ('headforms.extract.hub.xǁRemoteFileǁ_uncovered',

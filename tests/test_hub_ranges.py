@@ -3,16 +3,17 @@ and message, spans coalesced and cached bytes never fetched twice (checked byte 
 a seekable reader that behaves as `io.BytesIO`, and the range cache's accounting against the files on disk."""
 from __future__ import annotations
 
+import ctypes
 import importlib
 import io
+import mmap
 import os
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from headforms.extract import hub as hub_module
+from headforms.extract import hub as hub_module, pages
 from headforms.extract.checkpoint import ExtractError
 from headforms.extract.hub import FetchError, HubRepo
 from tests.hub_server import serve_hub
@@ -209,41 +210,74 @@ def test_two_spans_of_one_fetched_range_are_views_of_one_buffer(hub):
     assert (b - a, c - a) == (200, 150)  # where they lie in the range's buffer
 
 
-def _mapped_file(address: int) -> str | None:
-    """The file whose mapping in this process holds `address` (from /proc/self/maps), None for anonymous memory."""
-    for line in Path("/proc/self/maps").read_text().splitlines():
-        fields = line.split(maxsplit=5)
-        low, high = (int(x, 16) for x in fields[0].split("-"))
-        if low <= address < high:
-            return fields[5] if len(fields) == 6 else None
-    raise AssertionError(f"address {address:#x} is mapped nowhere")
-
-
-def test_a_span_one_cached_chunk_holds_is_read_from_its_mapping(hub):
-    """A span inside one cached chunk (a layer fetched ahead, read back) is a view of the chunk file's mapping,
-    not a copy in fresh memory; a span across two chunks is assembled in memory; both are the file's bytes."""
+def test_a_range_fetched_ahead_is_held_until_asked_for_then_read_from_the_cache(hub, monkeypatch):
+    """A range fetched ahead (`hold`) serves the next call that asks for its bytes from the fetch's buffer, reading
+    nothing back from the cache, and is let go; later calls, and a new reader, read the cached chunks (one chunk or
+    two end to end); every span is the file's bytes."""
     file = remote()
-    file.read_many([(1000, 9000)])
-    file.read_many([(9000, 30_000)])  # two cached chunks, end to end
-    file = remote()  # a new reader: nothing fetched by it, every span from the cache
-    spans = [(1500, 8000), (1000, 9000), (18_000, 25_000), (8000, 25_000)]  # the third past a page of its chunk
-    got = file.read_many(spans)
-    assert [bytes(got[s]) for s in spans] == [fetched(hub, *s) for s in spans]
-    where = [_mapped_file(np.frombuffer(got[s], np.uint8).__array_interface__["data"][0]) for s in spans]
-    assert where[:3] == [str(file.chunks / name) for name in ("1000-9000", "1000-9000", "9000-30000")]
-    assert where[3] not in where[:3]  # assembled in memory
+    file.read_many([(1000, 9000)], hold=True)
+    file.read_many([(9000, 30_000)])  # two cached chunks, end to end; the second not held
+    chunk_reads, read_chunk = [], file._read_chunk
+    monkeypatch.setattr(file, "_read_chunk", lambda a, b, *rest: chunk_reads.append((a, b)) or read_chunk(a, b, *rest))
+    ahead = [(1500, 8000), (1000, 9000)]
+    got = file.read_many(ahead)
+    assert [bytes(got[s]) for s in ahead] == [fetched(hub, *s) for s in ahead] and chunk_reads == []
+    spans = [(1500, 8000), (18_000, 25_000), (8000, 25_000)]
+    for reader in (file, remote()):  # the held range let go; a new reader has fetched nothing
+        got = reader.read_many(spans)
+        assert [bytes(got[s]) for s in spans] == [fetched(hub, *s) for s in spans]
+    assert chunk_reads == [(1000, 9000), (9000, 30_000), (1000, 9000), (9000, 30_000)]
+    assert ranges(hub) == ["bytes=1000-8999", "bytes=9000-29999"]  # nothing fetched twice
+
+
+def pages_cached(path, start: int, end: int) -> tuple[int, int]:
+    """Of the pages wholly inside bytes start..end-1 of a file, how many the page cache holds, and how many there
+    are (mincore on a mapping of the file: asking reads nothing)."""
+    first, last = -(-start // mmap.PAGESIZE), end // mmap.PAGESIZE
+    vec = (ctypes.c_ubyte * max(last - first, 1))()
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) as mapped:
+        anchor = ctypes.c_char.from_buffer(mapped)
+        address = ctypes.addressof(anchor) + first * mmap.PAGESIZE
+        failed = LIBC.mincore(ctypes.c_void_p(address), ctypes.c_size_t((last - first) * mmap.PAGESIZE), vec)
+        del anchor  # the mapping closes only once nothing points into it
+    if failed:
+        raise OSError(ctypes.get_errno(), "mincore failed")
+    return sum(v & 1 for v in vec[:last - first]), last - first
+
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def test_a_file_written_once_is_on_the_disk_and_out_of_the_page_cache(tmp_path):
+    path, data = tmp_path / "w.bin", np.random.default_rng(2).bytes(16 * mmap.PAGESIZE)
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        assert pages_cached(path, 0, len(data)) == (16, 16)  # written pages are cached until given back
+        pages.written(f.fileno())
+    assert pages_cached(path, 0, len(data)) == (0, 16) and path.read_bytes() == data
+
+
+def test_a_fetched_range_is_cached_on_the_disk_out_of_the_page_cache(hub):
+    """A range is written to the cache once, not read back in the run: its chunk file holds its bytes, flushed, and
+    none of its pages stay in the page cache (pages.written)."""
+    file = remote()
+    file.read_many([(0, 90_000)])
+    chunk = file.chunks / "0-90000"
+    assert pages_cached(chunk, 0, 90_000) == (0, 21) and chunk.read_bytes() == fetched(hub, 0, 90_000)
 
 
 def test_a_prefix_is_a_cached_chunk_grown_without_refetching_or_rewriting(hub, monkeypatch):
     """A prefix is the chunk its fetch wrote; a shorter or equal one reads and writes nothing; a longer one fetches
     only the bytes past it and is written whole."""
     file, writes, write = remote(), [], hub_module._write_atomic
-    monkeypatch.setattr(hub_module, "_write_atomic", lambda path, data: writes.append(path.name) or write(path, data))
+    monkeypatch.setattr(hub_module, "_write_atomic",
+                        lambda path, data, **kw: writes.append(path.name) or write(path, data, **kw))
     first = file.prefix_path(100)
     assert first.read_bytes() == fetched(hub, 0, 100) and hub.served["blob.bin"] == 100 and writes == ["0-100"]
     reads = []
     with monkeypatch.context() as m:
-        m.setattr(file, "read_many", lambda spans: reads.append(spans))
+        m.setattr(file, "read_many", lambda spans, **kw: reads.append(spans))
         assert file.prefix_path(60) == first and file.prefix_path(100) == first
     assert reads == [] and writes == ["0-100"]
     again = HubRepo("org/r", file.repo.commit, file.repo.files).file("blob.bin")  # lists the cache afresh
