@@ -345,7 +345,8 @@ class Weights:
     origin: str = ""           # the folder or hub repo, for messages
     header: Callable | None = None  # file -> (meta, spans) for files whose header is read only when needed
     unread: set = field(default_factory=set)  # files whose header has not been read yet
-    ahead: int = 0             # layers fetched ahead in the background (hub: the network overlaps the compute)
+    ahead: int = 0             # layers fetched ahead in the background (hub: the network overlaps the compute),
+    ahead_bytes: int = 0       # fewer where theirs (held in memory until read) would pass this; at least one
     pending: dict = field(default_factory=dict, repr=False)  # tensor name -> its background fetch
     incomplete: list = field(default_factory=list)  # IncompleteFile of each file whose size its header contradicts
     pool: ThreadPoolExecutor | None = field(default=None, repr=False)
@@ -533,12 +534,16 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
                    + [(tensors(layer)["gain"], (spec.d_model,), layer) for layer in range(spec.n_layers)
                       if norm is not None])
 
+    qk = {t for layer in range(spec.n_layers) for t in tensors(layer).values()}
+    qk_bytes = sum(math.prod(weights.meta[t][0]) * _ITEMSIZE[weights.meta[t][1]] for t in qk)
+    ahead = min(weights.ahead, max(1, weights.ahead_bytes * spec.n_layers // max(qk_bytes, 1))) if weights.ahead else 0
+
     def reader(layer: int) -> tuple[np.ndarray, np.ndarray]:
         if not 0 <= layer < spec.n_layers:
             raise ExtractError(f"layer {layer} out of range: {name} has {spec.n_layers} layers")
         roles = tensors(layer)
         arrays = weights.read(list(roles.values()))  # before the layers ahead are asked for: a first layer has the link
-        weights.prefetch(t for later in range(layer + 1, min(layer + 1 + weights.ahead, spec.n_layers))
+        weights.prefetch(t for later in range(layer + 1, min(layer + 1 + ahead, spec.n_layers))
                          for t in tensors(later).values())
         for tensor, array in arrays.items():
             # a finite sum means every value is finite; only an overflowing sum needs the elementwise check
@@ -547,8 +552,6 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
         w_q, w_k = layout.qk_maps({role: arrays[tensor] for role, tensor in roles.items() if role != "gain"}, spec)
         return norm.fold(w_q, w_k, arrays[roles["gain"]], fold_norm) if norm is not None else (w_q, w_k)
 
-    qk = {t for layer in range(spec.n_layers) for t in tensors(layer).values()}
-    qk_bytes = sum(math.prod(weights.meta[t][0]) * _ITEMSIZE[weights.meta[t][1]] for t in qk)
     if digest is not None:
         digest.expect([[(weights.where[t], t) for t in tensors(layer).values()] for layer in range(spec.n_layers)],
                       reader)

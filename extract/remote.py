@@ -24,7 +24,9 @@ from headforms.extract.hub import HubRepo, RangeReader, RemoteFile
 from headforms.extract.spec import model_spec
 from headforms.extract.torch_pickle import RecordingUnpickler, TensorRef
 
-AHEAD = 2  # layers fetched in the background while one is analysed
+# Layers fetched in the background while one is analysed: AHEAD, fewer where their bytes (held in memory until
+# read) would pass AHEAD_BYTES, at least one (a 24B model's 52 MB layer alone).
+AHEAD, AHEAD_BYTES = 2, 64 << 20
 # Hub weight layouts in order of preference: (single file, shard index); safetensors before .bin.
 HUB_LAYOUTS = (("model.safetensors", "model.safetensors.index.json"),
                ("pytorch_model.bin", "pytorch_model.bin.index.json"))
@@ -63,7 +65,8 @@ def _hub_weights(repo: HubRepo) -> Weights:
             incomplete = []
             meta, spans = read_header(header, remote, incomplete)
             return Weights(files=[remote], where=dict.fromkeys(meta, remote), meta=meta, fetch=fetch, spans=spans,
-                           origin=repo.repo_id, ahead=AHEAD, incomplete=incomplete)
+                           origin=repo.repo_id, ahead=AHEAD, ahead_bytes=AHEAD_BYTES,
+                           incomplete=incomplete)
         if index in repo.files:
             index_file = repo.file(index)
             try:
@@ -73,7 +76,7 @@ def _hub_weights(repo: HubRepo) -> Weights:
                 raise ExtractError(f"unreadable {index} of '{repo.repo_id}': {type(e).__name__}: {e}") from None
             return Weights(files=list(shards.values()), where={n: shards[s] for n, s in weight_map.items()},
                            meta={}, fetch=fetch, origin=repo.repo_id, header=header, unread=set(shards.values()),
-                           ahead=AHEAD)
+                           ahead=AHEAD, ahead_bytes=AHEAD_BYTES)
     raise ExtractError(f"'{repo.repo_id}' on the Hugging Face hub has no model.safetensors or "
                        "pytorch_model.bin weights (sharded or not)")
 

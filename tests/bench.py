@@ -778,9 +778,6 @@ def write_synthetic(folder: Path, mlp_rows: int) -> dict:
             "small": small, "qk_spans": qk_spans, "files": sorted(folder.iterdir())}
 
 
-AHEAD_NOTE = "2 layers"
-
-
 def hub_24b(folder: Path, files: list[Path]) -> dict:
     """`headforms extract` of the folder served by a local hub server (unlimited bandwidth, fresh range
     cache), in a subprocess: wall, peak RSS and the bytes served."""
@@ -934,7 +931,10 @@ def synthetic_24b(tmp_root: Path, start_s: float) -> dict | None:
               f"{rerun['wall']:.1f} s wall, rchar {rerun['io']['rchar'] / 1e6:.2f} MB, read_bytes "
               f"{rerun['io']['read_bytes'] / 1e6:.2f} MB (Q/K {info['qk'] / GB:.2f} GB)")
         hub = hub_24b(folder, files)
-        print(f"the same checkpoint from a local hub server (subprocess, by range, read-ahead {AHEAD_NOTE}): "
+        from headforms.extract import remote
+
+        print(f"the same checkpoint from a local hub server (subprocess, by range, read-ahead up to {remote.AHEAD} "
+              f"layers within {remote.AHEAD_BYTES >> 20} MB): "
               f"{hub['wall']:.1f} s wall, peak RSS {hub['rss'] / GB:.3f} GB = {hub['rss'] / res['rss_bytes']:.3f} x "
               f"the folder's {res['rss_bytes'] / GB:.3f} GB; fetched {hub['fetched'] / info['qk']:.4f} x Q/K")
 

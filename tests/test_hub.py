@@ -673,3 +673,23 @@ def test_the_next_layers_are_fetched_ahead(hub, tmp_path, monkeypatch, fmt):
     for layer in (1, 2):
         for ours, theirs in zip(ckpt.read_layer(layer), local.read_layer(layer)):
             np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("budget, ahead", [(300_000, [1, 2]), (100_000, [1]), (10, [1])])
+def test_the_layers_fetched_ahead_hold_at_most_ahead_bytes(hub, tmp_path, monkeypatch, budget, ahead):
+    """The layers fetched ahead are held in memory until read: fewer than remote.AHEAD where their bytes would pass
+    remote.AHEAD_BYTES, and at least one (here 64 kB of Q/K a layer)."""
+    from headforms.extract import remote
+    from headforms.extract.hf import Weights
+
+    monkeypatch.setattr(remote, "AHEAD_BYTES", budget)
+    model = tm.build("llama", dtype=torch.bfloat16, hidden_size=128, intermediate_size=256, num_hidden_layers=4)
+    serve(hub, "org/deep", tm.save(model, tmp_path / "m", "safetensors"))
+    started, prefetch = [], Weights.prefetch
+    monkeypatch.setattr(Weights, "prefetch", lambda self, names: started.append(list(names))
+                        or prefetch(self, started[-1]))
+    ckpt = open_checkpoint("org/deep")
+    assert ckpt.qk_bytes == 4 * 65_536
+    ckpt.read_layer(0)
+    assert sorted(started[0]) == sorted(f"model.layers.{layer}.self_attn.{proj}.weight" for layer in ahead
+                                        for proj in ("q_proj", "k_proj"))
