@@ -5,8 +5,7 @@ those pages come off the disk. A hub range is written to the range cache once an
 run (the layers fetched ahead are held in memory), so its file is flushed and its pages given back at once:
 the cache does not grow the page cache by the checkpoint's Q/K bytes (2.1 GB for a 24B model), and on a virtual
 machine that hands free memory back to its host the next range is written into pages just freed instead of
-fresh ones (the 24B shape from the local hub: 17.3 s of system time against 23.8 and 24.4 s, two interleaved
-rounds).
+fresh ones (measured in the README, Performance).
 """
 from __future__ import annotations
 

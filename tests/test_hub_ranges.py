@@ -3,7 +3,6 @@ and message, spans coalesced and cached bytes never fetched twice (checked byte 
 a seekable reader that behaves as `io.BytesIO`, and the range cache's accounting against the files on disk."""
 from __future__ import annotations
 
-import ctypes
 import importlib
 import io
 import mmap
@@ -16,6 +15,7 @@ import pytest
 from headforms.extract import hub as hub_module, pages
 from headforms.extract.checkpoint import ExtractError
 from headforms.extract.hub import FetchError, HubRepo
+from tests.bench import resident_bytes
 from tests.hub_server import serve_hub
 
 SIZE = 100_000
@@ -230,32 +230,14 @@ def test_a_range_fetched_ahead_is_held_until_asked_for_then_read_from_the_cache(
     assert ranges(hub) == ["bytes=1000-8999", "bytes=9000-29999"]  # nothing fetched twice
 
 
-def pages_cached(path, start: int, end: int) -> tuple[int, int]:
-    """Of the pages wholly inside bytes start..end-1 of a file, how many the page cache holds, and how many there
-    are (mincore on a mapping of the file: asking reads nothing)."""
-    first, last = -(-start // mmap.PAGESIZE), end // mmap.PAGESIZE
-    vec = (ctypes.c_ubyte * max(last - first, 1))()
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) as mapped:
-        anchor = ctypes.c_char.from_buffer(mapped)
-        address = ctypes.addressof(anchor) + first * mmap.PAGESIZE
-        failed = LIBC.mincore(ctypes.c_void_p(address), ctypes.c_size_t((last - first) * mmap.PAGESIZE), vec)
-        del anchor  # the mapping closes only once nothing points into it
-    if failed:
-        raise OSError(ctypes.get_errno(), "mincore failed")
-    return sum(v & 1 for v in vec[:last - first]), last - first
-
-
-LIBC = ctypes.CDLL(None, use_errno=True)
-
-
 def test_a_file_written_once_is_on_the_disk_and_out_of_the_page_cache(tmp_path):
     path, data = tmp_path / "w.bin", np.random.default_rng(2).bytes(16 * mmap.PAGESIZE)
     with open(path, "wb") as f:
         f.write(data)
         f.flush()
-        assert pages_cached(path, 0, len(data)) == (16, 16)  # written pages are cached until given back
+        assert resident_bytes(path) == len(data)  # written pages are cached until given back
         pages.written(f.fileno())
-    assert pages_cached(path, 0, len(data)) == (0, 16) and path.read_bytes() == data
+    assert resident_bytes(path) == 0 and path.read_bytes() == data
 
 
 def test_a_fetched_range_is_cached_on_the_disk_out_of_the_page_cache(hub):
@@ -264,7 +246,7 @@ def test_a_fetched_range_is_cached_on_the_disk_out_of_the_page_cache(hub):
     file = remote()
     file.read_many([(0, 90_000)])
     chunk = file.chunks / "0-90000"
-    assert pages_cached(chunk, 0, 90_000) == (0, 21) and chunk.read_bytes() == fetched(hub, 0, 90_000)
+    assert resident_bytes(chunk) == 0 and chunk.read_bytes() == fetched(hub, 0, 90_000)
 
 
 def test_a_prefix_is_a_cached_chunk_grown_without_refetching_or_rewriting(hub, monkeypatch):
