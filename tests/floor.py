@@ -27,12 +27,13 @@ import numpy as np
 from scipy.linalg import lapack
 from threadpoolctl import threadpool_limits
 
+from headforms.warehouse.running.executors import WORKER_IMPORTS
+
 REPEATS = 3
 PARTS = ("qr", "spectra", "distances", "baseline")
-# What `headforms extract` imports before it reads a byte: the command line, the writer, the executors and the
-# readers of both checkpoint formats (the API imports the extraction path only when a command extracts).
-EXTRACTION_IMPORTS = ("import headforms.cli, headforms.warehouse.running.load, headforms.warehouse.running.executors, "
-                      "headforms.extract.hf, headforms.extract.gguf_file")
+# What `headforms extract` imports before it reads a byte: the command line, the writer and what a worker imports
+# (the executors, the readers of both checkpoint formats); the API imports them only when a command extracts.
+EXTRACTION_IMPORTS = "import " + ", ".join(("headforms.cli", "headforms.warehouse.running.load", *WORKER_IMPORTS))
 GB = 1e9
 
 
