@@ -25,6 +25,7 @@ import numpy as np
 from safetensors import safe_open
 
 from headforms.extract import pages
+from headforms.extract.buffers import BufferPool
 from headforms.extract.checkpoint import Checkpoint, Digest, ExtractError, ReadOptions, first_line, hf_cache_commit
 from headforms.extract.formats import IncompleteFile, extent_problem, header_cut, refuse_foreign, size_mismatch
 from headforms.extract.spec import model_spec
@@ -49,10 +50,10 @@ def _safetensors_open(path: Path, framework: str = "numpy"):
 _HEADER_LIMIT = 100_000_000  # safetensors' own cap on the JSON header
 
 
-def _read_at(f, offset: int, size: int, path: Path) -> np.ndarray:
-    """Exactly `size` bytes (uint8) of a raw file from `offset` (positioned reads, no extra copy; the buffer is not
-    zeroed first)."""
-    buf = np.empty(size, np.uint8)
+def _read_at(f, offset: int, size: int, path: Path, empty=np.empty) -> np.ndarray:
+    """Exactly `size` bytes (uint8) of a raw file from `offset` (positioned reads, no extra copy) into a buffer from
+    `empty` (np.empty, or a BufferPool's)."""
+    buf = empty(size, np.uint8)
     done = pages.read_into(f.fileno(), memoryview(buf), offset)
     if done < size:
         raise ExtractError(f"cannot read {path}: the file ends at byte {offset + done}, before byte {offset + size}")
@@ -123,51 +124,57 @@ def _safetensors_header(path: Path) -> tuple[dict[str, tuple[tuple[int, ...], st
     return meta, spans
 
 
-def span_array(raw, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
-    """Little-endian safetensors bytes as a float64 array."""
+def span_array(raw, dtype: str, shape: tuple[int, ...], empty=np.empty) -> np.ndarray:
+    """Little-endian safetensors bytes as a float64 array, in a buffer from `empty` (np.empty, or a BufferPool's)."""
     with np.errstate(invalid="ignore"):  # a signalling NaN stays NaN (and is refused later, as non-finite)
         if dtype == "BF16":
-            return _bfloat16(np.frombuffer(raw, dtype="<u2")).reshape(shape)
-        return np.frombuffer(raw, dtype=_NUMPY_DTYPES[dtype]).astype(np.float64).reshape(shape)
+            return _bfloat16(np.frombuffer(raw, dtype="<u2"), empty(shape))
+        out = empty(shape)
+        np.copyto(out, np.frombuffer(raw, dtype=_NUMPY_DTYPES[dtype]).reshape(shape))
+        return out
 
 
-def _bfloat16(bits: np.ndarray) -> np.ndarray:
-    """bfloat16 bit patterns as float64: each is float32's upper half, shifted into place BF16_BLOCK values at a
-    time, so the float32 copy stays in cache and the output is written in one pass (twice as fast at 24B shapes)."""
-    out = np.empty(bits.size)
+def _bfloat16(bits: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns into float64 `out`: each is float32's upper half, shifted into place BF16_BLOCK values
+    at a time, so the float32 copy stays in cache and `out` is written in one pass (twice as fast at 24B shapes)."""
+    flat = out.reshape(-1)
     wide = np.empty(min(BF16_BLOCK, bits.size), np.uint32)
     for start in range(0, bits.size, BF16_BLOCK):
         block = bits[start:start + BF16_BLOCK]
         np.left_shift(block, 16, out=wide[:len(block)], dtype=np.uint32)
-        out[start:start + len(block)] = wide[:len(block)].view(np.float32)
+        flat[start:start + len(block)] = wide[:len(block)].view(np.float32)
     return out
 
 
-def _safetensors_fetch(path: Path, names: list[str], spans: dict, digest: Digest | None = None) -> dict[str, np.ndarray]:
+def _safetensors_fetch(path: Path, names: list[str], spans: dict, digest: Digest | None = None,
+                       empty=np.empty) -> dict[str, np.ndarray]:
     """Named tensors as float64, read with positioned reads of exactly their bytes (no mapping, no readahead);
-    a digest hashes the bytes as read."""
+    a digest hashes the bytes as read; `empty` gives the arrays' buffers (np.empty, or a BufferPool's)."""
     if sys.byteorder != "little":  # safetensors is little-endian: let the library convert
         with _safetensors_open(path, framework="pt") as f:
             try:
-                return {name: _float64(f.get_tensor(name)) for name in names}
+                return {name: float64_array(f.get_tensor(name), empty) for name in names}
             except Exception as e:
                 raise ExtractError(f"cannot read {path}: {first_line(e)}") from None
     out = {}
     with pages.open_unbuffered(path) as f:
         for name in sorted(names, key=lambda n: spans[n][2]):  # in file order
             dtype, shape, start, end = spans[name]
-            raw = _read_at(f, start, end - start, path) if end > start else bytearray()
+            raw = _read_at(f, start, end - start, path, empty) if end > start else bytearray()
             if digest is not None:
                 digest.update(path, name, raw)
-            out[name] = span_array(raw, dtype, shape)
+            out[name] = span_array(raw, dtype, shape, empty)
+            del raw  # its buffer is idle again for the next tensor
     return out
 
 
-def _float64(tensor) -> np.ndarray:
-    """A torch tensor as a float64 numpy array (a copy)."""
+def float64_array(tensor, empty=np.empty) -> np.ndarray:
+    """A torch tensor as a float64 numpy array (a copy, into a buffer from `empty`)."""
     import torch
 
-    return tensor.to(torch.float64, copy=True).numpy()
+    out = empty(tuple(tensor.shape))
+    torch.from_numpy(out).copy_(tensor)
+    return out
 
 
 def torch_state_dict(path: Path) -> dict:
@@ -318,14 +325,15 @@ def _unpickle_prefix(read: Callable[[int, int], bytes], start: int, size: int) -
         return {name: ref for name, ref in state.items() if isinstance(ref, TensorRef)}, storages, blob.tell()
 
 
-def _torch_fetch(path: Path, names: list[str], spans: dict, digest: Digest | None = None) -> dict[str, np.ndarray]:
+def _torch_fetch(path: Path, names: list[str], spans: dict, digest: Digest | None = None,
+                 empty=np.empty) -> dict[str, np.ndarray]:
     import torch
 
     state = torch_state_dict(path)
     if digest is not None:  # the tensor's elements in order (its storage may hold more than them)
         for name in names:
             digest.update(path, name, state[name].contiguous().view(torch.uint8).numpy())
-    return {name: _float64(state[name]) for name in names}
+    return {name: float64_array(state[name], empty) for name in names}
 
 
 # (single file, shard index, header reader, tensor reader) per format, in order of preference.
@@ -350,6 +358,7 @@ class Weights:
     pending: dict = field(default_factory=dict, repr=False)  # tensor name -> its background fetch
     incomplete: list = field(default_factory=list)  # IncompleteFile of each file whose size its header contradicts
     pool: ThreadPoolExecutor | None = field(default=None, repr=False)
+    buffers: BufferPool = field(default_factory=BufferPool, repr=False)  # the decoded arrays' memory, layer to layer
 
     def prefetch(self, names) -> None:
         """Start fetching tensors in the background into the hub's range cache, decoding nothing (the read
@@ -364,6 +373,7 @@ class Weights:
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
             self.pool = None
+        self.buffers.clear()
 
     def describe(self, names) -> None:
         """Read the headers of the files holding `names` (a shard holding none of them is never read)."""
@@ -394,7 +404,7 @@ class Weights:
         out = {}
         for path in dict.fromkeys(self.where[n] for n in names):
             out |= self.fetch(path, [n for n in names if self.where[n] == path], self.spans,
-                              **({} if decode else {"decode": False}))
+                              **({"empty": self.buffers.empty} if decode else {"decode": False}))
         return out
 
 

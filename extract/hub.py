@@ -31,6 +31,7 @@ import numpy as np
 import urllib3
 
 from headforms.extract import pages
+from headforms.extract.buffers import BufferPool
 from headforms.extract.caches import cache_root
 from headforms.extract.checkpoint import ExtractError, first_line
 
@@ -126,6 +127,7 @@ class HubRepo:
     commit: str
     files: dict[str, tuple[int, str]]   # path -> (size, blob id)
     meter: Meter = field(default_factory=Meter)
+    buffers: BufferPool = field(default_factory=BufferPool, repr=False, compare=False)  # ranges' and arrays' memory
 
     @classmethod
     def resolve(cls, repo_id: str, revision: str | None) -> HubRepo:
@@ -278,7 +280,7 @@ class RemoteFile:
                 ranges[-1][1] = max(ranges[-1][1], end)
             else:
                 ranges.append([start, end])
-        fresh = {(start, end): memoryview(np.empty(end - start, np.uint8)) for start, end in ranges}
+        fresh = {(start, end): memoryview(self.repo.buffers.empty(end - start, np.uint8)) for start, end in ranges}
         pieces = [(a, min(a + PIECE, end), fresh[start, end][a - start:min(a + PIECE, end) - start])
                   for start, end in fresh for a in range(start, end, PIECE)]
         if pieces:

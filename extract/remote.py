@@ -18,8 +18,8 @@ import numpy as np
 from headforms.extract.checkpoint import Checkpoint, ExtractError, ReadOptions, first_line
 from headforms.extract.formats import header_cut
 from headforms.extract.gguf_file import _Cut, _HeaderReader, gguf_checkpoint
-from headforms.extract.hf import (Weights, hf_checkpoint, parse_config, read_header, safetensors_spans, span_array,
-                                  spans_meta, torch_state_dict, torch_zip_extent)
+from headforms.extract.hf import (Weights, float64_array, hf_checkpoint, parse_config, read_header, safetensors_spans,
+                                  span_array, spans_meta, torch_state_dict, torch_zip_extent)
 from headforms.extract.hub import HubRepo, RangeReader, RemoteFile
 from headforms.extract.spec import model_spec
 from headforms.extract.torch_pickle import RecordingUnpickler, TensorRef
@@ -65,7 +65,7 @@ def _hub_weights(repo: HubRepo) -> Weights:
             incomplete = []
             meta, spans = read_header(header, remote, incomplete)
             return Weights(files=[remote], where=dict.fromkeys(meta, remote), meta=meta, fetch=fetch, spans=spans,
-                           origin=repo.repo_id, ahead=AHEAD, ahead_bytes=AHEAD_BYTES,
+                           origin=repo.repo_id, ahead=AHEAD, ahead_bytes=AHEAD_BYTES, buffers=repo.buffers,
                            incomplete=incomplete)
         if index in repo.files:
             index_file = repo.file(index)
@@ -76,7 +76,7 @@ def _hub_weights(repo: HubRepo) -> Weights:
                 raise ExtractError(f"unreadable {index} of '{repo.repo_id}': {type(e).__name__}: {e}") from None
             return Weights(files=list(shards.values()), where={n: shards[s] for n, s in weight_map.items()},
                            meta={}, fetch=fetch, origin=repo.repo_id, header=header, unread=set(shards.values()),
-                           ahead=AHEAD, ahead_bytes=AHEAD_BYTES)
+                           ahead=AHEAD, ahead_bytes=AHEAD_BYTES, buffers=repo.buffers)
     raise ExtractError(f"'{repo.repo_id}' on the Hugging Face hub has no model.safetensors or "
                        "pytorch_model.bin weights (sharded or not)")
 
@@ -88,15 +88,18 @@ def _safetensors_header(remote: RemoteFile):
     return spans_meta(spans), {name: (remote, span) for name, span in spans.items()}
 
 
-def _safetensors_fetch(remote: RemoteFile, names: list[str], spans: dict, decode: bool = True) -> dict[str, np.ndarray]:
-    """Named tensors as float64 (decode=False: only fetched into the range cache, for a layer read ahead)."""
+def _safetensors_fetch(remote: RemoteFile, names: list[str], spans: dict, decode: bool = True,
+                       empty=np.empty) -> dict[str, np.ndarray]:
+    """Named tensors as float64, in buffers from `empty` (decode=False: only fetched into the range cache, for a
+    layer read ahead)."""
     if sys.byteorder != "little":
         raise ExtractError("reading safetensors from the hub needs a little-endian machine")
     wanted = {name: spans[name][1] for name in names}
     data = remote.read_many([(start, end) for _, _, start, end in wanted.values()], hold=not decode)
     if not decode:
         return {}
-    return {name: span_array(data[(start, end)], dtype, shape) for name, (dtype, shape, start, end) in wanted.items()}
+    return {name: span_array(data[(start, end)], dtype, shape, empty)
+            for name, (dtype, shape, start, end) in wanted.items()}
 
 
 # torch zip checkpoints -----------------------------------------------------------------------
@@ -139,9 +142,10 @@ def _zip_header(remote: RemoteFile):
     return meta, spans
 
 
-def _zip_fetch(remote: RemoteFile, names: list[str], spans: dict, decode: bool = True) -> dict[str, np.ndarray]:
-    """Named tensors of a torch checkpoint: the records' local headers, then only the bytes each tensor spans
-    (decode=False: only fetched into the range cache, for a layer read ahead)."""
+def _zip_fetch(remote: RemoteFile, names: list[str], spans: dict, decode: bool = True,
+               empty=np.empty) -> dict[str, np.ndarray]:
+    """Named tensors of a torch checkpoint as float64 in buffers from `empty`: the records' local headers, then only
+    the bytes each tensor spans (decode=False: only fetched into the range cache, for a layer read ahead)."""
     import torch
 
     kinds = {name: spans[name][1] for name in names}
@@ -169,7 +173,7 @@ def _zip_fetch(remote: RemoteFile, names: list[str], spans: dict, decode: bool =
         dtype = getattr(torch, ref.storage.dtype)
         out[name] = (torch.as_strided(torch.frombuffer(bytearray(raw), dtype=dtype), ref.shape, ref.stride)
                      if raw else torch.empty(ref.shape, dtype=dtype))
-    return {name: tensor.to(torch.float64, copy=True).numpy() for name, tensor in out.items()}
+    return {name: float64_array(tensor, empty) for name, tensor in out.items()}
 
 
 # GGUF ----------------------------------------------------------------------------------------

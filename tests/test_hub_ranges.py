@@ -210,6 +210,24 @@ def test_two_spans_of_one_fetched_range_are_views_of_one_buffer(hub):
     assert (b - a, c - a) == (200, 150)  # where they lie in the range's buffer
 
 
+def test_a_range_s_buffer_serves_the_next_range_of_its_size_once_nothing_views_it(hub):
+    """A fetched range's memory goes back to the repo's pool when its spans are freed, and the next range of that
+    size is fetched into it (malloc would have given it to other arrays); a span still viewed keeps its bytes."""
+    def address(view) -> int:
+        return np.frombuffer(view, np.uint8).__array_interface__["data"][0]
+
+    file = remote()
+    first = file.read_many([(0, 20_000)])[(0, 20_000)]
+    second = file.read_many([(20_000, 40_000)])[(20_000, 40_000)]  # the first still viewed: memory of its own
+    where = {address(first), address(second)}
+    assert len(where) == 2 and bytes(first) == fetched(hub, 0, 20_000)
+    del first, second
+    others = [np.empty(20_000, np.uint8) for _ in where]
+    third = file.read_many([(40_000, 60_000)])[(40_000, 60_000)]
+    assert address(third) in where and not where & {address(a) for a in others}
+    assert bytes(third) == fetched(hub, 40_000, 60_000)
+
+
 def test_a_range_fetched_ahead_is_held_until_asked_for_then_read_from_the_cache(hub, monkeypatch):
     """A range fetched ahead (`hold`) serves the next call that asks for its bytes from the fetch's buffer, reading
     nothing back from the cache, and is let go; later calls, and a new reader, read the cached chunks (one chunk or

@@ -20,7 +20,8 @@ def test_safetensors_reads_only_that_layers_query_and_key_bytes(tmp_path, monkey
     ckpt = open_checkpoint(str(folder))
     reads = []
     real = headforms.extract.hf._read_at
-    monkeypatch.setattr(headforms.extract.hf, "_read_at", lambda f, offset, size, path: reads.append(size) or real(f, offset, size, path))
+    monkeypatch.setattr(headforms.extract.hf, "_read_at",
+                        lambda f, offset, size, path, *empty: reads.append(size) or real(f, offset, size, path, *empty))
     ckpt.read_layer(1)
     attn = model.model.layers[1].self_attn
     expected = sorted(w.numel() * w.element_size() for w in (attn.q_proj.weight, attn.k_proj.weight))

@@ -96,8 +96,9 @@ def layer_rows(ckpt: Checkpoint, opts: LoadOptions, layer: int, weights: Weights
 
 def start_rows(ckpt: Checkpoint, opts: LoadOptions, layer: int, weights: Weights, pool: Pool) -> Callable[[], LayerRows]:
     """`layer_rows` of weights already read: the layer's linear algebra started on `pool` now, and the function
-    returned collecting it into the rows (so a caller can start the next layer first)."""
-    t0 = time.perf_counter()
+    returned collecting it into the rows (so a caller can start the next layer first). That function keeps the
+    read's figures, not the maps: those are freed once the pieces are done, for the layers read next to reuse."""
+    t0, read_seconds, fetched = time.perf_counter(), weights.seconds, weights.bytes_fetched
     spec = ckpt.spec
     rotation = Rotation.of(spec.rope.pairing, spec.rope.frequencies) if spec.rope is not None else None
     with stage("compute", ckpt.name, layer):
@@ -110,10 +111,10 @@ def start_rows(ckpt: Checkpoint, opts: LoadOptions, layer: int, weights: Weights
             tables = layer_tables(ckpt.name, layer, spec.kv_index, spec.head_dim, later())
         tables["layers"] = pa.table({
             "model": [ckpt.name], "layer": [layer], "heads": [spec.n_heads],
-            "seconds": [weights.seconds + time.perf_counter() - t0],
+            "seconds": [read_seconds + time.perf_counter() - t0],
             "written_at": [datetime.now(timezone.utc).replace(tzinfo=None)],
         })
-        return LayerRows(layer, spec.n_heads, tables, weights.bytes_fetched)
+        return LayerRows(layer, spec.n_heads, tables, fetched)
 
     return collect
 
