@@ -1,6 +1,7 @@
 """Array buffers reused from layer to layer: a layer's float64 maps come in the same sizes every layer, and a fresh
-array of that size costs the kernel zeroing its pages (huge pages, which on a machine whose memory is full of page
-cache it must first find): 6% of the CPU of a 24B-shaped extraction (the README, Performance, has the profile).
+array of that size costs the kernel zeroing its pages (and, on a virtual machine that hands freed memory back to
+its host, the host faulting them in again): 6% of the CPU of a 24B-shaped extraction before (the README,
+Performance, has the profiles).
 A buffer goes back to its pool when the last array that views it is freed, so no array ever shares its memory with
 another one in use.
 """
@@ -27,7 +28,7 @@ class _Lease:
 
 class BufferPool:
     """Uninitialised arrays whose memory is reused once the arrays before them are freed: at most `keep` idle
-    buffers of each size are kept (a layer being read while the one before it is analysed needs two)."""
+    buffers of each size are kept (a layer's arrays are freed, and the next layer's taken, one at a time)."""
 
     def __init__(self, keep: int = 2):
         self.keep = keep

@@ -4,6 +4,7 @@ The pipelined build must equal the inline one, keep its order, and leave no thre
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -99,6 +100,33 @@ def test_closing_stops_a_pipeline_the_writer_left(folder, workers):
     serial.close()
     assert _ahead_threads() == []
     ckpt.close()
+
+
+def test_a_layer_is_read_only_when_there_is_room_for_it_ahead():
+    """At most `size` items wait in a stage ahead of its consumer (a layer read ahead holds its maps, hundreds of
+    MB at 24B shapes): the next is produced only once one waiting is taken, and a failure takes a waiting place."""
+    produced, stop = [], threading.Event()
+
+    def items():
+        for item in range(4):
+            produced.append(item)
+            yield item
+        raise ValueError("layer 4 unreadable")
+
+    ahead = executors._Ahead(items(), 1, stop)
+    try:
+        assert next(ahead) == 0
+        deadline = time.monotonic() + 10
+        while len(produced) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # time enough to produce a third, were there room for it
+        assert produced == [0, 1]
+        assert [next(ahead) for _ in range(3)] == [1, 2, 3]
+        with pytest.raises(ValueError, match="layer 4"):
+            next(ahead)
+    finally:
+        stop.set()
+        ahead.thread.join()
 
 
 def test_the_pool_threads_are_the_processes_and_keep_no_finished_piece(workers):

@@ -127,36 +127,40 @@ def _analysed(read: Iterator) -> Iterator:
 
 class _Ahead:
     """An iterator's items, produced by a thread of their own into a queue of `size`, in order: its exception is
-    raised where its item would have been; once `stop` is set, both sides end (at the next item)."""
+    raised where its item would have been; once `stop` is set, both sides end (at the next item). An item is
+    produced only when the queue has room for it, so at most `size` wait (a layer's maps are hundreds of MB at
+    24B shapes)."""
 
     _END = object()
 
     def __init__(self, items: Iterator, size: int, stop: threading.Event):
-        self.queue: queue.Queue = queue.Queue(size)
+        self.queue: queue.Queue = queue.Queue()
+        self.room = threading.Semaphore(size)  # taken before an item is produced, given back when it is taken
         self.stop, self.ended = stop, False
         self.thread = threading.Thread(target=self._run, args=(items,), name="headforms-ahead", daemon=True)
         self.thread.start()
 
     def _run(self, items: Iterator) -> None:
+        items = iter(items)
         try:
-            for item in items:
-                if not self._put((item, None)):
+            while self._room():
+                try:
+                    entry = (next(items), None)
+                except StopIteration:
+                    entry = (self._END, None)
+                except BaseException as exc:  # raised in the consumer when it reaches this item
+                    entry = (None, exc)
+                self.queue.put(entry)
+                if entry[0] is self._END or entry[1] is not None:
                     return
-        except BaseException as exc:  # raised in the consumer when it reaches this item
-            self._put((None, exc))
-            return
         finally:
             getattr(items, "close", lambda: None)()  # a generator stopped early ends in this thread
-        self._put((self._END, None))
 
-    def _put(self, entry) -> bool:
-        """Queue an entry, waiting for room; False once stopped."""
+    def _room(self) -> bool:
+        """Wait for room in the queue and take it; False once stopped."""
         while not self.stop.is_set():
-            try:
-                self.queue.put(entry, timeout=0.1)
+            if self.room.acquire(timeout=0.1):
                 return True
-            except queue.Full:
-                continue
         return False
 
     def __iter__(self):
@@ -169,6 +173,7 @@ class _Ahead:
             except queue.Empty:
                 self.ended = self.stop.is_set()
                 continue
+            self.room.release()
             if error is not None:
                 self.ended = True
                 raise error
