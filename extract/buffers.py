@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import deque
 
 import numpy as np
 
@@ -33,6 +34,7 @@ class BufferPool:
     def __init__(self, keep: int = 2):
         self.keep = keep
         self._idle: dict[int, list[np.ndarray]] = {}
+        self._returned: deque = deque()  # (size, buffer) given back, not yet sorted into _idle
         self._lock = threading.Lock()
 
     def empty(self, shape, dtype=np.float64) -> np.ndarray:
@@ -41,6 +43,7 @@ class BufferPool:
         dtype = np.dtype(dtype)
         size = math.prod(shape) * dtype.itemsize
         with self._lock:
+            self._sort_returned()
             idle = self._idle.get(size)
             buffer = idle.pop() if idle else None
         if buffer is None:
@@ -48,9 +51,14 @@ class BufferPool:
         return np.asarray(_Lease(self, size, buffer, shape, dtype))
 
     def give_back(self, size: int, buffer: np.ndarray) -> None:
-        """A buffer of `size` bytes no array views any more: kept for the next array of that size, unless `keep`
-        are idle already."""
-        with self._lock:
+        """A buffer of `size` bytes no array views any more. A lease gives it back as it is freed, which the garbage
+        collector may do at any allocation, this pool's own included: so this takes no lock, it only appends."""
+        self._returned.append((size, buffer))
+
+    def _sort_returned(self) -> None:
+        """Under the lock: the buffers given back kept for the next arrays of their size, up to `keep` a size."""
+        while self._returned:
+            size, buffer = self._returned.popleft()
             idle = self._idle.setdefault(size, [])
             if len(idle) < self.keep:
                 idle.append(buffer)
@@ -59,9 +67,11 @@ class BufferPool:
     def idle_bytes(self) -> int:
         """Bytes the pool holds for arrays to come."""
         with self._lock:
-            return sum(size * len(idle) for size, idle in self._idle.items())
+            self._sort_returned()
+            return sum(size * len(idle) for size, idle in list(self._idle.items()))
 
     def clear(self) -> None:
         """Free the idle buffers (arrays still in use keep theirs until they are freed)."""
         with self._lock:
+            self._returned.clear()
             self._idle.clear()

@@ -1,5 +1,6 @@
 """A layer's arrays reuse the memory of the layer before them once it is freed, and never memory still in use."""
 import gc
+import threading
 
 import numpy as np
 import torch
@@ -78,3 +79,20 @@ def test_a_checkpoint_s_layers_reuse_the_memory_of_the_layers_freed_before_them(
         assert np.array_equal(wq.reshape(-1, wq.shape[-1]), attn.q_proj.weight.detach().double().numpy())
         assert np.array_equal(wk.reshape(-1, wk.shape[-1]), attn.k_proj.weight.detach().double().numpy())
     ckpt.close()
+
+
+def test_an_array_freed_inside_the_pool_s_locked_section_gives_its_buffer_back():
+    """The garbage collector may free a pooled array at any allocation, one inside the pool's locked section
+    included: giving its buffer back then must not wait for that lock (it would wait forever)."""
+    pool = BufferPool()
+    held = [pool.empty(100)]
+
+    def free_inside():
+        with pool._lock:
+            held.clear()
+
+    thread = threading.Thread(target=free_inside, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert pool.idle_bytes == 800
