@@ -145,13 +145,12 @@ class _Ahead:
         try:
             while self._room():
                 try:
-                    entry = (next(items), None)
+                    self.queue.put((next(items), None))
                 except StopIteration:
-                    entry = (self._END, None)
+                    self.queue.put((self._END, None))
+                    return
                 except BaseException as exc:  # raised in the consumer when it reaches this item
-                    entry = (None, exc)
-                self.queue.put(entry)
-                if entry[0] is self._END or entry[1] is not None:
+                    self.queue.put((None, exc))
                     return
         finally:
             getattr(items, "close", lambda: None)()  # a generator stopped early ends in this thread
