@@ -229,7 +229,7 @@ class RemoteFile:
 
     def _from_cache(self, start: int, end: int) -> memoryview:
         """start..end-1 from the cached chunks covering it, read into one buffer."""
-        buf, at = np.empty(end - start, np.uint8), start
+        buf, at = self.repo.buffers.empty(end - start, np.uint8), start
         for a, b in sorted(self._cached_chunks()):
             if a <= at < b:
                 self._read_chunk(a, b, memoryview(buf)[at - start:min(b, end) - start], at - a)

@@ -16,6 +16,7 @@ from headforms.extract import hub as hub_module, pages
 from headforms.extract.checkpoint import ExtractError
 from headforms.extract.hub import FetchError, HubRepo
 from tests.bench import resident_bytes
+from tests.test_buffers import address as array_address
 from tests.hub_server import serve_hub
 
 SIZE = 100_000
@@ -214,7 +215,7 @@ def test_a_range_s_buffer_serves_the_next_range_of_its_size_once_nothing_views_i
     """A fetched range's memory goes back to the repo's pool when its spans are freed, and the next range of that
     size is fetched into it (malloc would have given it to other arrays); a span still viewed keeps its bytes."""
     def address(view) -> int:
-        return np.frombuffer(view, np.uint8).__array_interface__["data"][0]
+        return array_address(np.frombuffer(view, np.uint8))
 
     file = remote()
     first = file.read_many([(0, 20_000)])[(0, 20_000)]
