@@ -19,7 +19,7 @@ from headforms.extract import MODEL_SETS, ExtractError, ReadOptions
 from headforms.extract.sources import REVISION_SETS, ArgumentError, name_clashes, plan_targets
 from headforms.warehouse.running import EXECUTORS
 from headforms.warehouse.storing.failures import ModelIncomplete, WarehouseError
-from headforms.warehouse.storing.store import READ_WAIT, default_db
+from headforms.warehouse.storing import READ_WAIT, default_db
 
 
 class Progress:
@@ -39,7 +39,7 @@ def connect(db: str | Path | None = None, *, read_only: bool = True, wait: float
     """A DuckDB connection to the warehouse (default: $HEADFORMS_DB or warehouse.duckdb) with its views.
 
     Read-only by default, so it can be opened beside other readers and between the commits of a
-    running extraction (waiting up to `wait` seconds, default store.READ_WAIT, for one to end).
+    running extraction (waiting up to `wait` seconds, default READ_WAIT, for one to end).
     Close it soon: an extraction cannot commit while it is open."""
     from headforms.warehouse.storing.store import connect as open_warehouse, create_schema
 
@@ -69,17 +69,11 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     interruption (Ctrl-C, a hub that gave out, a full disk) keeps committed layers, and so does a step after the
     last layer (ModelIncomplete: the model is kept incomplete, models.failed_step names the step; run again to
     finish)."""
-    import polars as pl
-
-    from headforms.extract.hub import FetchError
+    from headforms.compute.threads import single_threaded
     from headforms.extract.sources import open_target
     from headforms.warehouse.running.executors import executor as make_executor
-    from headforms.warehouse.storing.failures import ModelIncomplete, no_space, stage
-    from headforms.warehouse.storing import revision as local_revisions
+    from headforms.warehouse.storing.failures import no_space, stage
     from headforms.warehouse.running.layers import LoadOptions
-    from headforms.warehouse.running.load import load_models
-    from headforms.warehouse.storing.store import Writer, connect as open_warehouse, create_schema, create_views, \
-        exclusive_run, interruptible, remove_warehouse
 
     unknown = set(options) - {f.name for f in fields(LoadOptions)}
     if unknown:
@@ -89,41 +83,57 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     progress = progress or Progress()
     db = Path(db or default_db())
     targets = plan_targets(sources, name=name, revision=revision, revisions=revisions, set_file=set_file)
-    created, opened, rows, ckpts = not db.exists(), False, [], []
+    created, opened, rows, ckpts, work = not db.exists(), False, [], [], None
     try:
         for target in targets:
             with stage(f"open ({target.source})", target.name):
                 ckpts.append(open_target(target, read))
         if clashes := name_clashes([(target.source, ckpt.name) for target, ckpt in zip(targets, ckpts)]):
             raise ArgumentError(next(iter(clashes.values())))
-        with exclusive_run(db, wait):
-            con = open_warehouse(db, wait=wait)
-            opened = True
-            try:
-                create_schema(con, views=False)  # the views are created while the first layers are computed
-                local_revisions.prepare(con, ckpts)  # a local digest: hashed while read, or first to compare
-            finally:
-                with interruptible():
-                    con.close()
+        with single_threaded():  # the run's BLAS limit, held by this thread from its first layer on
             work = make_executor(jobs, executor, ray_address)
-            with Writer(db) as writer:
-                def views():
-                    with writer.connection() as con:
-                        create_views(con)
+            if created:  # a new warehouse's plans are every layer: they start now, while the writer is set up
+                work.start([(ckpt, opts, layer) for ckpt in ckpts for layer in range(ckpt.spec.n_layers)])
+            # the writer's half (DuckDB, polars) is imported now, beside the layers started
+            from headforms.warehouse.storing import revision as local_revisions
+            from headforms.warehouse.running.load import load_models
+            from headforms.warehouse.storing.store import Writer, connect as open_warehouse, create_schema, \
+                create_views, exclusive_run, interruptible
 
-                for ckpt, result in load_models(writer, ckpts, opts, work, progress.model_started,
-                                                progress.layer_done, on_start=views):
-                    local_revisions.record(writer, ckpt)
-                    _summary(rows, ckpt, result)
-                    progress.model_done(ckpt, result)
+            with exclusive_run(db, wait):
+                con = open_warehouse(db, wait=wait)
+                opened = True
+                try:
+                    create_schema(con, views=False)  # the views are created while the first layers are computed
+                    local_revisions.prepare(con, ckpts)  # a local digest: hashed while read, or first to compare
+                finally:
+                    with interruptible():
+                        con.close()
+                with Writer(db) as writer:
+                    def views():
+                        with writer.connection() as con:
+                            create_views(con)
+
+                    for ckpt, result in load_models(writer, ckpts, opts, work, progress.model_started,
+                                                    progress.layer_done, on_start=views):
+                        local_revisions.record(writer, ckpt)
+                        _summary(rows, ckpt, result)
+                        progress.model_done(ckpt, result)
     except Exception as error:  # an interruption (Ctrl-C, a lost network) keeps committed layers, and so the file
+        from headforms.extract.hub import FetchError
+        from headforms.warehouse.storing.store import remove_warehouse
+
         kept = isinstance(error, (FetchError, ModelIncomplete)) or no_space(error) is not None  # layers stay
         if created and opened and not rows and not kept:  # rows undone: the file too
             remove_warehouse(db)
         raise
     finally:
+        if work is not None:  # stopped here too where the run ended before its writer took it
+            work.close()
         for ckpt in ckpts:
             ckpt.close()
+    import polars as pl
+
     return pl.DataFrame(rows, schema_overrides={"seconds": pl.Float64})
 
 

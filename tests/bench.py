@@ -1361,7 +1361,8 @@ def reader_latency(files: list[str], db: Path) -> list[float]:
     """Seconds per read (open read-only with the default wait, count heads, close), polled every 0.2 s
     from this process while a serial extraction of `files` runs in another."""
     from headforms.warehouse.running.progress import progress_path
-    from headforms.warehouse.storing.store import READ_WAIT, connect
+    from headforms.warehouse.storing import READ_WAIT
+    from headforms.warehouse.storing.store import connect
 
     proc = subprocess.Popen([str(HEADFORMS), "extract", *files, "--db", str(db)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

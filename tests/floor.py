@@ -31,8 +31,9 @@ from headforms.warehouse.running.executors import WORKER_IMPORTS
 
 REPEATS = 3
 PARTS = ("qr", "spectra", "distances", "baseline")
-# What `headforms extract` imports before it reads a byte: the command line, the writer and what a worker imports
-# (the executors, the readers of both checkpoint formats); the API imports them only when a command extracts.
+# What `headforms extract` imports: the command line, the writer and what a worker imports (the executors, the
+# readers of both checkpoint formats); the API imports them only when a command extracts (the writer's half, DuckDB
+# and polars, once a new warehouse's first layers have started). The floor counts all of it as a one-core start.
 EXTRACTION_IMPORTS = "import " + ", ".join(("headforms.cli", "headforms.warehouse.running.load", *WORKER_IMPORTS))
 GB = 1e9
 

@@ -123,11 +123,14 @@ def test_the_command_line_starts_without_the_analysis():
 WAREHOUSE = ("duckdb", "polars", "headforms.api", "headforms.warehouse.storing.store")
 
 
-def test_a_worker_starts_without_the_warehouse():
+def test_a_worker_starts_without_the_warehouse(tmp_path):
     """A `--jobs` or Ray worker imports the layer's task and the readers (executors.WORKER_IMPORTS), and a notebook
-    may import the math alone: in a fresh interpreter neither loads DuckDB, polars or the API; the API loads them."""
+    may import the math alone: in a fresh interpreter neither loads DuckDB, polars or the API. The API and the
+    command line load them where a call opens the warehouse (an extraction once its first layers have started)."""
     from headforms.warehouse.running.executors import WORKER_IMPORTS
 
     assert _loaded(f"import {', '.join(WORKER_IMPORTS)}", WAREHOUSE) == []
     assert _loaded("import headforms, headforms.compute.analysis", WAREHOUSE) == []
-    assert _loaded("import headforms; headforms.connect", WAREHOUSE) == list(WAREHOUSE)
+    assert _loaded("import headforms.cli; import headforms; headforms.connect", WAREHOUSE) == ["headforms.api"]
+    assert _loaded(f"import headforms; headforms.connect({str(tmp_path / 'w.duckdb')!r}, read_only=False)",
+                   WAREHOUSE) == list(WAREHOUSE)

@@ -12,6 +12,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from headforms.warehouse import storing
 from headforms.warehouse.storing import store
 from headforms.warehouse.storing.failures import WarehouseError
 
@@ -260,10 +261,10 @@ def test_views_resolve_in_any_order_and_a_broken_one_is_an_error(tmp_path, monke
 
 
 def test_default_warehouse_and_its_removal(tmp_path, monkeypatch):
-    monkeypatch.delenv(store.DB_ENV, raising=False)
-    assert store.default_db() == "warehouse.duckdb"
-    monkeypatch.setenv(store.DB_ENV, str(tmp_path / "x.duckdb"))
-    assert store.default_db() == str(tmp_path / "x.duckdb")
+    monkeypatch.delenv(storing.DB_ENV, raising=False)
+    assert storing.default_db() == "warehouse.duckdb"
+    monkeypatch.setenv(storing.DB_ENV, str(tmp_path / "x.duckdb"))
+    assert storing.default_db() == str(tmp_path / "x.duckdb")
     db = tmp_path / "w.duckdb"
     files = [db, Path(f"{db}.wal"), Path(f"{db}.lock"), Path(f"{db}.readers")]
     for file in files:

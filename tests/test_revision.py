@@ -245,6 +245,9 @@ def test_a_run_cut_after_its_last_layer_gets_its_digest_from_the_next(tmp_path, 
     from headforms.warehouse.storing import revision as revision_module
 
     folder, db = padded(tmp_path / "tiny", pad=(1, 1)), tmp_path / "w.duckdb"
+    # A file that exists: the model is planned before any layer is read (a new file's layers start at once, and may
+    # all be hashed by the time the model is planned, which then stores the digest itself).
+    api.connect(db, read_only=False).close()
     record = revision_module.record
 
     def cut(writer, ckpt):

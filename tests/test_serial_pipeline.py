@@ -3,6 +3,8 @@ linear algebra before collecting the one before, and the writer; the CPU pool's 
 The pipelined build must equal the inline one, keep its order, and leave no thread or limit behind."""
 from __future__ import annotations
 
+import contextlib
+import shutil
 import threading
 import time
 
@@ -100,6 +102,95 @@ def test_closing_stops_a_pipeline_the_writer_left(folder, workers):
     serial.close()
     assert _ahead_threads() == []
     ckpt.close()
+
+
+def test_a_new_warehouse_s_first_layer_is_read_before_the_warehouse_is_opened(folder, tmp_path, monkeypatch, workers):
+    """A new warehouse's plans are every layer, so its layers start with the run: the writer's set-up (DuckDB opening
+    the file) waits for layer 0 to be read, and gets it; a warehouse that exists is planned before any layer is
+    read (its layers may be done), and gets the same values."""
+    from headforms.warehouse.storing import store
+
+    read, opened = threading.Event(), []
+    real_read, real_connect = layers.read_weights, store.connect
+
+    def read_weights(ckpt, layer):
+        weights = real_read(ckpt, layer)
+        read.set()
+        return weights
+
+    def connect(path, **kwargs):
+        opened.append(read.wait(20))  # True only where layer 0 was read before (or while) the file is opened
+        return real_connect(path, **kwargs)
+
+    monkeypatch.setattr(layers, "read_weights", read_weights)
+    monkeypatch.setattr(store, "connect", connect)
+    api.extract(str(folder), db=tmp_path / "new.duckdb", name="m")
+    assert opened[0] is True
+    read.clear()
+    opened.clear()
+    existing = tmp_path / "existing.duckdb"
+    monkeypatch.setattr(store, "connect", real_connect)
+    real_connect(existing).close()  # an empty file: planned first
+    monkeypatch.setattr(store, "connect", lambda path, **kwargs: opened.append(read.is_set()) or
+                        real_connect(path, **kwargs))
+    api.extract(str(folder), db=existing, name="m")
+    assert opened[0] is False and read.is_set()
+    assert_same(values(tmp_path / "new.duckdb"), values(existing))
+
+
+def test_layers_begun_for_another_plan_are_dropped(folder, tmp_path, monkeypatch, workers):
+    """Another run that writes the new file between this run's start and its lock (here: layers 0 and 1, then
+    interrupted) changes the plan (layers 2 and 3 to do): the layers begun are dropped, their threads stopped, and
+    the run resumes the model as planned, equal to a build in one go."""
+    from headforms.warehouse.storing import store
+
+    db, other, whole = tmp_path / "w.duckdb", tmp_path / "other.duckdb", tmp_path / "whole.duckdb"
+    api.extract(str(folder), db=whole, name="m")
+    real_read, real_lock = layers.read_weights, store.exclusive_run
+
+    def interrupted_at_2(ckpt, layer):
+        if layer == 2:
+            raise KeyboardInterrupt
+        return real_read(ckpt, layer)
+
+    monkeypatch.setattr(layers, "read_weights", interrupted_at_2)
+    with pytest.raises(KeyboardInterrupt):
+        api.extract(str(folder), db=other, name="m")
+    monkeypatch.setattr(layers, "read_weights", real_read)
+
+    @contextlib.contextmanager
+    def exclusive_run(path, wait):
+        shutil.copyfile(other, db)  # the other run, done meanwhile
+        with real_lock(path, wait):
+            yield
+
+    monkeypatch.setattr(store, "exclusive_run", exclusive_run)
+    summary = api.extract(str(folder), db=db, name="m")
+    assert summary["status"].to_list() == ["resumed"] and summary["layers"].to_list() == [2]
+    assert _ahead_threads() == []
+    assert_same(values(db), values(whole))
+
+
+def test_serial_map_returns_what_start_began_only_for_the_same_tasks(folder, workers):
+    """`start` then `map` of the same tasks: the rows begun; of other tasks: those tasks' rows, the begun ones
+    stopped."""
+    from headforms.extract import open_checkpoint
+
+    ckpt, opts = open_checkpoint(str(folder), name="m"), layers.LoadOptions()
+    try:
+        serial = executors.Serial()
+        serial.start([(ckpt, opts, layer) for layer in range(4)])
+        begun = serial._started[1]
+        assert serial.map((ckpt, opts, layer) for layer in range(4)) is begun
+        assert [rows.layer for rows in begun] == [0, 1, 2, 3]
+        serial.close()
+        serial = executors.Serial()
+        serial.start([(ckpt, opts, layer) for layer in range(4)])
+        assert [rows.layer for rows in serial.map([(ckpt, opts, 3), (ckpt, opts, 1)])] == [3, 1]
+        serial.close()
+        assert _ahead_threads() == []
+    finally:
+        ckpt.close()
 
 
 def test_a_layer_is_read_only_when_there_is_room_for_it_ahead():

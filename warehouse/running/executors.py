@@ -83,8 +83,26 @@ class Serial:
     def __init__(self):
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._started: tuple[list, Results] | None = None  # tasks begun by `start`, and their results
+
+    def start(self, tasks: Iterable[tuple]) -> None:
+        """Begin `tasks` now, before the writer asks for them: `map` of the same tasks returns them (a new warehouse's
+        layers, every one to do, compute while the writer imports DuckDB and sets the file up)."""
+        tasks = list(tasks)
+        self._started = (_identities(tasks), self._map(tasks))
 
     def map(self, tasks: Iterable[tuple]) -> Results:
+        tasks = list(tasks)
+        if self._started is not None:
+            begun, results = self._started
+            self._started = None
+            if begun == _identities(tasks):
+                return results
+            self.close()  # planned otherwise (another run wrote the file meanwhile): what was begun is dropped
+            self._stop, self._threads = threading.Event(), []
+        return self._map(tasks)
+
+    def _map(self, tasks: list[tuple]) -> Results:
         if not AHEAD:
             return Results(layers.layer_rows(ckpt, opts, layer) for ckpt, opts, layer in tasks)
         read = self._stage(AHEAD, (((ckpt, opts, layer), layers.read_weights(ckpt, layer))
@@ -103,6 +121,11 @@ class Serial:
         self._stop.set()
         for thread in self._threads:
             thread.join()
+
+
+def _identities(tasks: list[tuple]) -> list[tuple]:
+    """Tasks compared by their checkpoint object (not its fields), options and layer."""
+    return [(id(ckpt), opts, layer) for ckpt, opts, layer in tasks]
 
 
 def _analysed(read: Iterator) -> Iterator:
@@ -258,6 +281,10 @@ class _Windowed:
         if fill:
             fill()
 
+    def start(self, tasks: Iterable[tuple]) -> None:
+        """Nothing ahead of the writer: the workers start with the executor, and a task names its checkpoint's
+        revision (CheckpointRef), which for a local digest the writer settles first."""
+
     def map(self, tasks: Iterable[tuple]) -> Results:
         """The results of `tasks`, in order (one map per executor)."""
         tasks, pending = iter(tasks), deque()
@@ -297,14 +324,15 @@ class _Windowed:
 
         return Results(results(), ready)
 
-    def _close_here(self) -> None:
+    def _close_here(self) -> bool:
         """Submit nothing more, and close what the tasks computed here opened (a worker's open checkpoints live as
-        long as the worker)."""
+        long as the worker); False where the executor was closed already."""
         with self._lock:
-            self._closed = True
+            closing, self._closed = not self._closed, True
         for ckpt in _OPEN.values():
             ckpt.close()
         _OPEN.clear()
+        return closing
 
 
 class _Here:
@@ -357,7 +385,8 @@ class Processes(_Windowed):
 
     def close(self) -> None:
         """Stop the workers now (tasks still queued are dropped: an interrupted run resumes them)."""
-        self._close_here()
+        if not self._close_here():
+            return
         processes = list(getattr(self.pool, "_processes", {}).values())  # the pool has no public terminate
         self.pool.shutdown(wait=False, cancel_futures=True)
         for process in processes:
@@ -394,8 +423,7 @@ class Ray(_Windowed):
         return bool(self.ray.wait([handle], timeout=0)[0])
 
     def close(self) -> None:
-        self._close_here()
-        if self.started:
+        if self._close_here() and self.started:
             self.ray.shutdown()
 
 

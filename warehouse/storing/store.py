@@ -17,11 +17,6 @@ from headforms.warehouse.storing.failures import WarehouseError, damaged
 
 SCHEMA = Path(__file__).with_name("schema.sql")
 VIEWS = Path(__file__).resolve().parents[2] / "sql"
-DEFAULT_DB = "warehouse.duckdb"
-DB_ENV = "HEADFORMS_DB"
-# A reader's default wait: an extraction holds the file only while it commits (well under a second),
-# so a reader started mid-run gets in between two commits.
-READ_WAIT = 10.0
 # How long an extraction waits to reopen the file for its next commit while readers hold it.
 WRITER_WAIT = 600.0
 POLL = 0.05          # seconds between attempts to open a file another process holds
@@ -29,11 +24,6 @@ ANNOUNCE_AFTER = 1.0  # say that we wait only when it is more than a commit's wa
 # How long an extraction, before its next commit, lets readers already waiting for the file in first: its commits
 # follow each other within milliseconds, and a reader that tries every POLL seconds would rarely meet a gap.
 READERS_FIRST = 2.0
-
-
-def default_db() -> str:
-    """The warehouse path: $HEADFORMS_DB, else warehouse.duckdb in the current folder."""
-    return os.environ.get(DB_ENV, DEFAULT_DB)
 
 
 def connect(path: str | Path, *, read_only: bool = False, wait: float = 0.0) -> duckdb.DuckDBPyConnection:
