@@ -15,6 +15,7 @@ from typing import Iterable
 
 import numpy as np
 
+from headforms.compute.threads import keep_freed_memory
 from headforms.extract import MODEL_SETS, ExtractError, ReadOptions
 from headforms.extract.sources import REVISION_SETS, ArgumentError, name_clashes, plan_targets
 from headforms.warehouse.running import EXECUTORS
@@ -437,4 +438,4 @@ __all__ = ["Analysis", "Progress", "Status", "analyse", "architectures", "behavi
            "connect", "export", "extract", "failure", "heads", "plan", "report", "spectra", "sql",
            "status", "table",
            "EXECUTORS", "MODEL_SETS", "READ_WAIT", "REVISION_SETS", "ArgumentError", "ExtractError", "ModelIncomplete", "ReadOptions",
-           "WarehouseError", "default_db"]
+           "WarehouseError", "default_db", "keep_freed_memory"]

@@ -1,13 +1,20 @@
-"""A layer's arrays reuse the memory of the layer before them once it is freed, and never memory still in use."""
+"""A layer's arrays reuse the memory of the layer before them once it is freed, and never memory still in use; a
+process that computes layers keeps the memory its temporaries free (glibc's malloc, compute.threads)."""
 import gc
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from headforms.compute import threads
 from headforms.extract import open_checkpoint
 from headforms.extract.buffers import BufferPool
 from tests import tiny_models
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def address(a: np.ndarray) -> int:
@@ -96,3 +103,68 @@ def test_an_array_freed_inside_the_pool_s_locked_section_gives_its_buffer_back()
     thread.join(10)
     assert not thread.is_alive()
     assert pool.idle_bytes == 800
+
+
+def _reallocation_faults(setup: str) -> int:
+    """tests/reallocations.py's count in a fresh process, after `setup`."""
+    code = f"{setup}\nfrom tests.reallocations import faults; print(faults())"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert run.returncode == 0, run.stderr
+    return int(run.stdout)
+
+
+def test_a_process_that_keeps_freed_memory_reuses_it():
+    """After keep_freed_memory (glibc here), a thread's large temporaries land in memory freed before, not on new
+    pages; without it, on new pages each time."""
+    from tests.reallocations import ONE_BLOCK
+
+    assert _reallocation_faults("") >= 5 * ONE_BLOCK
+    kept = "from headforms.compute.threads import keep_freed_memory; assert keep_freed_memory()"
+    assert _reallocation_faults(kept) < ONE_BLOCK
+
+
+def test_the_command_and_a_jobs_worker_keep_freed_memory():
+    """The `headforms` process sets it before its command runs; a `--jobs` worker at its start."""
+    from headforms.warehouse.running.executors import Processes
+    from tests import reallocations
+
+    patched = ("import headforms.api as a; real = a.keep_freed_memory; "
+               "a.keep_freed_memory = lambda: print('@kept', flush=True) or real(); "
+               "import sys; sys.argv = ['headforms', 'models']; from headforms import cli; cli.run()")
+    run = subprocess.run([sys.executable, "-c", patched], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert run.returncode == 0 and run.stdout.startswith("@kept\n"), (run.stdout, run.stderr)
+    work = Processes(1)
+    try:
+        assert work.pool.submit(reallocations.faults).result(timeout=120) < reallocations.ONE_BLOCK
+    finally:
+        work.close()
+
+
+class _Mallopt:
+    """A C library's mallopt, recording its calls."""
+
+    def __init__(self):
+        self.calls = []
+
+    def mallopt(self, param, value):
+        self.calls.append((param, value))
+        return 1
+
+
+def test_keep_freed_memory_leaves_the_user_s_settings_and_other_c_libraries_alone(monkeypatch):
+    """mallopt is called for each setting whose variable the user has not set, for none where GLIBC_TUNABLES names
+    malloc, and a C library without mallopt (not glibc) changes nothing."""
+    libc = _Mallopt()
+    monkeypatch.setattr(threads.ctypes, "CDLL", lambda name: libc)
+    for name in (*threads.KEEP_FREED_MEMORY, "GLIBC_TUNABLES"):
+        monkeypatch.delenv(name, raising=False)
+    assert threads.keep_freed_memory()
+    assert libc.calls == [(-4, 0), (-1, 1 << 30)]  # M_MMAP_MAX, M_TRIM_THRESHOLD
+    libc.calls.clear()
+    monkeypatch.setenv("MALLOC_MMAP_MAX_", "65536")
+    assert threads.keep_freed_memory() and libc.calls == [(-1, 1 << 30)]
+    libc.calls.clear()
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0")
+    assert threads.keep_freed_memory() and libc.calls == []
+    monkeypatch.setattr(threads.ctypes, "CDLL", lambda name: object())
+    assert threads.keep_freed_memory() is False

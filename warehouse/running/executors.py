@@ -228,9 +228,11 @@ def _environment(values: dict[str, str]):
 
 def _worker_setup(parent: int) -> None:
     """A worker process leaves Ctrl-C to the writer (which stops it), runs single-threaded (its siblings
-    have the other cores), and exits when the writer is gone (killed: nobody would read its results)."""
+    have the other cores), keeps freed memory as the command line does, and exits when the writer is gone (killed:
+    nobody would read its results)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threads.set_workers(1)
+    threads.keep_freed_memory()
 
     def orphaned():
         while _alive(parent):
