@@ -3,7 +3,8 @@ array of that size costs the kernel zeroing its pages (and, on a virtual machine
 its host, the host faulting them in again): 6% of the CPU of a 24B-shaped extraction before (the README,
 Performance, has the profiles).
 A buffer goes back to its pool when the last array that views it is freed, so no array ever shares its memory with
-another one in use.
+another one in use. Its arrays start on a page (PAGE), so that a hub range can be written to its file straight from
+them (pages.write_once).
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from collections import deque
 
 import numpy as np
 
+PAGE = 4096  # where a pooled array starts: a multiple of this (the memory alignment O_DIRECT asks for)
+
 
 class _Lease:
     """The owner of a pooled buffer while arrays view it: numpy keeps it as their base, and when the last of them is
@@ -20,8 +23,8 @@ class _Lease:
 
     def __init__(self, pool: BufferPool, size: int, buffer: np.ndarray, shape: tuple[int, ...], dtype: np.dtype):
         self.pool, self.size, self.buffer = pool, size, buffer
-        self.__array_interface__ = {"version": 3, "shape": shape, "typestr": dtype.str,
-                                    "data": (buffer.ctypes.data, False)}
+        start = buffer.ctypes.data + (-buffer.ctypes.data) % PAGE
+        self.__array_interface__ = {"version": 3, "shape": shape, "typestr": dtype.str, "data": (start, False)}
 
     def __del__(self):
         self.pool.give_back(self.size, self.buffer)
@@ -47,7 +50,7 @@ class BufferPool:
             idle = self._idle.get(size)
             buffer = idle.pop() if idle else None
         if buffer is None:
-            buffer = np.empty(max(size, 1), np.uint8)
+            buffer = np.empty(size + PAGE, np.uint8)  # room to start on a page
         return np.asarray(_Lease(self, size, buffer, shape, dtype))
 
     def give_back(self, size: int, buffer: np.ndarray) -> None:

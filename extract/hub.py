@@ -74,11 +74,11 @@ def _write_atomic(path: Path, data, once: bool = False) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            if once:
-                f.flush()
-                pages.written(f.fileno())
+        if once:
+            pages.write_once(tmp, data)
+        else:
+            with open(tmp, "wb") as f:
+                f.write(data)
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
         if isinstance(exc, OSError) and exc.filename is None:  # a failed write names no file: say which

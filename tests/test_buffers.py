@@ -11,7 +11,7 @@ import torch
 
 from headforms.compute import threads
 from headforms.extract import open_checkpoint
-from headforms.extract.buffers import BufferPool
+from headforms.extract.buffers import PAGE, BufferPool
 from tests import tiny_models
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,6 +59,7 @@ def test_arrays_from_the_pool_are_ordinary_writable_arrays():
     b = pool.empty((5, 7), np.uint8)
     b[:] = 7
     assert b.flags.writeable and b.flags.c_contiguous and b.dtype == np.uint8 and b.sum() == 7 * 35
+    assert address(a) % PAGE == address(b) % PAGE == 0  # each starts on a page (a hub range is written from it)
     t = torch.from_numpy(pool.empty((2, 2)))
     t.copy_(torch.eye(2, dtype=torch.bfloat16))
     assert t.numpy().tolist() == [[1.0, 0.0], [0.0, 1.0]]

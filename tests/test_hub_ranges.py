@@ -259,6 +259,36 @@ def test_a_file_written_once_is_on_the_disk_and_out_of_the_page_cache(tmp_path):
     assert resident_bytes(path) == 0 and path.read_bytes() == data
 
 
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, 3 * 4096 + 5])
+def test_a_range_s_whole_blocks_go_to_the_disk_straight_from_a_pooled_buffer(tmp_path, monkeypatch, size):
+    """pages.write_once: the file holds the bytes whole. From a pooled buffer (it starts on a page) its whole blocks
+    are written with O_DIRECT, the rest through the page cache; from memory off a block, all of it through the page
+    cache; and where the file system refuses O_DIRECT, all of it through the page cache too."""
+    import errno
+
+    from headforms.extract.buffers import BufferPool
+
+    direct, real = [], pages._direct_write
+    monkeypatch.setattr(pages, "_direct_write", lambda fd, data: direct.append(len(data)) or real(fd, data))
+    data = np.random.default_rng(size).bytes(size)
+    pooled = BufferPool().empty(size, np.uint8)
+    pooled[:] = np.frombuffer(data, np.uint8)
+    pages.write_once(tmp_path / "pooled", memoryview(pooled))
+    assert (tmp_path / "pooled").read_bytes() == data
+    assert direct == ([size // pages.BLOCK * pages.BLOCK] if size >= pages.BLOCK else [])
+    off = bytearray(size + 1)
+    off[1:] = data
+    pages.write_once(tmp_path / "off", memoryview(off)[1:])
+    assert (tmp_path / "off").read_bytes() == data and len(direct) == (size >= pages.BLOCK)
+
+    def refused(*args):
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(pages.os, "pwrite", refused)
+    pages.write_once(tmp_path / "refused", memoryview(pooled))
+    assert (tmp_path / "refused").read_bytes() == data
+
+
 def test_a_fetched_range_is_cached_on_the_disk_out_of_the_page_cache(hub):
     """A range is written to the cache once, not read back in the run: its chunk file holds its bytes, flushed, and
     none of its pages stay in the page cache (pages.written)."""
