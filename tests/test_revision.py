@@ -24,8 +24,8 @@ from headforms.extract import checkpoint as checkpoint_module
 from headforms.extract import hf
 from headforms.extract.checkpoint import ReadOptions
 from headforms.extract.sources import open_checkpoint
-from headforms.warehouse.running import layers as layers_module
 from tests.test_gguf import write_gguf
+from tests.test_robustness import interrupt_at
 
 QK = re.compile(r"\.(q_proj|k_proj)\.weight$")
 PAD = (4096, 4096)  # a float32 tensor no survey reads: 64 MB
@@ -162,18 +162,8 @@ def test_changed_bytes_are_another_revision_refused_without_force(tmp_path):
 
 def test_interrupted_first_run_resumes_under_its_pending_name(tmp_path, reads, monkeypatch):
     folder, db = padded(tmp_path / "tiny", pad=(1, 1)), tmp_path / "w.duckdb"
-    read_weights = layers_module.read_weights
-
-    def interrupted(ckpt, layer):
-        if layer == 1:
-            raise KeyboardInterrupt
-        return read_weights(ckpt, layer)
-
-    monkeypatch.setattr(layers_module, "read_weights", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        api.extract(str(folder), db=db, name="m")
+    interrupt_at(monkeypatch, 1, lambda: api.extract(str(folder), db=db, name="m"))
     assert stored(db)[0].startswith("pending:")
-    monkeypatch.setattr(layers_module, "read_weights", read_weights)
     summary = api.extract(str(folder), db=db, name="m")
     assert summary["status"][0] == "resumed"
     assert stored(db) == (open_checkpoint(str(folder)).revision, "digest")

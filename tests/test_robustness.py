@@ -160,6 +160,25 @@ def without_timestamps(tables: dict[str, pl.DataFrame]) -> dict[str, pl.DataFram
     return {name: frame.drop(TIMESTAMPS.get(name, [])) for name, frame in tables.items()}
 
 
+
+def interrupt_at(monkeypatch, layer: int, run) -> None:
+    """`run()` stopped by a Ctrl-C as it reads `layer` (the layers before it committed, as an interrupted run keeps
+    them); the reads are the checkpoint's own again after."""
+    from headforms.warehouse.running import layers
+
+    real = layers.read_weights
+
+    def read_weights(ckpt, at):
+        if at == layer:
+            raise KeyboardInterrupt
+        return real(ckpt, at)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(layers, "read_weights", read_weights)
+        with pytest.raises(KeyboardInterrupt):
+            run()
+
+
 def values(db) -> dict[str, pl.DataFrame]:
     return without_timestamps(snapshot(db))
 

@@ -16,7 +16,7 @@ from headforms import api
 from headforms.compute import threads
 from headforms.warehouse.running import executors, layers
 from tests import tiny_models as tm
-from tests.test_robustness import assert_same, clean_minilm, values
+from tests.test_robustness import assert_same, clean_minilm, interrupt_at, values
 
 __all__ = ["clean_minilm"]  # a fixture of test_robustness, used here
 
@@ -146,17 +146,8 @@ def test_layers_begun_for_another_plan_are_dropped(folder, tmp_path, monkeypatch
 
     db, other, whole = tmp_path / "w.duckdb", tmp_path / "other.duckdb", tmp_path / "whole.duckdb"
     api.extract(str(folder), db=whole, name="m")
-    real_read, real_lock = layers.read_weights, store.exclusive_run
-
-    def interrupted_at_2(ckpt, layer):
-        if layer == 2:
-            raise KeyboardInterrupt
-        return real_read(ckpt, layer)
-
-    monkeypatch.setattr(layers, "read_weights", interrupted_at_2)
-    with pytest.raises(KeyboardInterrupt):
-        api.extract(str(folder), db=other, name="m")
-    monkeypatch.setattr(layers, "read_weights", real_read)
+    interrupt_at(monkeypatch, 2, lambda: api.extract(str(folder), db=other, name="m"))
+    real_lock = store.exclusive_run
 
     @contextlib.contextmanager
     def exclusive_run(path, wait):
