@@ -10,7 +10,10 @@ starts on a page and the file system allows it (measured in the README, Performa
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+
+import numpy as np
 
 _ADVICE = hasattr(os, "posix_fadvise")
 _DIRECT = getattr(os, "O_DIRECT", 0)
@@ -50,16 +53,12 @@ def write_once(path, data: memoryview) -> None:
 
 
 def _address(data: memoryview) -> int:
-    import numpy as np
-
     return np.frombuffer(data, np.uint8).ctypes.data
 
 
 def _direct_write(fd: int, data: memoryview) -> int:
     """Write what O_DIRECT takes of `data` (whole blocks, starting on a block) at the start of the open file `fd`:
     the bytes written, 0 where the file system refuses it (the caller writes the rest through the page cache)."""
-    import fcntl
-
     flags = fcntl.fcntl(fd, fcntl.F_GETFL)
     try:
         fcntl.fcntl(fd, fcntl.F_SETFL, flags | _DIRECT)
