@@ -574,6 +574,39 @@ def test_ray_equals_the_serial_build(survey, tmp_path, ray_cluster):
     assert_same(values(db), values(serial))
 
 
+# A new job on the test's cluster (its own, fresh workers): the Ray executor is made and what it submitted at once
+# is waited for; then, before any layer, one task per CPU (run side by side) says which of the layer's modules its
+# worker holds. The task is pickled by value, so it imports nothing of headforms itself.
+WARMED = """
+import json, sys, time
+import ray
+ray.init(address=sys.argv[1], log_to_driver=False)
+from headforms.warehouse.running.executors import Ray, WORKER_IMPORTS
+work = Ray()
+ray.get(work._warming)
+
+def held():
+    time.sleep(1.0)  # the tasks overlap, so each runs on a worker of its own
+    import os, sys
+    return os.getpid(), [module for module in WORKER_IMPORTS if module in sys.modules]
+
+print(json.dumps(ray.get([ray.remote(num_cpus=1)(held).remote() for _ in range(2)])))
+work.close()
+"""
+
+
+def test_ray_workers_import_the_layer_task_before_its_first_layer(ray_cluster):
+    """The Ray executor has each of the cluster's workers import the layer's task and the readers as soon as it is
+    made, while the writer sets the warehouse up, rather than on its first layer."""
+    address = ray_cluster.get_runtime_context().gcs_address
+    run = subprocess.run([sys.executable, "-c", WARMED, address], cwd=ROOT, capture_output=True, text=True,
+                         timeout=PATIENCE)
+    assert run.returncode == 0, run.stderr[-2000:]
+    workers = json.loads(run.stdout.splitlines()[-1])
+    assert len({pid for pid, _ in workers}) == 2
+    assert all(held == list(executors.WORKER_IMPORTS) for _, held in workers), workers
+
+
 def test_ray_killed_worker_is_retried(survey, tmp_path, ray_cluster):
     """The worker computing m1's layer 2 dies (SIGKILL) the first time: Ray reruns the task elsewhere and the
     warehouse is the serial one."""

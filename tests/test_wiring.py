@@ -345,18 +345,28 @@ def test_ray_executor_without_ray_says_what_to_install(monkeypatch):
 
 def test_ray_started_here_keeps_worker_output_off_the_terminal(monkeypatch):
     """A cluster started by the run has no dashboard and sends no worker output to the terminal; a given cluster
-    (address or RAY_ADDRESS) is joined as it is; the window is a few tasks per cluster CPU."""
+    (address or RAY_ADDRESS) is joined as it is; the window is a few tasks per cluster CPU, and one task per CPU
+    imports the layer's modules as soon as the executor is made."""
+    from types import SimpleNamespace
+
     import ray
 
+    from headforms.warehouse.running import executors
     from headforms.warehouse.running.executors import WINDOW, Ray
 
-    calls = []
+    calls, submitted = [], []
+
+    def remote(**options):
+        return lambda fn: SimpleNamespace(remote=lambda *args: submitted.append((fn, options, args)))
+
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 3.0})
+    monkeypatch.setattr(ray, "remote", remote)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert Ray().window == 3 * WINDOW
     assert calls.pop() == {"address": None, "log_to_driver": False, "include_dashboard": False}
+    assert submitted == [(executors._import_work, {"num_cpus": 1, "max_retries": 0}, ())] * 3
     Ray(address="ray://head:10001")
     assert calls.pop() == {"address": "ray://head:10001", "log_to_driver": False}
     monkeypatch.setenv("RAY_ADDRESS", "head:6379")

@@ -226,6 +226,14 @@ def _environment(values: dict[str, str]):
             os.environ.pop(key, None)
 
 
+def _import_work() -> None:
+    """A worker's imports (WORKER_IMPORTS), made before its first layer is submitted."""
+    import importlib
+
+    for module in WORKER_IMPORTS:
+        importlib.import_module(module)
+
+
 def _worker_setup(parent: int) -> None:
     """A worker process leaves Ctrl-C to the writer (which stops it), runs single-threaded (its siblings
     have the other cores), keeps freed memory as the command line does, and exits when the writer is gone (killed:
@@ -398,7 +406,8 @@ class Processes(_Windowed):
 
 
 class Ray(_Windowed):
-    """Ray tasks on an existing cluster (`address`) or one started here; a task whose worker dies is retried."""
+    """Ray tasks on an existing cluster (`address`) or one started here; a task whose worker dies is retried. One task
+    per CPU imports the layer's modules at once, so that the workers' imports run while the writer sets up."""
 
     def __init__(self, address: str | None = None, work: Callable = run_task, retries: int = 3):
         try:
@@ -412,8 +421,11 @@ class Ray(_Windowed):
         if self.started:
             local = address is None and not os.environ.get("RAY_ADDRESS")  # else: connect to a running cluster
             ray.init(address=address, log_to_driver=False, **({"include_dashboard": False} if local else {}))
-        self.window = WINDOW * max(1, int(ray.cluster_resources().get("CPU", 1)))
+        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self.window = WINDOW * cpus
         self.task = ray.remote(num_cpus=1, max_retries=retries)(work)
+        warm = ray.remote(num_cpus=1, max_retries=0)(_import_work)
+        self._warming = [warm.remote() for _ in range(cpus)]
 
     def submit(self, ref, opts, layer):
         return self.task.remote(ref, opts, layer)
