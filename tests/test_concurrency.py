@@ -38,7 +38,7 @@ __all__ = ["clean_minilm"]  # a fixture of test_robustness, used here
 
 # Runs the CLI like test_robustness.DRIVER, but stops *outside* any commit: before computing layer
 # argv[1] it prints "@computing" and waits for a line on stdin. The warehouse file is closed meanwhile.
-# Layers are computed as the writer asks for them (AHEAD = 0), so every layer before argv[1] is committed by then.
+# Layers are computed as the writer asks for them (ROWS_AHEAD = 0), so every layer before argv[1] is committed by then.
 BEFORE_LAYER = r"""
 import sys
 from headforms import cli
@@ -46,7 +46,7 @@ import headforms.warehouse.running.executors as executors
 import headforms.warehouse.running.layers as layers
 import headforms.warehouse.running.load as load
 
-executors.AHEAD = 0
+executors.ROWS_AHEAD = 0
 
 real = layers.layer_rows
 
@@ -361,7 +361,7 @@ def test_small_layers_share_a_commit(survey, tmp_path, monkeypatch):
         return real_layer_rows(ckpt, opts, layer)
 
     monkeypatch.setattr(load, "transaction", counting)
-    monkeypatch.setattr(executors, "AHEAD", 0)  # each layer computed when the writer asks: the clock is the writer's
+    monkeypatch.setattr(executors, "ROWS_AHEAD", 0)  # each layer computed when the writer asks: the writer's clock
     monkeypatch.setattr(layers, "layer_rows", one_second)
     monkeypatch.setattr(load, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     # commits: the models row, the layers (layers committed so far after each), the model marked complete

@@ -42,27 +42,34 @@ def _ahead_threads() -> list[threading.Thread]:
 
 def test_the_pipelined_build_equals_the_inline_one(folder, tmp_path, monkeypatch, workers):
     """Every table, value for value, whether the layers are read and analysed ahead in threads or one at a time in
-    the writer's thread when it asks (AHEAD = 0)."""
+    the writer's thread when it asks (ROWS_AHEAD = 0)."""
     api.extract(str(folder), db=tmp_path / "ahead.duckdb", name="m")
-    monkeypatch.setattr(executors, "AHEAD", 0)
+    monkeypatch.setattr(executors, "ROWS_AHEAD", 0)
     api.extract(str(folder), db=tmp_path / "inline.duckdb", name="m")
     assert_same(values(tmp_path / "ahead.duckdb"), values(tmp_path / "inline.duckdb"))
 
 
 def test_the_next_layer_starts_before_this_one_is_collected(folder, tmp_path, monkeypatch, workers):
-    """The analysis thread starts layer L + 1's pieces on the pool before it collects layer L (its fits and
-    tables), so the pool always has the next layer to work on; layers still reach the writer in order."""
-    events, real = [], layers.start_rows
+    """The analysis thread reads layer L + 1 and starts its pieces on the pool before it collects layer L (its fits
+    and tables), so the pool always has the next layer to work on, and it reads no layer before the one two back is
+    collected, so at most two layers' maps are held; layers still reach the writer in order."""
+    events, real_read, real_start = [], layers.read_weights, layers.start_rows
+
+    def read_weights(ckpt, layer):
+        events.append(("read", layer))
+        return real_read(ckpt, layer)
 
     def start_rows(ckpt, opts, layer, weights, pool):
         events.append(("start", layer))
-        collect = real(ckpt, opts, layer, weights, pool)
+        collect = real_start(ckpt, opts, layer, weights, pool)
         return lambda: events.append(("collect", layer)) or collect()
 
+    monkeypatch.setattr(layers, "read_weights", read_weights)
     monkeypatch.setattr(layers, "start_rows", start_rows)
     api.extract(str(folder), db=tmp_path / "w.duckdb", name="m")
-    assert events == [("start", 0), ("start", 1), ("collect", 0), ("start", 2), ("collect", 1), ("start", 3),
-                      ("collect", 2), ("collect", 3)]
+    assert events == [("read", 0), ("start", 0), ("read", 1), ("start", 1), ("collect", 0),
+                      ("read", 2), ("start", 2), ("collect", 1), ("read", 3), ("start", 3), ("collect", 2),
+                      ("collect", 3)]
 
 
 @pytest.mark.parametrize("where", ["read", "compute"])
@@ -184,9 +191,9 @@ def test_serial_map_returns_what_start_began_only_for_the_same_tasks(folder, wor
         ckpt.close()
 
 
-def test_a_layer_is_read_only_when_there_is_room_for_it_ahead():
-    """At most `size` items wait in a stage ahead of its consumer (a layer read ahead holds its maps, hundreds of
-    MB at 24B shapes): the next is produced only once one waiting is taken, and a failure takes a waiting place."""
+def test_an_item_is_produced_only_when_there_is_room_for_it_ahead():
+    """At most `size` items wait in a stage ahead of its consumer: the next is produced only once one waiting is
+    taken, and a failure takes a waiting place."""
     produced, stop = [], threading.Event()
 
     def items():
@@ -276,7 +283,7 @@ cli.main(sys.argv[1:], prog_name="headforms")
 
 
 def test_ctrl_c_while_layers_are_ahead_keeps_whole_layers_and_resumes(tmp_path, clean_minilm):
-    """SIGINT inside the first commit of layers, the reader and analysis threads ahead of the writer: one Error
+    """SIGINT inside the first commit of layers, the analysis thread ahead of the writer: one Error
     line, exit 1, the process ends (its threads stopped), whole layers only; the same command finishes the model
     and equals an uninterrupted build."""
     import signal

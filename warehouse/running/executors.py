@@ -24,8 +24,8 @@ from headforms.extract.sources import open_checkpoint
 from headforms.warehouse.running import EXECUTORS, layers
 
 WINDOW = 2  # tasks in flight per worker: enough to keep workers busy while the writer commits
-AHEAD = 1  # layers of Q/K the serial executor holds read ahead of their analysis (0: none, no threads)
-ROWS_AHEAD = 8  # analysed layers' rows it holds for the writer (a few MB even at 24B shapes)
+ROWS_AHEAD = 8  # analysed layers' rows the serial executor holds for the writer (a few MB even at 24B shapes; 0: no
+#                thread, each layer read and analysed in the writer's thread when it asks)
 
 
 @dataclass(frozen=True)
@@ -75,10 +75,9 @@ class Results:
 
 
 class Serial:
-    """Every layer in this process, in order. One thread reads the layers (AHEAD of their analysis) and another
-    analyses them (up to ROWS_AHEAD layers ahead of the writer), so that reading, analysing, the writer's commits
-    and a finished model's summaries overlap; with AHEAD = 0, each layer is read and analysed in the writer's
-    thread when it asks for it."""
+    """Every layer in this process, in order. One thread reads and analyses the layers, up to ROWS_AHEAD ahead of the
+    writer, so that reading, the pool's linear algebra, the writer's commits and a finished model's summaries
+    overlap; with ROWS_AHEAD = 0, each layer is read and analysed in the writer's thread when it asks for it."""
 
     def __init__(self):
         self._stop = threading.Event()
@@ -103,18 +102,12 @@ class Serial:
         return self._map(tasks)
 
     def _map(self, tasks: list[tuple]) -> Results:
-        if not AHEAD:
+        if not ROWS_AHEAD:
             return Results(layers.layer_rows(ckpt, opts, layer) for ckpt, opts, layer in tasks)
-        read = self._stage(AHEAD, (((ckpt, opts, layer), layers.read_weights(ckpt, layer))
-                                   for ckpt, opts, layer in tasks))
-        rows = self._stage(ROWS_AHEAD, _analysed(read))
+        read = (((ckpt, opts, layer), layers.read_weights(ckpt, layer)) for ckpt, opts, layer in tasks)
+        rows = _Ahead(_analysed(read), ROWS_AHEAD, self._stop)
+        self._threads.append(rows.thread)
         return Results(rows, lambda: not rows.queue.empty())
-
-    def _stage(self, ahead: int, items: Iterator) -> "_Ahead":
-        """`items` computed in a thread of their own, up to `ahead` before whoever iterates the result."""
-        stage = _Ahead(items, ahead, self._stop)
-        self._threads.append(stage.thread)
-        return stage
 
     def close(self) -> None:
         """Stop computing ahead: a layer being read or analysed is finished and dropped (a rerun resumes it)."""
@@ -129,8 +122,9 @@ def _identities(tasks: list[tuple]) -> list[tuple]:
 
 
 def _analysed(read: Iterator) -> Iterator:
-    """The rows of each layer read, the next layer's linear algebra started on the pool before this one's is
-    collected (its statistics, fits and tables made): the pool's threads never wait for the collecting thread."""
+    """The rows of each layer, read as it is asked for: the next layer is read and its linear algebra started on the
+    pool before this one's is collected (its statistics, fits and tables made), so the pool's threads never wait
+    for this thread, and no more than two layers' maps are held at once (210 MB each at 24B shapes)."""
     with threads.Pool() as pool:
         started: deque = deque()
         try:
@@ -151,8 +145,7 @@ def _analysed(read: Iterator) -> Iterator:
 class _Ahead:
     """An iterator's items, produced by a thread of their own into a queue of `size`, in order: its exception is
     raised where its item would have been; once `stop` is set, both sides end (at the next item). An item is
-    produced only when the queue has room for it, so at most `size` wait (a layer's maps are hundreds of MB at
-    24B shapes)."""
+    produced only when the queue has room for it, so at most `size` wait."""
 
     _END = object()
 
