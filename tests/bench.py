@@ -283,7 +283,7 @@ def resident_bytes(path: Path) -> int:
 
 # CPU buckets of section 1: (bucket, the thread it runs in, what it is)
 STAGES = (("open", "writer", "config, headers, tensor tables of each checkpoint"),
-          ("read", "reader", "Q/K bytes to float64 (the revision digest hashed as read)"),
+          ("read", "analysis", "Q/K bytes to float64 (the revision digest hashed as read)"),
           ("linalg", "pool", "the pool's pieces: QR, forms, spectra, distance problems, baseline"),
           ("fits", "analysis", "fit samples and the 16 fits per head"),
           ("tables", "analysis", "statistics, profile columns, Arrow tables of a layer"),
@@ -366,7 +366,7 @@ def print_demo_in_process(res: dict) -> dict:
     header("1. demo in process: headforms extract demo (imports warm, fresh warehouse)")
     print(f"wall: {spread(res['walls'])} over {REPEATS} runs; {DEMO_HEADS / min(res['walls']):.0f} heads/s (best); "
           f"best run {res['cpu']:.2f} s CPU = {res['cpu'] / res['wall']:.2f} of {floor.cores()} cores busy")
-    print("the stages overlap (reader, analysis and writer threads, the pool's threads), so CPU seconds, not walls:")
+    print("the stages overlap (analysis and writer threads, the pool's threads), so CPU seconds, not walls:")
     stages = res["stages"]
     for name, thread, what in STAGES:
         print(f"  {name:<10}{stages.get(name, 0.0):>7.2f} s CPU  {thread:<9} {what}")
