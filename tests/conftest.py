@@ -18,8 +18,16 @@ if os.environ.get("MUTANT_UNDER_TEST") == "stats":
     # that setting in-process as well); CLI subprocesses could not record, so they do not inherit it.
     del os.environ["MUTANT_UNDER_TEST"]
 
-# The tracebacks of the suite's own failing CLI runs go to a temporary log, not the user's state folder.
-os.environ.setdefault("HEADFORMS_LOG", str(Path(tempfile.mkdtemp(prefix="headforms-tests-")) / "errors.log"))
+# The tracebacks of the suite's own failing CLI runs go to a temporary log, not the user's state folder; its folder
+# goes when the session ends.
+LOG_FOLDER = None if "HEADFORMS_LOG" in os.environ else Path(tempfile.mkdtemp(prefix="headforms-tests-"))
+if LOG_FOLDER is not None:
+    os.environ["HEADFORMS_LOG"] = str(LOG_FOLDER / "errors.log")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if LOG_FOLDER is not None:
+        shutil.rmtree(LOG_FOLDER, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items):

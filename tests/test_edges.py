@@ -280,6 +280,26 @@ def test_the_log_goes_under_xdg_state_home_and_an_unwritable_log_is_said(small, 
                       r"rerun with --debug to see it\)$")
 
 
+def test_a_test_session_takes_its_temporary_log_folder_with_it(tmp_path):
+    """The suite's own log (conftest: $HEADFORMS_LOG in a temporary folder) is gone when a pytest session ends, and a
+    session given $HEADFORMS_LOG makes no folder at all: test runs leave nothing in the temporary directory."""
+    import os
+    import subprocess
+    import sys
+
+    one_test = ["-m", "pytest", "-q", "-p", "no:cacheprovider",
+                "tests/test_imports.py::test_the_cycle_finder_finds_a_cycle"]
+    for log in (None, str(tmp_path / "given.log")):
+        temporary = tmp_path / f"tmp-{'given' if log else 'own'}"
+        temporary.mkdir()
+        env = {key: value for key, value in os.environ.items() if key != "HEADFORMS_LOG"}
+        env.update(TMPDIR=str(temporary), **({"HEADFORMS_LOG": log} if log else {}))
+        run = subprocess.run([sys.executable, *one_test], cwd=Path(__file__).resolve().parent.parent, env=env,
+                             capture_output=True, text=True)
+        assert run.returncode == 0, run.stdout[-2000:]
+        assert [p.name for p in temporary.iterdir() if p.name.startswith("headforms-tests-")] == []
+
+
 @pytest.mark.parametrize("command", ["export", "report"])
 def test_an_output_folder_that_cannot_be_created_is_one_line(command, small, tmp_path):
     """--out under a file (was a FileNotFoundError traceback for a missing parent): one line saying what to do."""
