@@ -26,6 +26,7 @@ if LOG_FOLDER is not None:
 
 
 def pytest_sessionfinish(session, exitstatus):
+    """The session's temporary log folder goes with it."""
     if LOG_FOLDER is not None:
         shutil.rmtree(LOG_FOLDER, ignore_errors=True)
 

@@ -287,6 +287,8 @@ def test_a_test_session_takes_its_temporary_log_folder_with_it(tmp_path):
     import subprocess
     import sys
 
+    from tests.test_robustness import ROOT
+
     one_test = ["-m", "pytest", "-q", "-p", "no:cacheprovider",
                 "tests/test_imports.py::test_the_cycle_finder_finds_a_cycle"]
     for log in (None, str(tmp_path / "given.log")):
@@ -294,8 +296,7 @@ def test_a_test_session_takes_its_temporary_log_folder_with_it(tmp_path):
         temporary.mkdir()
         env = {key: value for key, value in os.environ.items() if key != "HEADFORMS_LOG"}
         env.update(TMPDIR=str(temporary), **({"HEADFORMS_LOG": log} if log else {}))
-        run = subprocess.run([sys.executable, *one_test], cwd=Path(__file__).resolve().parent.parent, env=env,
-                             capture_output=True, text=True)
+        run = subprocess.run([sys.executable, *one_test], cwd=ROOT, env=env, capture_output=True, text=True)
         assert run.returncode == 0, run.stdout[-2000:]
         assert [p.name for p in temporary.iterdir() if p.name.startswith("headforms-tests-")] == []
 
