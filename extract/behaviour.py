@@ -11,7 +11,9 @@ the attention module keeps its input x (after the norm that feeds attention, as 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -154,10 +156,19 @@ def load(source: str, revision: str | None, spec, *, tower: str | None, length: 
     """The model (float32, eval, capture attention) and the token ids to draw from, after checking the
     estimated memory of the forward pass against what the device has free."""
     transformers = _transformers()
-    import torch
-
     name, kwargs = where(source, revision)
     label = source if revision is None else f"{source}@{revision}"
+    with _gguf_parsed_once() if "gguf_file" in kwargs else contextlib.nullcontext():
+        model = _load_model(transformers, name, kwargs, label, spec, length=length, sequences=sequences, device=device)
+    model = _tower(model.eval().to(device), tower, label)
+    return model, _allowed_ids(transformers, name, kwargs, model.config)
+
+
+def _load_model(transformers, name: str, kwargs: dict, label: str, spec, *, length: int, sequences: int, device: str):
+    """`load`'s model from transformers, refused in one line where it cannot run it, its positions are too few or
+    the device's free memory too little for the forward pass."""
+    import torch
+
     try:
         config = transformers.AutoConfig.from_pretrained(name, **kwargs)
         with torch.device("meta"):
@@ -181,8 +192,32 @@ def load(source: str, revision: str | None, spec, *, tower: str | None, length: 
                                                            dtype=torch.float32, **kwargs)
     except Exception as error:
         raise ExtractError(f"{label}: transformers cannot run it ({first_line(error)})") from None
-    model = _tower(model.eval().to(device), tower, label)
-    return model, _allowed_ids(transformers, name, kwargs, model.config)
+    return model
+
+
+@contextlib.contextmanager
+def _gguf_parsed_once():
+    """While transformers loads a GGUF model: each file parsed by gguf's reader once, and gguf's tensor-name map of an
+    architecture built once. transformers parses the file for the config and again for the weights (SmolLM2's
+    vocabulary of 49,152 tokens takes 3.4 s each time) and builds the name map again for every submodule (4.4 s of
+    SmolLM2's load); both are read-only, so the same objects serve every call (gguf's own functions, which
+    transformers imports when it calls them, are swapped for the load and put back)."""
+    import gguf
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict = {}
+
+    def parsed(path, mode="r"):
+        key = (os.fspath(path), mode)
+        if key not in readers:
+            readers[key] = reader(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = parsed, functools.lru_cache(maxsize=None)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
 
 
 def _tower(model, tower: str | None, label: str):
