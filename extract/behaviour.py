@@ -15,6 +15,7 @@ import functools
 import io
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,7 @@ class _Recorder:
 
 
 _RECORDER: _Recorder | None = None
+_GGUF_LOAD = threading.Lock()  # one GGUF load at a time per process: gguf's functions are swapped during it
 
 
 def _capture(module, query, key, value, attention_mask, scaling=None, **kwargs):
@@ -201,23 +203,24 @@ def _gguf_parsed_once():
     architecture built once. transformers parses the file for the config and again for the weights (SmolLM2's
     vocabulary of 49,152 tokens takes 3.4 s each time) and builds the name map again for every submodule (4.4 s of
     SmolLM2's load); both are read-only, so the same objects serve every call (gguf's own functions, which
-    transformers imports when it calls them, are swapped for the load and put back)."""
+    transformers imports when it calls them, are swapped for the load and put back, one load at a time)."""
     import gguf
 
-    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-    readers: dict = {}
+    with _GGUF_LOAD:
+        reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+        readers: dict = {}
 
-    def parsed(path, mode="r"):
-        key = (os.fspath(path), mode)
-        if key not in readers:
-            readers[key] = reader(path, mode)
-        return readers[key]
+        def parsed(path, mode="r"):
+            key = (os.fspath(path), mode)
+            if key not in readers:
+                readers[key] = reader(path, mode)
+            return readers[key]
 
-    gguf.GGUFReader, gguf.get_tensor_name_map = parsed, functools.lru_cache(maxsize=None)(name_map)
-    try:
-        yield
-    finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+        gguf.GGUFReader, gguf.get_tensor_name_map = parsed, functools.lru_cache(maxsize=None)(name_map)
+        try:
+            yield
+        finally:
+            gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
 
 
 def _tower(model, tower: str | None, label: str):

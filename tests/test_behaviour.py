@@ -416,6 +416,41 @@ def test_a_gguf_file_is_parsed_once_and_its_tensor_names_mapped_once(monkeypatch
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[key], theirs[key]) for key in theirs)
 
 
+def test_gguf_loads_in_threads_take_turns_and_leave_gguf_as_it_was():
+    """gguf's functions are swapped during a GGUF load, so two threads' loads take turns: the second waits for the first
+    to end, and after both gguf's own functions are back (overlapping, the second would put back the first's)."""
+    import threading
+    import time
+
+    import gguf
+
+    stock = (gguf.GGUFReader, gguf.get_tensor_name_map)
+    inside, release, order = threading.Event(), threading.Event(), []
+
+    def first():
+        with run_model._gguf_parsed_once():
+            order.append("first in")
+            inside.set()
+            release.wait(60)
+            order.append("first out")
+
+    def second():
+        inside.wait(60)
+        with run_model._gguf_parsed_once():
+            order.append("second in")
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    assert inside.wait(60)
+    time.sleep(0.3)  # the second thread is at the door
+    release.set()
+    for thread in threads:
+        thread.join(60)
+    assert order == ["first in", "first out", "second in"]
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == stock
+
+
 def test_an_incomplete_model_is_refused_with_what_to_run(tmp_path):
     folder, db = extracted(tmp_path, "gpt2")
     with duckdb.connect(str(db)) as con:
