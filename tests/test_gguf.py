@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from headforms.extract.checkpoint import ExtractError, ReadOptions
-from headforms.extract.gguf_file import (GGUF_ARCHITECTURES, SCALE_RULES, _open_reader, dequantizable, gguf_array,
-                                         open_gguf)
+from headforms.extract.gguf_file import (GGUF_ARCHITECTURES, SCALE_RULES, PlainReader, _open_reader, dequantizable,
+                                         gguf_array, open_gguf)
 from tests import gguf_convert
 from tests import tiny_models as tm
 from tests.test_layouts import logit_error
@@ -161,6 +161,48 @@ def test_numeric_metadata_arrays_read_as_the_gguf_library_reads_them(tmp_path):
     with pytest.raises(ExtractError, match=r"arrays\.gguf: test\.strings is not an array of numbers$"):
         gguf_array(path, "test.strings")
     assert _open_reader(path).fields["test.after"].contents() == "still read"
+
+
+def assert_same_parse(got: gguf.GGUFReader, stock: gguf.GGUFReader) -> None:
+    """Two readers' parses of one file: every field (offset, name, types, data indices, each part's dtype with its
+    byte order, shape and values) and every tensor (name, type, shape, offsets, data)."""
+    assert list(got.fields) == list(stock.fields)
+    for key, field in stock.fields.items():
+        other = got.fields[key]
+        assert (other.offset, other.name, other.types, other.data) == (field.offset, field.name, field.types,
+                                                                        field.data), key
+        assert len(other.parts) == len(field.parts), key
+        for mine, theirs in zip(other.parts, field.parts):
+            assert mine.dtype == theirs.dtype and mine.shape == theirs.shape and np.array_equal(mine, theirs), key
+    assert len(got.tensors) == len(stock.tensors)
+    for mine, theirs in zip(got.tensors, stock.tensors):
+        assert (mine.name, mine.tensor_type, mine.shape.tolist(), mine.data_offset, mine.n_bytes) == \
+            (theirs.name, theirs.tensor_type, theirs.shape.tolist(), theirs.data_offset, theirs.n_bytes)
+        assert mine.data.dtype == theirs.data.dtype and np.array_equal(mine.data, theirs.data), mine.name
+
+
+@pytest.mark.parametrize("endian", [gguf.GGUFEndian.LITTLE, gguf.GGUFEndian.BIG], ids=["little", "big"])
+def test_the_plain_reader_parses_what_the_stock_reader_does(tmp_path, endian):
+    """PlainReader (behaviour's GGUF loads through transformers) against gguf.GGUFReader: a file of every metadata
+    kind (scalars, strings, arrays of every numeric type, of strings, of arrays) in both byte orders, and SmolLM2's."""
+    path = tmp_path / f"{endian.name.lower()}.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama", endianess=endian)
+    for kind, values in NUMERIC_ARRAYS.items():
+        writer.add_key_value(f"test.{kind.name}", values.tolist(), gguf.GGUFValueType.ARRAY, sub_type=kind)
+        writer.add_key_value(f"test.one.{kind.name}", values.tolist()[-1], kind)
+    writer.add_array("test.strings", ["a", "bc", "", "dé"])
+    writer.add_array("test.nested", [[1, 2], [3]])
+    writer.add_bool("test.flag", True)
+    writer.add_string("test.after", "still read")
+    writer.add_tensor("blk.0.attn_q.weight", np.arange(16, dtype=np.float32).reshape(4, 4))
+    writer.add_tensor("blk.0.attn_k.weight", np.arange(8, dtype=np.float16).reshape(2, 4))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    for file in (path, SMOL):
+        assert_same_parse(PlainReader(file), gguf.GGUFReader(file))
+    assert PlainReader(path).fields["test.strings"].contents() == ["a", "bc", "", "dé"]
 
 
 def test_qwen2_is_stored_split_half(tmp_path):
