@@ -1,6 +1,8 @@
 -- Behaviour beside form (statistics.md section 8): per model, Spearman rank correlations of each head's self-score
 -- and self-logit with its form's c_sym - d_sym, symmetric_energy and pairing, over the heads where both are
--- defined (`heads`); ties take their average rank. NULL where fewer than three heads or a constant column.
+-- defined (`heads`); ties take their average rank. NULL where fewer than three heads or a constant column. Pearson's
+-- formula on the ranks from integer sums (exact, whatever order DuckDB's threads add them in): the same value on every
+-- query (DuckDB's corr over the doubles differed in the last bits from one query to the next).
 WITH joined AS (
     SELECT b.model, b.layer, b.head, b.self_score, b.self_logit,
            h.c_sym - h.d_sym AS c_sym_minus_d_sym, h.symmetric_energy, h.pairing
@@ -9,17 +11,23 @@ WITH joined AS (
     UNPIVOT joined ON self_score, self_logit INTO NAME score VALUE x
 ), pairs AS (
     UNPIVOT scores ON c_sym_minus_d_sym, symmetric_energy, pairing INTO NAME statistic VALUE y
-), ranked AS (
+), ranked AS (  -- twice each average rank, an integer, so that the sums below are exact in any order
     SELECT model, score, statistic,
-           rank() OVER (PARTITION BY model, score, statistic ORDER BY x)
-               + (count(*) OVER (PARTITION BY model, score, statistic, x) - 1) / 2.0 AS rank_x,
-           rank() OVER (PARTITION BY model, score, statistic ORDER BY y)
-               + (count(*) OVER (PARTITION BY model, score, statistic, y) - 1) / 2.0 AS rank_y
+           2 * rank() OVER (PARTITION BY model, score, statistic ORDER BY x)
+               + count(*) OVER (PARTITION BY model, score, statistic, x) - 1 AS rank_x,
+           2 * rank() OVER (PARTITION BY model, score, statistic ORDER BY y)
+               + count(*) OVER (PARTITION BY model, score, statistic, y) - 1 AS rank_y
     FROM pairs
+), sums AS (
+    SELECT model, score, statistic, count(*) AS heads, sum(rank_x) AS sx, sum(rank_y) AS sy,
+           sum(rank_x * rank_x) AS sxx, sum(rank_y * rank_y) AS syy, sum(rank_x * rank_y) AS sxy
+    FROM ranked
+    GROUP BY model, score, statistic
 )
-SELECT model, score, statistic, count(*) AS heads,
-       CASE WHEN count(*) >= 3 AND stddev_pop(rank_x) > 0 AND stddev_pop(rank_y) > 0
-            THEN corr(rank_x, rank_y) END AS spearman
-FROM ranked
-GROUP BY model, score, statistic
+SELECT model, score, statistic, heads,
+       CASE WHEN heads >= 3 AND heads * sxx > sx * sx AND heads * syy > sy * sy
+            THEN (heads * sxy - sx * sy)::DOUBLE
+                 / sqrt((heads * sxx - sx * sx)::DOUBLE * (heads * syy - sy * sy)::DOUBLE)
+       END AS spearman
+FROM sums
 ORDER BY model, score DESC, statistic
