@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
-import os
 import sys
 import threading
 import time
@@ -211,15 +210,8 @@ def _gguf_parsed_once():
 
     with _GGUF_LOAD:
         reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-        readers: dict = {}
-
-        def parsed(path, mode="r"):
-            key = (os.fspath(path), mode)
-            if key not in readers:
-                readers[key] = PlainReader(path, mode)
-            return readers[key]
-
-        gguf.GGUFReader, gguf.get_tensor_name_map = parsed, functools.lru_cache(maxsize=None)(name_map)
+        kept = functools.lru_cache(maxsize=None)  # each distinct call made once: a file parsed, a map built
+        gguf.GGUFReader, gguf.get_tensor_name_map = kept(PlainReader), kept(name_map)
         try:
             yield
         finally:
