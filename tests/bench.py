@@ -153,6 +153,15 @@ def load() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3]) if Path("/proc/loadavg").exists() else "n/a"
 
 
+def machine() -> str:
+    """The processor's model and the memory, for the README's table of runs (a VM's host can change between runs)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    models = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+              if line.startswith("model name")] if cpuinfo.exists() else []
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{models[0] if models else 'processor unknown'}, {memory:.0f} GiB"
+
+
 def spread(times: list[float]) -> str:
     """best, median and worst of repeated timings."""
     return f"best {min(times):.2f} s, median {pystats.median(times):.2f} s, worst {max(times):.2f} s"
@@ -1588,7 +1597,7 @@ def main() -> int:
                         help="section 5 at the 24B shape with N and n divided by K (development runs)")
     parser.add_argument("--tmp", default=tempfile.gettempdir(), help="where temporary files go (default: %(default)s)")
     args = parser.parse_args()
-    print(f"headforms bench: {os.cpu_count()} CPUs ({floor.cores()} usable), numpy {np.__version__}, "
+    print(f"headforms bench: {os.cpu_count()} CPUs ({floor.cores()} usable; {machine()}), numpy {np.__version__}, "
           f"load average {load()}")
     started = time.perf_counter()
     results = {}
