@@ -14,7 +14,9 @@ from collections import deque
 
 import numpy as np
 
-PAGE = 4096  # where a pooled array starts: a multiple of this (the memory alignment O_DIRECT asks for)
+from headforms.extract.pages import BLOCK
+
+PAGE = BLOCK  # where a pooled array starts: a multiple of O_DIRECT's unit (pages.BLOCK)
 
 
 class _Lease:
