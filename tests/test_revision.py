@@ -160,6 +160,24 @@ def test_changed_bytes_are_another_revision_refused_without_force(tmp_path):
     assert changed != revision and changed == open_checkpoint(str(folder)).revision
 
 
+def test_a_config_edit_is_another_revision_and_is_extracted_again(tmp_path):
+    """The digest covers config.json: a rope base edited, the weights kept, is not 'up to date'."""
+    folder, db = padded(tmp_path / "tiny", pad=(1, 1)), tmp_path / "w.duckdb"
+    assert extract(str(folder), "--db", str(db), "--name", "m").exit_code == 0
+    revision = stored(db)[0]
+    config = json.loads((folder / "config.json").read_text())
+    config["rope_parameters"]["rope_theta"] = 5e4
+    (folder / "config.json").write_text(json.dumps(config))
+    result = extract(str(folder), "--db", str(db), "--name", "m")
+    assert result.exit_code != 0 and "up to date" not in result.output and "--force" in result.output
+    assert stored(db)[0] == revision
+    assert extract(str(folder), "--db", str(db), "--name", "m", "--force").exit_code == 0
+    with duckdb.connect(str(db), read_only=True) as con:
+        new, kept = con.execute("SELECT revision, config FROM models").fetchone()
+    assert new != revision and new == open_checkpoint(str(folder)).revision
+    assert json.loads(kept)["rope"]["theta"] == 5e4  # the numbers of the edited config, not the old ones
+
+
 def test_interrupted_first_run_resumes_under_its_pending_name(tmp_path, reads, monkeypatch):
     folder, db = padded(tmp_path / "tiny", pad=(1, 1)), tmp_path / "w.duckdb"
     interrupt_at(monkeypatch, 1, lambda: api.extract(str(folder), db=db, name="m"))
