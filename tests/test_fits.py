@@ -507,3 +507,40 @@ def test_gamma_and_weibull_samples_recover_their_q():
     np.testing.assert_allclose([g["shape"][0], g["shape2"][0]], [4.0, 1.0], rtol=0.3)
     np.testing.assert_allclose([g["prentice_q"][1], g["prentice_sigma"][1]], [1.0, 1 / 1.7], rtol=0.1)
     np.testing.assert_allclose([g["shape"][1], g["shape2"][1]], [1.0, 1.7], rtol=0.3)
+
+
+def test_gengamma_mode_is_continuous_through_the_lognormal():
+    """The mode at q = 0 exactly (the lognormal branch) equals exp(mu - sigma^2), and the modes at q -> 0 from
+    either side tend to it: each found as the peak of Prentice's density through scipy's gamma (prentice_logpdf)."""
+    from headforms.compute.fits import _mode
+
+    mu, sigma = 0.7, np.array([0.3, 0.8, 1.4])
+    lognormal = np.exp(mu - sigma**2)
+    at_zero = _mode("gengamma", sigma, np.zeros(3), np.full(3, np.exp(mu)))
+    np.testing.assert_allclose(at_zero, lognormal, rtol=1e-15)
+    for q in (1e-2, -1e-2):  # beside 0: the peak of the density itself, at 60 digits (exact_logpdf)
+        near = _mode("gengamma", sigma, np.full(3, q), np.full(3, np.exp(mu)))
+        for s, m in zip(sigma, near):
+            around = exact_logpdf(m * np.array([1 - 1e-6, 1.0, 1 + 1e-6]), mu, s, q)
+            assert around[1] > around[0] and around[1] > around[2]
+    for q in (1e-7, -1e-7):  # and towards 0 from both sides, the lognormal's mode
+        np.testing.assert_allclose(_mode("gengamma", sigma, np.full(3, q), np.full(3, np.exp(mu))), lognormal, rtol=1e-6)
+
+
+def test_a_gengamma_fit_stopped_at_the_search_edge_is_a_boundary_fit(monkeypatch):
+    """Draws of scipy's gengamma(a=0.02, c=3) fit at |c| std(log x) about 74, inside the search: moved to 40, the
+    fit stops at the search's edge with the likelihood still rising, so it is a `boundary` fit with its limit law
+    (the powerlaw, the limit of large positive q), parameters NaN, although that law is less likely than the
+    point at the edge."""
+    import headforms.compute.fits as fits
+
+    x = stats.gengamma.rvs(0.02, 3.0, size=2000, random_state=np.random.default_rng(1))
+    free = fit_quietly([x])["gengamma"]
+    assert free["status"][0] == "ok" and abs(free["shape2"][0]) * np.std(np.log(x)) > 40
+    monkeypatch.setattr(fits, "GENGAMMA_GRID", np.geomspace(1e-2, 40.0, 35))
+    g = fit_quietly([x])["gengamma"]
+    assert g["status"][0] == "boundary" and g["limit_law"][0] == "powerlaw"
+    assert np.all(np.isnan([g[k][0] for k in ("shape", "shape2", "scale", "mode", *PRENTICE)]))
+    law = stats.powerlaw(*stats.powerlaw.fit(x, floc=0))
+    np.testing.assert_allclose(g["loglik"][0], law.logpdf(x).sum(), rtol=1e-12)
+    assert law.logpdf(x).sum() < free["loglik"][0]  # the edge alone makes it a boundary fit, not the likelihood
