@@ -300,7 +300,8 @@ def test_faults_are_survived_with_the_same_values(hub, tmp_path, fault):
 
 
 def test_retries_run_out_keep_committed_layers_and_the_same_command_resumes(hub, tmp_path, monkeypatch):
-    """Every request for layer 1's Q/K bytes gets a 503: one FetchError, layer 0 kept; then the hub recovers."""
+    """Every request for layer 1's Q/K bytes gets a 503: one FetchError, layer 0 kept; then the hub recovers, and the
+    model's bytes_fetched is what the hub sent over both runs."""
     folder = llama(tmp_path, "safetensors")
     serve(hub, "org/tiny", folder)
     monkeypatch.setattr(hub_module, "RETRIES", 3)
@@ -314,10 +315,16 @@ def test_retries_run_out_keep_committed_layers_and_the_same_command_resumes(hub,
         api.extract("org/tiny", db=db)
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT layer FROM layers").fetchall() == [(0,)]
+    assert con.execute("SELECT bytes_fetched FROM models").fetchall() == [(sum(hub.served.values()),)]
     con.close()
+    first = sum(hub.served.values())
     hub.refuse = None
     summary = api.extract("org/tiny", db=db)
     assert summary["status"].to_list() == ["resumed"] and summary["layers"].to_list() == [1]
+    con = duckdb.connect(str(db), read_only=True)  # the sum over both runs, not the last run's
+    assert con.execute("SELECT bytes_fetched FROM models").fetchall() == [(sum(hub.served.values()),)]
+    con.close()
+    assert sum(hub.served.values()) > first > 0
     api.extract(str(folder), db=tmp_path / "local.duckdb", name="tiny")
     assert_same_values(db, tmp_path / "local.duckdb")
 
