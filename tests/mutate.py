@@ -64,7 +64,7 @@ TARGETS = {
     "headforms/extract/caches.py": _HUB,
     "headforms/extract/hub.py": _HUB + ["test_dynamics.py"],
     "headforms/extract/remote.py": _HUB,
-    "headforms/extract/pages.py": _READING + _HUB,
+    "headforms/extract/pages.py": ["test_pages.py"] + _READING + _HUB,
     "headforms/extract/buffers.py": ["test_buffers.py"] + _READING,
     # of test_concurrency.py only the damaged blocks: its --jobs and Ray runs reach load.py too, at seconds a test
     "headforms/warehouse/storing/check.py": ["test_check.py", "test_concurrency.py::test_check_reports_every_damaged_block"],

@@ -700,3 +700,17 @@ def test_the_layers_fetched_ahead_hold_at_most_ahead_bytes(hub, tmp_path, monkey
     ckpt.read_layer(0)
     assert sorted(started[0]) == sorted(f"model.layers.{layer}.self_attn.{proj}.weight" for layer in ahead
                                         for proj in ("q_proj", "k_proj"))
+
+
+def test_a_range_body_read_in_pieces_is_the_same_tensor(hub, tmp_path, monkeypatch):
+    """urllib3 answering each readinto with at most 7 bytes: every piece lands after the last, the values equal a
+    local read."""
+    import urllib3.response
+
+    folder = llama(tmp_path, "safetensors")
+    serve(hub, "org/tiny", folder)
+    real = urllib3.response.HTTPResponse.readinto
+    monkeypatch.setattr(urllib3.response.HTTPResponse, "readinto", lambda self, b: real(self, memoryview(b)[:7]))
+    api.extract("org/tiny", db=tmp_path / "hub.duckdb", name="m")
+    api.extract(str(folder), db=tmp_path / "local.duckdb", name="m")
+    assert_same_values(tmp_path / "hub.duckdb", tmp_path / "local.duckdb")
