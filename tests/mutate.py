@@ -76,7 +76,7 @@ TARGETS = {
                                              "test_concurrency.py::test_reader_waits_without_readers_file_where_it_cannot_create_one",
                                              "test_api.py", "test_cli.py", "test_opening.py"],
     "headforms/warehouse/storing/revision.py": ["test_revision.py", "test_revisions_cache.py", "test_dynamics.py"],
-    "headforms/warehouse/storing/failures.py": ["test_robustness.py", "test_edges.py", "test_cli.py", "test_sources.py"],
+    "headforms/warehouse/storing/failures.py": ["test_failures.py", "test_robustness.py", "test_edges.py", "test_cli.py", "test_sources.py"],
     "headforms/warehouse/running/load.py": _LOADING,
     "headforms/warehouse/running/layers.py": _LOADING + ["test_fit_status.py"],
     "headforms/warehouse/running/summaries.py": _LOADING + ["test_bootstrap.py", "test_edges.py", "test_check.py"],
