@@ -80,18 +80,24 @@ def test_kmeans_finds_separated_blobs_and_k():
     np.testing.assert_array_equal(kmeans(points, 3, seed=3), types)  # seeded: the same types again
 
 
+def leading_directions(x, count=3):
+    """The leading eigenvectors of X^T X, each signed so that its largest-magnitude entry is positive (the
+    convention of docs/statistics.md: LAPACK's signs are arbitrary)."""
+    _, vectors = np.linalg.eigh(x.T @ x)
+    lead = vectors[:, ::-1][:, :count]
+    return lead * np.sign(lead[np.abs(lead).argmax(axis=0), np.arange(lead.shape[1])])
+
+
 def test_projection_is_the_gram_eigenvectors():
-    """Coordinates on the right singular vectors = projections on the leading eigenvectors of X^T X, up to sign."""
+    """Coordinates on the right singular vectors = projections on the leading eigenvectors of X^T X, signed by the
+    convention, whatever LAPACK's signs (the same points with a reversed row order give the same coordinates)."""
     rng = np.random.default_rng(4)
     x = unit_spectra(rng.standard_normal((50, 16)) + np.linspace(2, -2, 16))
     np.testing.assert_allclose(np.linalg.norm(x, axis=1), 1)
     assert (np.diff(x, axis=1) <= 0).all()
     coords = projection(x)
-    _, vectors = np.linalg.eigh(x.T @ x)
-    expected = x @ vectors[:, ::-1][:, :3]
-    np.testing.assert_allclose(np.abs(coords), np.abs(expected), atol=1e-10)
-    signs = np.sign((coords * expected).sum(axis=0))
-    np.testing.assert_allclose(coords, expected * signs, atol=1e-10)
+    np.testing.assert_allclose(coords, x @ leading_directions(x), atol=1e-10)
+    np.testing.assert_allclose(projection(x[::-1])[::-1], coords, atol=1e-10)
 
 
 def test_zero_spectrum_is_undefined():
@@ -99,7 +105,8 @@ def test_zero_spectrum_is_undefined():
 
 
 def test_stored_head_types(demo_con):
-    """Coordinates from the stored eigenvalues of S via X^T X, silhouettes by definition, every head typed."""
+    """Coordinates from the stored eigenvalues of S via X^T X, with the sign convention, silhouettes by definition,
+    every head typed."""
     eig = demo_con.sql("""select model, layer, head, value from eigenvalues where spectrum = 'S'
                           order by model, layer, head, idx""").pl()
     stored = demo_con.sql("select * from head_types order by model, layer, head").pl()
@@ -108,11 +115,10 @@ def test_stored_head_types(demo_con):
         n_heads = rows.select("layer", "head").unique().height
         x = rows["value"].to_numpy().reshape(n_heads, -1)
         x = x / np.linalg.norm(x, axis=1, keepdims=True)
-        _, vectors = np.linalg.eigh(x.T @ x)
-        expected = x @ vectors[:, ::-1][:, :3]
+        expected = x @ leading_directions(x)
         mine = stored.filter(pl.col("model") == model)
         assert mine.height == n_heads
-        np.testing.assert_allclose(np.abs(mine.select("x", "y", "z").to_numpy()), np.abs(expected), atol=1e-9)
+        np.testing.assert_allclose(mine.select("x", "y", "z").to_numpy(), expected, atol=1e-9)  # signed
         types = mine["type"].to_numpy()
         np.testing.assert_allclose(mine["silhouette"].to_numpy(),
                                    silhouette_reference(mine.select("x", "y", "z").to_numpy(), types), atol=1e-12)
