@@ -13,7 +13,10 @@ name the view (or test_check.py). For these the demo warehouse is built once and
 (HEADFORMS_TEST_DEMO_DB: its views are recreated from sql/ on every connection); Python mutants
 build their own, since the stored numbers depend on the mutated code.
 
-    .venv/bin/python tests/mutate.py [--only python|sql] [--max-children N] [--targets GLOB...]
+Held-out behaviours: hand-made mutants of behaviours that once slipped past their tests (HELD_OUT), each
+named in the report.
+
+    .venv/bin/python tests/mutate.py [--only python|sql|held-out] [--max-children N] [--targets GLOB...]
                                      [--mutants GLOB...] [--sample FRACTION] [--report]
 """
 from __future__ import annotations
@@ -708,19 +711,64 @@ def run_sql(env: dict) -> dict[str, Counter]:
     return counts
 
 
+# Held-out behaviours: hand-made mutants of behaviours that once passed the tests that should judge them (each: its
+# name, the file, the exact text and its replacement, the test files that judge it). Each is applied in place, its
+# tests run, and the file restored; the report names each one, killed or SURVIVED.
+HELD_OUT = [
+    ("a folder's revision ignores config.json", "extract/checkpoint.py",
+     "        h.update(hashlib.sha256(self.preamble).digest())\n", "", ["test_revision.py"]),
+    ("gengamma mode at q = 0 with the wrong sign", "compute/fits.py",
+     "r = np.where(q == 0, -p,", "r = np.where(q == 0, p,", ["test_fits.py"]),
+    ("a fit at the search's edge is not a boundary fit", "compute/fits.py",
+     "limit_wins = ~(quality[\"gengamma\"][0] > sup[0]) | at_edge", "limit_wins = ~(quality[\"gengamma\"][0] > sup[0])",
+     ["test_fits.py"]),
+    ("a resumed hub run keeps the last run's bytes_fetched", "warehouse/running/load.py",
+     "SET bytes_fetched = coalesce(bytes_fetched, 0) + ?", "SET bytes_fetched = ?", ["test_hub.py"]),
+    ("a short positioned read goes on at the wrong offset", "extract/pages.py",
+     "os.preadv(fd, [view[done:]], offset + done)", "os.preadv(fd, [view[done:]], offset)", ["test_pages.py"]),
+    ("a short hub body read goes on at the wrong place", "extract/hub.py",
+     "response.readinto(into[got:got + STEP])", "response.readinto(into[0:STEP])", ["test_hub.py"]),
+    ("an outer stage renames an inner stage's failure", "warehouse/storing/failures.py",
+     "        if place_of(exc) is None:\n", "        if True:\n", ["test_failures.py"]),
+    ("head-type directions keep LAPACK's signs", "compute/head_types.py",
+     "points @ (directions * np.sign(lead)).T", "points @ directions.T", ["test_head_types.py"]),
+]
+
+
+def run_held_out(env: dict) -> dict[str, Counter]:
+    """Apply each HELD_OUT mutant in place (restored afterwards) and run its test files."""
+    counts: dict[str, Counter] = defaultdict(Counter)
+    for name, file, old, new, tests in HELD_OUT:
+        path = ROOT / file
+        original = path.read_text()
+        if original.count(old) != 1:
+            counts[name]["not checked"] += 1
+            print(f"{name}: NOT CHECKED ({file} no longer holds its text once)", flush=True)
+            continue
+        try:
+            path.write_text(original.replace(old, new))
+            killed = run_pytest([str(ROOT / "tests" / t) for t in tests], env)
+        finally:
+            path.write_text(original)
+        counts[name]["killed" if killed else "survived"] += 1
+        print(f"{name} ({file}): {'killed' if killed else 'SURVIVED'}", flush=True)
+    return counts
+
+
 def report(title: str, counts: dict[str, Counter]) -> None:
     print(f"\n{title}")
-    print(f"{'module':45s} {'checked':>8s} {'killed':>7s} {'survived':>9s} {'no tests':>9s} {'equivalent':>11s} "
+    width = max([45] + [len(module) for module in counts])
+    print(f"{'module':{width}s} {'checked':>8s} {'killed':>7s} {'survived':>9s} {'no tests':>9s} {'equivalent':>11s} "
           f"{'kill rate':>10s} {'95% interval':>14s} {'unchecked':>10s}")
     total = Counter()
     for module in sorted(counts):
         c = counts[module]
         total.update(c)
-        _row(module, c)
-    _row("all", total)
+        _row(module, c, width)
+    _row("all", total, width)
 
 
-def _row(name: str, c: Counter) -> None:
+def _row(name: str, c: Counter, width: int = 45) -> None:
     """Kill rate over the non-equivalent mutants that were run (a run stopped early leaves some 'not checked')."""
     n = sum(c.values()) - c["skipped"] - c["not checked"]
     killed = sum(c[s] for s in KILLED)
@@ -730,13 +778,13 @@ def _row(name: str, c: Counter) -> None:
     if judged:  # Wilson's score interval: what a sample's kill rate says of the whole module's
         ci = binomtest(killed, judged).proportion_ci(method="wilson")
         interval = f"{100 * ci.low:.1f}-{100 * ci.high:.1f}%"
-    print(f"{name:45s} {n:8d} {killed:7d} {c['survived']:9d} {c['no tests']:9d} {c['equivalent']:11d} {rate:>10s} "
+    print(f"{name:{width}s} {n:8d} {killed:7d} {c['survived']:9d} {c['no tests']:9d} {c['equivalent']:11d} {rate:>10s} "
           f"{interval:>14s} {c['not checked']:10d}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=["python", "sql"])
+    parser.add_argument("--only", choices=["python", "sql", "held-out"])
     parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--report", action="store_true", help="print the last run's results, run nothing")
     parser.add_argument("--targets", nargs="+", default=list(TARGETS), help="globs of the files to mutate (under headforms/)")
@@ -747,11 +795,13 @@ def main() -> None:
     args = parser.parse_args()
     started = time.perf_counter()
     results = {}
-    if args.only != "sql":  # the demo warehouse is built by each mutant's own code here (a prebuilt one hides it)
+    if args.only in (None, "python"):  # the demo warehouse is built by each mutant's own code here (a prebuilt one hides it)
         results["Python (mutmut; survivors in build/mutate/survivors.txt)"] = run_python(
             args.max_children, dict(os.environ), args.targets, args.report, args.sample, args.mutants)
-    if args.only != "python" and not args.report:  # views are recreated from sql/: a prebuilt demo serves
+    if args.only in (None, "sql") and not args.report:  # views are recreated from sql/: a prebuilt demo serves
         results["SQL (views and check.py; survivors in build/mutate/sql-survivors.txt)"] = run_sql(demo_warehouse())
+    if args.only in (None, "held-out") and not args.report:
+        results["Held-out behaviours (hand-made mutants, HELD_OUT)"] = run_held_out(dict(os.environ))
     for title, counts in results.items():
         report(title, counts)
     print(f"\nmutation run: {time.perf_counter() - started:.0f} s")
