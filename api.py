@@ -18,6 +18,7 @@ import numpy as np
 from headforms.compute.threads import keep_freed_memory
 from headforms.extract import MODEL_SETS, ExtractError, ReadOptions
 from headforms.extract.sources import REVISION_SETS, ArgumentError, name_clashes, plan_targets
+from headforms.warehouse.publishing.render import FORMATS, LIMIT, render, write_parquet
 from headforms.warehouse.running import EXECUTORS
 from headforms.warehouse.storing.failures import ModelIncomplete, WarehouseError
 from headforms.warehouse.storing import READ_WAIT, default_db
@@ -199,12 +200,16 @@ def cache_folder() -> Path:
 
 
 def sql(query: str, db: str | Path | None = None, *, write: bool = False, wait: float = READ_WAIT):
-    """Run a SQL query on the warehouse (read-only unless `write`): its result as a polars frame, or None for a
-    statement that returns nothing."""
+    """Run one SQL statement on the warehouse (read-only unless `write`): its result as a polars frame, or None for
+    a statement that returns nothing (`frame.to_pandas()` for pandas). Several statements are refused (WarehouseError)."""
     from headforms.warehouse.storing.store import connect as open_warehouse
 
     con = open_warehouse(db or default_db(), read_only=not write, wait=wait)
     try:
+        statements = con.extract_statements(query)
+        if len(statements) > 1:  # con.sql would run them all and show the last: one query, one result
+            raise WarehouseError(f"the query holds {len(statements)} statements; headforms sql runs one at a time "
+                             "(its result is one table): run each on its own")
         relation = con.sql(query)
         return relation.pl() if relation is not None else None
     finally:

@@ -26,7 +26,20 @@ if not __package__:  # `python cli.py` in a checkout: this folder is the `headfo
 
 from headforms import api
 
-FORMATS = ("table", "csv", "json")
+FORMAT = click.option("--format", "fmt", type=click.Choice(api.FORMATS), default="table", show_default=True,
+                      help="table (the first --limit rows), csv (lists as JSON text), json, markdown, or parquet "
+                           "(into --out FILE).")
+LIMITS = [click.option("--limit", type=click.IntRange(min=0), default=api.LIMIT, show_default=True,
+                       help="Rows a table shows (a footer says how many were left out)."),
+          click.option("--all", "every", is_flag=True, help="Show every row."),
+          click.option("--out", type=click.Path(dir_okay=False), help="The file --format parquet writes.")]
+
+
+def rows_options(command):
+    """--format, --limit, --all and --out: how a command's result frame is shown (api.render)."""
+    for option in reversed([FORMAT, *LIMITS]):
+        command = option(command)
+    return command
 
 
 LOG_ENV = "HEADFORMS_LOG"
@@ -167,7 +180,7 @@ def extract(sources, db, name, revision, revisions, set_file, force, qk_norm, to
                              qk_norm=qk_norm, tower=tower, fold_norm=fold_norm)
         except api.ArgumentError as exc:
             raise click.UsageError(str(exc)) from None
-        _print(frame, "table")
+        _print(frame, "table", None)  # every model the run would touch
         for warning in frame["warning"].drop_nulls():  # the table cuts long text: each warning whole, on stderr
             click.echo(f"Warning: {warning}", err=True)
         return
@@ -286,41 +299,40 @@ def behaviour(sources, db, length, sequences, seed, device, tower, name, resampl
 @main.command()
 @click.argument("query")
 @db_option(read_only=True)
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+@rows_options
 @click.option("--write", is_flag=True, help="Open the warehouse for writing (default: read-only).")
 @WAIT_READ
-def sql(query, db, fmt, write, wait):
-    """Run a SQL QUERY on the warehouse (read-only unless --write).
+def sql(query, db, fmt, limit, every, out, write, wait):
+    """Run one SQL statement QUERY on the warehouse (read-only unless --write).
 
     \b
     headforms sql "select * from signature_check"
     headforms sql "select model, median(pairing) from heads group by all" --format csv
+    headforms sql "select * from eigenvalues" --format parquet --out eigenvalues.parquet
     """
     frame = api.sql(query, db, write=write, wait=wait)
     if frame is not None:
-        _print(frame, fmt)
+        _print(frame, fmt, limit, every, out)
 
 
-def _print(frame, fmt: str) -> None:
-    import polars as pl
-
-    if fmt == "csv":
-        click.echo(frame.write_csv(), nl=False)
-    elif fmt == "json":
-        click.echo(frame.write_json())
+def _print(frame, fmt: str, limit: int | None = api.LIMIT, every: bool = False, out: str | None = None) -> None:
+    """A result frame as --format says (api.render), or into --out as Parquet."""
+    if fmt == "parquet":
+        if not out:
+            raise click.UsageError("--format parquet writes a file: give it with --out FILE.parquet")
+        click.echo(f"{frame.height} rows written to {api.write_parquet(frame, out)}")
     else:
-        with pl.Config(tbl_rows=-1, tbl_cols=-1, fmt_str_lengths=80, tbl_width_chars=200):
-            click.echo(frame)
+        click.echo(api.render(frame, fmt, None if every else limit), nl=False)
 
 
 @main.command()
 @db_option(read_only=True)
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+@rows_options
 @WAIT_READ
-def status(db, fmt, wait):
+def status(db, fmt, limit, every, out, wait):
     """Models in the warehouse: head counts, progress and provenance; and a running extraction's progress."""
     now = api.status(db, wait=wait)
-    _print(now.models, fmt)
+    _print(now.models, fmt, limit, every, out)
     run = now.running
     if run is not None and fmt == "table":
         click.echo(f"extraction running (process {run['pid']}): model {run['models_done'] + 1} of {run['models']}, "
@@ -380,25 +392,26 @@ def check(db, quick, wait):
 
 
 @main.command()
-@click.option("--format", "fmt", type=click.Choice((*FORMATS, "markdown")), default="table", show_default=True)
-def architectures(fmt):
+@FORMAT
+@LIMITS[2]
+def architectures(fmt, out):
     """Supported families of both formats: positional scheme, Q/K packing, score scale, and what is refused."""
     if fmt == "markdown":
         click.echo(api.architectures(markdown=True), nl=False)
     else:
-        _print(api.architectures(), fmt)
+        _print(api.architectures(), fmt, None, out=out)  # every family
 
 
 @main.command()
 @click.option("--clear", is_flag=True, help="Delete the cached ranges (of --repo only, if given).")
 @click.option("--repo", help="One hub repo (org/name).")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
-def cache(clear, repo, fmt):
+@rows_options
+def cache(clear, repo, fmt, limit, every, out):
     """The cache of hub byte ranges: size per model (repo and commit). It is the folder `headforms` of the Hugging
     Face cache (~/.cache/huggingface/hub/headforms by default), or $HEADFORMS_CACHE."""
     held = api.cache(repo=repo)
     if not clear:
-        _print(held, fmt)
+        _print(held, fmt, limit, every, out)
         return
     api.cache(clear=True, repo=repo)
     what = repo or "the cache"

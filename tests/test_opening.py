@@ -207,8 +207,9 @@ def test_a_file_that_is_no_warehouse_or_is_missing_is_refused(tmp_path):
     junk.write_bytes(b"x" * 5000)
     with pytest.raises(WarehouseError) as refused:
         store.connect(junk, read_only=True)
-    assert str(refused.value) == (f'cannot open {junk}: IO Error: The file "{junk}" exists, but it is not a valid '
-                                  "DuckDB database file!")
+    assert str(refused.value) == (f"{junk} is not a DuckDB database: --db takes a DuckDB warehouse file "
+                                  "(warehouse.duckdb)")
+    assert sorted(tmp_path.iterdir()) == [junk]  # refused before DuckDB or a lock file touched it
     with pytest.raises(WarehouseError) as missing:
         store.connect(tmp_path / "none.duckdb", read_only=True)
     assert str(missing.value) == (f"no warehouse at {tmp_path / 'none.duckdb'}: build one with `make warehouse` or "

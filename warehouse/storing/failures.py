@@ -109,6 +109,13 @@ def no_space(exc: BaseException) -> str | None:
     return None
 
 
+def duckdb_words(exc: BaseException) -> str:
+    """DuckDB's message whole, on one line: its hints ('Did you mean "heads"?') and the query line it points at,
+    without the caret line (whose place a single line loses)."""
+    lines = [line.strip() for line in str(exc).splitlines()]
+    return " ".join(line for line in lines if line and set(line) - {"^", " "}) or type(exc).__name__
+
+
 def one_line(exc: Exception) -> tuple[str, bool]:
     """A failure as the one line a user reads, and whether its traceback is worth keeping: the tool's own refusals
     (and DuckDB's words on a query) stand alone, a damaged warehouse file is named as such; anything else says where
@@ -124,6 +131,8 @@ def one_line(exc: Exception) -> tuple[str, bool]:
         else:
             then = "free space on it, then run the same command again (an extraction goes on from its last commit)"
         return f"{f'{place}: ' if place else ''}the disk is full ({full}): {then}", False
-    if isinstance(exc, (ExtractError, WarehouseError)) or (_from_duckdb(exc) and place is None):
+    if _from_duckdb(exc) and place is None:
+        return duckdb_words(exc), False
+    if isinstance(exc, (ExtractError, WarehouseError)):
         return first_line(exc), False
     return f"{f'{place}: ' if place else ''}{words(exc)}", True

@@ -34,6 +34,7 @@ def connect(path: str | Path, *, read_only: bool = False, wait: float = 0.0) -> 
     path = Path(path)
     if read_only and not path.exists():
         raise WarehouseError(f"no warehouse at {path}: build one with `make warehouse` or `headforms extract`")
+    _refuse_foreign(path)
     con = _open_when_free(path, read_only, wait)
     _refuse_outdated(con, path)
     if read_only:
@@ -46,6 +47,20 @@ def connect(path: str | Path, *, read_only: bool = False, wait: float = 0.0) -> 
             con.close()
             raise
     return con
+
+
+def _refuse_foreign(path: Path) -> None:
+    """A file that is not a DuckDB database (a Parquet or CSV file given as --db, say) is refused before DuckDB or
+    the warehouse's own lock files touch it: DuckDB's files say DUCK at byte 8."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(12)
+    except (FileNotFoundError, IsADirectoryError):
+        return
+    if head and head[8:12] != b"DUCK":
+        kind = "a Parquet file" if head[:4] == b"PAR1" else "not a DuckDB database"
+        hint = f"; to query it, read_parquet('{path}') in `headforms sql` on a warehouse" if head[:4] == b"PAR1" else ""
+        raise WarehouseError(f"{path} is {kind}: --db takes a DuckDB warehouse file (warehouse.duckdb){hint}")
 
 
 # Columns schema.sql adds to existing tables (`ALTER TABLE t ADD COLUMN IF NOT EXISTS c TYPE`).
@@ -259,6 +274,7 @@ class Writer:
 def exclusive_run(path: str | Path, wait: float = 0.0):
     """One extraction at a time per warehouse: a lock on `<db>.lock` held for the whole run (the file
     itself is held only while committing, so readers get in; a second writer must not)."""
+    _refuse_foreign(Path(path))
     try:
         lock = open(f"{path}.lock", "a+")
     except OSError as exc:
