@@ -48,11 +48,13 @@ def shown(values: Sequence[float | None], digits: int) -> list[str]:
 
 
 def interval(value: float | None, low: float | None, high: float | None, digits: int) -> str:
-    """'value [low, high]' with one number of decimals, the most that `digits` significant digits of any of the
-    three need (so 1.004 [0.995, 1.009], never 1.00 [0.995, 1.01]); '[low, high]' without a value, the value
-    alone where the interval is undefined, '' where all are NULL."""
+    """'value [low, high]' with one number of decimals: those of `digits` significant digits of the value (of the
+    ends without one), more while two of the three that differ would print alike (so 1.005 [1.001, 1.009], never
+    1.00 [1.00, 1.01]); '[low, high]' without a value, the value alone where the interval is undefined."""
     present = [v for v in (value, low, high) if v is not None]
-    places = max((decimals(v, digits) for v in present), default=0)
+    places = decimals(value, digits) if value is not None else max((decimals(v, digits) for v in present), default=0)
+    while len({f"{v:.{places}f}" for v in present}) < len(set(present)) and places < 15:
+        places += 1
     value_text = "" if value is None else f"{value:.{places}f}"
     if low is None or high is None:
         return value_text
