@@ -211,3 +211,22 @@ def test_latex_compiles_with_booktabs(latex, tmp_path):
     assert (tmp_path / "paper.pdf").stat().st_size > 10_000
     log = (tmp_path / "paper.log").read_text(errors="replace")
     assert "Undefined control sequence" not in log and "Missing character" not in log
+
+
+def test_cli_export_format_latex(demo_db, tmp_path):
+    """`headforms export --format latex` writes the LaTeX tables and no CSV or Parquet; an unknown format is one
+    line naming the choices, and nothing is written."""
+    from click.testing import CliRunner
+
+    from headforms import cli
+
+    result = CliRunner().invoke(cli.main, ["export", "--db", str(demo_db), "--out", str(tmp_path / "x"),
+                                           "--format", "latex"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "x" / LATEX_ALL).exists() and (tmp_path / "x" / "table2_parity.tex").exists()
+    assert not list((tmp_path / "x").glob("*.parquet")) and [p.name for p in (tmp_path / "x").glob("*.csv")] == \
+        ["index.csv"]
+    result = CliRunner().invoke(cli.main, ["export", "--db", str(demo_db), "--out", str(tmp_path / "y"),
+                                           "--format", "pdf"])
+    assert result.exit_code != 0 and "'pdf' is not one of 'csv', 'parquet', 'latex'" in result.output
+    assert not (tmp_path / "y").exists()
