@@ -245,14 +245,14 @@ def status(db: str | Path | None = None, *, wait: float = READ_WAIT) -> Status:
 
 
 def export(db: str | Path | None = None, out: str | Path = "export", *, paper_format: bool = False,
-           wait: float = READ_WAIT) -> list[Path]:
-    """Write the paper's tables (CSV, Parquet) and figures (PNG), and index.csv; with paper_format also the survey
-    files in the format of the paper's published code. Returns the files written."""
+           formats: tuple[str, ...] = ("csv", "parquet"), wait: float = READ_WAIT) -> list[Path]:
+    """Write the paper's tables (in `formats`: csv, parquet, latex) and figures (PNG), and index.csv; with
+    paper_format also the survey files in the format of the paper's published code. Returns the files written."""
     from headforms.warehouse.publishing.export import export as export_all
 
     con = connect(db, wait=wait)
     try:
-        return export_all(con, out, paper_format=paper_format)
+        return export_all(con, out, paper_format=paper_format, formats=tuple(formats))
     finally:
         con.close()
 

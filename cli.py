@@ -348,10 +348,14 @@ def status(db, fmt, limit, every, out, wait):
 @click.option("--paper-format", is_flag=True,
               help="Also write head_statistics.csv, spectral_geometry.csv, gamma_goodness_of_fit.csv and "
                    "gamma_goodness_of_fit_summary.csv in the format of the paper's published survey files.")
+@click.option("--format", "formats", type=click.Choice(["csv", "parquet", "latex"]), multiple=True,
+              default=("csv", "parquet"), show_default=True,
+              help="How the tables are written (repeat for several): latex writes booktabs .tex files, one per "
+                   "table, and tables.tex inputting them all.")
 @WAIT_READ
-def export(db, out_dir, paper_format, wait):
-    """Write the paper's tables (CSV, Parquet) and figures (PNG), named after the table or figure they are."""
-    written = api.export(db, out_dir, paper_format=paper_format, wait=wait)
+def export(db, out_dir, paper_format, formats, wait):
+    """Write the paper's tables (CSV, Parquet or LaTeX) and figures (PNG), named after the table or figure they are."""
+    written = api.export(db, out_dir, paper_format=paper_format, formats=formats, wait=wait)
     click.echo(f"{len(written)} files written to {out_dir} (index.csv lists what each one is)")
 
 

@@ -128,13 +128,24 @@ def test_one_head_as_wide_as_the_model(few_heads):
         ("L_abs", 4, HEAD_DIM), ("S_neg", 4, HEAD_DIM // 2), ("S_pos", 4, HEAD_DIM // 2), ("T", 4, HEAD_DIM // 2)]
 
 
+def _not_drawn(db) -> set[str]:
+    """The figures export leaves out of this warehouse for want of their data (figures.missing)."""
+    from headforms.warehouse.storing.store import connect
+
+    con = connect(db, read_only=True)
+    try:
+        return set(figures.missing(con))
+    finally:
+        con.close()
+
+
 def test_few_heads_export_and_report(few_heads, tmp_path):
     """export writes every table and figure, report every page, for the warehouse of 1-, 2- and 3-head models
     and the one head as wide as its model."""
     db, points = few_heads
     result = invoke("export", "--db", db, "--out", tmp_path / "export")
     assert result.exit_code == 0, result.output
-    assert {p.name for p in (tmp_path / "export").glob("*.png")} == set(figures.FIGURES)
+    assert {p.name for p in (tmp_path / "export").glob("*.png")} == set(figures.FIGURES) - _not_drawn(db)
     result = invoke("report", "--db", db, "--out", tmp_path / "report")
     assert result.exit_code == 0, result.output
     assert {p.name for p in (tmp_path / "report").glob("layer-*.html")} == {f"layer-{m}-0.html" for m in points}
@@ -150,7 +161,8 @@ def test_zero_forms_get_no_types_and_still_export(tmp_path):
     assert rows(db, "SELECT estimate, low, high FROM intervals WHERE figure = 'median_pairing'") == [(None,) * 3] * 2
     result = invoke("export", "--db", db, "--out", tmp_path / "export")
     assert result.exit_code == 0, result.output
-    assert {p.name for p in (tmp_path / "export").glob("*.png")} == set(figures.FIGURES)
+    assert {p.name for p in (tmp_path / "export").glob("*.png")} == set(figures.FIGURES) - _not_drawn(db)
+    assert "figure05_head_types.png" in _not_drawn(db)  # no head types: no placeholder image
     assert invoke("report", "--db", db, "--out", tmp_path / "report").exit_code == 0
 
 

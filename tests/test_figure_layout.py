@@ -1,6 +1,7 @@
 """Every figure of warehouse/publishing/figures.py, for a warehouse of one model and of twenty, keeps its text on the
 canvas (titles, suptitle, axis and tick labels, colour bar labels and legends, as drawn, constrained layout done), its
 data inside its axes, and names every series in its legend; and looks, pixel for pixel, as its reviewed image."""
+import re
 import shutil
 from pathlib import Path
 
@@ -16,6 +17,9 @@ from headforms.warehouse.publishing import figures
 from headforms.warehouse.storing.store import connect
 from tests.reviewed import reviewed_file
 
+# The tiny warehouse has no behaviour: its figure is not drawn (tests/test_behaviour.py draws it from behaviour rows).
+WITHOUT_DATA = {"behaviour_self_score.png"}
+DRAWN = [name for name in figures.FIGURES if name not in WITHOUT_DATA]
 # Long names, as the hub's are: a title must wrap or make room, not run off the canvas.
 NAMES = {1: ["Qwen2.5-Coder-7B-Instruct"],
          20: [f"{'Meta-Llama-3.1-8B-Instruct' if i % 3 else 'tiny'}-{i:02d}" for i in range(20)]}
@@ -79,15 +83,14 @@ def built(warehouse, tmp_path_factory):
     try:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(figures, "_save", lambda fig, path: drawn.append(fig) or path)
-            for name, (draw, _) in figures.FIGURES.items():
-                draw(con, out / name)
+            assert set(figures.draw_all(con, out)) == {out / name for name in DRAWN}
     finally:
         con.close()
-    assert len(drawn) == len(figures.FIGURES)
-    return models, dict(zip(figures.FIGURES, drawn))
+    assert len(drawn) == len(DRAWN)
+    return models, dict(zip(DRAWN, drawn))
 
 
-@pytest.mark.parametrize("name", list(figures.FIGURES))
+@pytest.mark.parametrize("name", DRAWN)
 def test_text_stays_on_the_canvas(name, built):
     models, fig = built[0], built[1][name]
     canvas = fig.bbox
@@ -111,7 +114,7 @@ def _data_points(ax) -> np.ndarray:
     return np.concatenate([np.asarray(p, dtype=float).reshape(-1, 2) for p in points]) if points else np.zeros((0, 2))
 
 
-@pytest.mark.parametrize("name", list(figures.FIGURES))
+@pytest.mark.parametrize("name", DRAWN)
 def test_data_stays_inside_the_axes(name, built):
     """Every point a figure plots lies within its axes' limits (layout done): no limit or scale hides data. (A 3-D
     axes holds its points projected, not in data coordinates: left out.)"""
@@ -127,7 +130,7 @@ def test_data_stays_inside_the_axes(name, built):
             assert not hidden.size, f"{models} models, {ax.get_title()!r}: {axis} {hidden[:5]} outside {low, high}"
 
 
-@pytest.mark.parametrize("name", list(figures.FIGURES))
+@pytest.mark.parametrize("name", DRAWN)
 def test_a_legend_names_every_series_it_covers(name, built):
     """Every line and scatter plotted in data coordinates is named in its legend (its axes' or twin's legend, or the
     figure's legend, which covers every axes), or is a guide line (figures.GUIDE): a series drawn without its name
@@ -153,7 +156,7 @@ def one_model_db(tiny_rope_db, tmp_path_factory) -> Path:
     return _renamed(tiny_rope_db, 1, tmp_path_factory.mktemp("one"))
 
 
-@pytest.mark.parametrize("name", list(figures.FIGURES))
+@pytest.mark.parametrize("name", DRAWN)
 def test_each_figure_looks_as_reviewed(name, one_model_db, tmp_path):
     """Pixel for pixel (matplotlib's own image comparison; same pinned matplotlib and fonts): a changed font size,
     offset, colour bar, word or case fails here, with a difference image beside the new one. Each test draws its
@@ -167,3 +170,27 @@ def test_each_figure_looks_as_reviewed(name, one_model_db, tmp_path):
     reviewed = reviewed_file("figures", name, tmp_path / name)
     difference = compare_images(str(reviewed), str(tmp_path / name), tol=0)
     assert difference is None, difference
+
+
+def test_a_figure_without_its_data_is_not_drawn(one_model_db, tmp_path):
+    """No placeholder image: a warehouse without behaviour rows gets no behaviour figure, and says why."""
+    con = connect(one_model_db, read_only=True)
+    try:
+        absent = figures.missing(con)
+        drawn = figures.draw_all(con, tmp_path)
+    finally:
+        con.close()
+    assert set(absent) == WITHOUT_DATA and "headforms behaviour" in absent["behaviour_self_score.png"]
+    assert {p.name for p in tmp_path.iterdir()} == {p.name for p in drawn} == set(DRAWN)
+
+
+@pytest.mark.parametrize("name", DRAWN)
+def test_titles_carry_no_paper_number_and_three_figure_numbers(name, built):
+    """The paper's figure numbers stay in the file name, out of the titles; a number in a title has 3 significant
+    digits (a 4th or 5th only where 3 would print a value and its interval's end alike)."""
+    fig = built[1][name]
+    titles = [fig.get_suptitle(), *(ax.get_title(loc) for ax in fig.axes for loc in ("left", "center"))]
+    for title in titles:
+        assert not re.search(r"(Figure|Observation) \d", title), title
+        for number in re.findall(r"\d+\.\d+", title):
+            assert len(number.replace(".", "").lstrip("0")) <= 3 or "[" in title, (title, number)

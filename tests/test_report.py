@@ -119,8 +119,38 @@ def test_index_shows_the_layer_bootstrap_interval_beside_a_figure(demo_db, tmp_p
     finally:
         con.close()
     index = (tmp_path / "site" / "index.html").read_text()
-    assert f"<td>{median:.3g} [0.812, 0.875]</td>" in index  # the layer interval, not the head one
-    assert index.count("[") == 1
+    table = index.split("<table>", 1)[1].split("</table>", 1)[0]
+    assert f"<td>{median:.3f} [0.812, 0.875]</td>" in table  # the layer interval, not the head one
+    assert table.count("[") == 1
+
+
+def test_index_keeps_the_digits_that_tell_values_apart_and_draws_every_model(demo_db, demo_con, tmp_path):
+    """Observation 7's mode ratios near 1 print with the digits that tell a value from its interval's ends and
+    the models apart (not `1 [1, 1.01]`), each rounding from the warehouse's; and a figure shows every model."""
+    from headforms.warehouse.publishing.report import write_report
+
+    write_report(demo_con, tmp_path / "site")
+    index = (tmp_path / "site" / "index.html").read_text()
+    table = index.split("<table>", 1)[1].split("</table>", 1)[0]
+    header = re.findall(r"<th>([^<]*)</th>", table)
+    rows = [re.findall(r"<td>(?:<a [^>]*>)?([^<]*)", row) for row in table.split("<tr>")[2:]]
+    column = header.index("mode ratio")
+    truth = dict(demo_con.execute("SELECT model, median_mode_ratio FROM fit_ratios_by_model").fetchall())
+    ends = {m: (lo, hi) for m, lo, hi in demo_con.execute(
+        "SELECT model, layer_low, layer_high FROM model_intervals WHERE figure = 'median_mode_ratio'").fetchall()}
+    printed = {}
+    for row in rows:
+        texts = re.findall(r"\d+\.\d+", row[column])
+        exact = (truth[row[0]], *ends[row[0]])
+        assert len(texts) == 3 and len(set(texts)) == 3, row[column]
+        for text, real in zip(texts, exact):
+            assert abs(float(text) - real) <= 0.5 * 10 ** -len(text.partition(".")[2]) + 1e-12, (text, real)
+        printed[row[0]] = texts[0]
+    assert len(set(printed.values())) == len(truth) == 2
+    call, = re.finditer(r'Plotly\.newPlot\(\s*"models",\s*', index)
+    figure, _ = json.JSONDecoder().raw_decode(index, call.end())
+    assert {tuple(trace["x"]) for trace in figure} == {tuple(sorted(truth))}
+    assert {trace["name"] for trace in figure} >= {"parity I+", "parity II", "parity I-", "median pairing"}
 
 
 def _page_figures(db, model: str, layer: int | None = None):

@@ -1,6 +1,7 @@
-"""Export the warehouse for the paper: every view of sql/ as CSV and Parquet, the figures as PNG,
-and an index.csv saying which paper table or figure each file is; with paper_format, also the
-survey files of the paper's published code in their own format."""
+"""Export the warehouse for the paper: every view of sql/ as CSV and Parquet (or the paper's tables as
+booktabs LaTeX), the figures as PNG, and an index.csv saying which paper table or figure each file is (and
+why a figure or table is not written); with paper_format, also the survey files of the paper's published
+code in their own format."""
 from __future__ import annotations
 
 import csv
@@ -8,8 +9,9 @@ from pathlib import Path
 
 import duckdb
 import polars as pl
+from great_tables import GT
 
-from headforms.warehouse.publishing import figures
+from headforms.warehouse.publishing import figures, numbers
 from headforms.warehouse.storing.failures import stage, writable_folder
 
 # Output file stem -> (view of sql/, what it is in the paper). Each table is written as .csv and .parquet.
@@ -83,23 +85,81 @@ PAPER_FORMAT: dict[str, tuple[str, str]] = {
     "gamma_goodness_of_fit_summary.csv": ("paper_gamma_goodness_of_fit_summary", _COMPONENT_ORDER),
 }
 LIST_SEPARATOR = "; "
+FORMATS = ("csv", "parquet", "latex")  # what a table may be written as; csv and parquet unless told
+NOT_WRITTEN = "not written: "  # how index.csv's description begins for a figure or table left out, then why
+
+# LaTeX: every table of TABLES but these as booktabs LaTeX (great_tables), <stem>.tex each, and LATEX_ALL
+# \input-ing them all; numbers with the significant digits their column needs (numbers.significant_digits).
+LATEX_ALL = "tables.tex"
+LATEX_LEFT_OUT = {
+    "spectral_geometry": "one row per head, data rather than a table to print (its CSV and Parquet hold it)",
+    "paper_reference": "the paper's own figures, printed beside headforms' in paper_comparison",
+}
+# Per table, columns printed as one "value [low, high]" (no value: "[low, high]"): (label, value, low, high).
+LATEX_INTERVALS: dict[str, list[tuple[str, str | None, str, str]]] = {
+    "bootstrap_intervals": [("estimate [layer interval]", "estimate", "layer_low", "layer_high"),
+                            ("head interval", None, "head_low", "head_high")],
+    "observations7to9_survey_ranges": [("range", None, "low", "high")],
+    "behaviour_by_parity": [(f"median_{score} [interval]", f"median_{score}", f"{score}_low", f"{score}_high")
+                            for score in ("self_score", "previous_score", "induction_score", "self_logit")],
+}
+# Per table, the columns whose rows are one quantity each (a column's digits are chosen within them).
+LATEX_DIGITS_BY = {"bootstrap_intervals": ["view", "figure"], "paper_comparison": ["figure"],
+                   "observations7to9_survey_ranges": ["statistic"]}
+LATEX_DROPPED = {"bootstrap_intervals": ["shown"]}  # the interval as text: the columns above print it
+LATEX_LONG = 40  # rows above which a table is a longtable (it may run over pages) rather than a float
+LATEX_HEADER = r"""% The paper's tables as `headforms export --format latex` writes them: \input this file or one.
+% Preamble: \usepackage{booktabs,caption,longtable}. From another folder, say where these files are first:
+% \newcommand{\headformsdir}{export/}\input{export/tables.tex}
+\providecommand{\headformsdir}{}
+"""
 
 
-def export(con: duckdb.DuckDBPyConnection, out_dir: Path, paper_format: bool = False) -> list[Path]:
-    """Write TABLES (CSV and Parquet), the figures (PNG), with paper_format the PAPER_FORMAT files, and
-    index.csv into out_dir; returns the written paths."""
+def export(con: duckdb.DuckDBPyConnection, out_dir: Path, paper_format: bool = False,
+           formats: tuple[str, ...] = ("csv", "parquet")) -> list[Path]:
+    """Write TABLES in `formats` (of FORMATS), the figures (PNG) whose data the warehouse holds, with paper_format
+    the PAPER_FORMAT files, and index.csv into out_dir; returns the written paths."""
+    unknown = sorted(set(formats) - set(FORMATS))
+    if unknown:
+        raise ValueError(f"unknown export format {', '.join(unknown)}: choose from {', '.join(FORMATS)}")
     out_dir = Path(out_dir)
     writable_folder(out_dir)
-    written, index = [], []
+    written, index, inputs = [], [], []
     for stem, (view, what) in TABLES.items():
-        csv, parquet = out_dir / f"{stem}.csv", out_dir / f"{stem}.parquet"
-        with stage(f"export ({stem})"):
-            con.sql(_csv_select(con, view)).write_csv(str(csv), header=True)
-            con.sql(f"SELECT * FROM {view}").write_parquet(str(parquet))
-        written += [csv, parquet]
-        index += [(csv.name, "table (CSV)", view, what), (parquet.name, "table (Parquet)", view, what)]
+        if "csv" in formats:
+            with stage(f"export ({stem}.csv)"):
+                con.sql(_csv_select(con, view)).write_csv(str(out_dir / f"{stem}.csv"), header=True)
+            written.append(out_dir / f"{stem}.csv")
+            index.append((f"{stem}.csv", "table (CSV)", view, what))
+        if "parquet" in formats:
+            with stage(f"export ({stem}.parquet)"):
+                con.sql(f"SELECT * FROM {view}").write_parquet(str(out_dir / f"{stem}.parquet"))
+            written.append(out_dir / f"{stem}.parquet")
+            index.append((f"{stem}.parquet", "table (Parquet)", view, what))
+        if "latex" in formats:
+            with stage(f"export ({stem}.tex)"):
+                why = LATEX_LEFT_OUT.get(stem) or latex_empty(con, view)
+                if not why:
+                    (out_dir / f"{stem}.tex").write_text(latex_table(con, stem), encoding="utf-8")
+            if why:
+                index.append((f"{stem}.tex", "table (LaTeX)", view, f"{NOT_WRITTEN}{why}. {what}"))
+            else:
+                written.append(out_dir / f"{stem}.tex")
+                inputs.append(stem)
+                index.append((f"{stem}.tex", "table (LaTeX)", view, what))
+    if "latex" in formats:
+        (out_dir / LATEX_ALL).write_text(LATEX_HEADER + "".join(f"\\input{{\\headformsdir {stem}}}\n"
+                                                                for stem in inputs), encoding="utf-8")
+        written.append(out_dir / LATEX_ALL)
+        index.append((LATEX_ALL, "tables (LaTeX)", "", "Inputs every table's .tex file above; its header names "
+                                                        "the packages they need"))
     with stage("export (figures)"):
         drawn = figures.draw_all(con, out_dir)
+        absent = figures.missing(con)
+    for name, (draw, what) in figures.FIGURES.items():
+        source = f"warehouse.figures.{draw.__name__}"
+        if name in absent:
+            index.append((name, "figure (PNG)", source, f"{NOT_WRITTEN}{absent[name]}. {what}"))
     for path in drawn:
         written.append(path)
         index.append((path.name, "figure (PNG)", f"warehouse.figures.{figures.FIGURES[path.name][0].__name__}",
@@ -131,6 +191,75 @@ def write_paper_format(con: duckdb.DuckDBPyConnection, name: str, path: Path) ->
         writer.writerow(columns)
         writer.writerows(relation.fetchall())
     return path
+
+
+def latex_empty(con: duckdb.DuckDBPyConnection, view: str) -> str:
+    """Why a view is not printed as LaTeX ('' when it has rows)."""
+    return "" if con.sql(f"SELECT count(*) FROM {view}").fetchall()[0][0] else "no rows in this warehouse"
+
+
+def latex_table(con: duckdb.DuckDBPyConnection, stem: str) -> str:
+    """One table of TABLES as a booktabs LaTeX fragment (a float, or a longtable past LATEX_LONG rows), titled with
+    what it is: numbers with the fewest significant digits (3 or more) that keep a column's distinct values (within
+    LATEX_DIGITS_BY's rows of one quantity) and a value and its interval's ends distinct; intervals in brackets beside
+    their value (a per-model figure's from its layer bootstrap, where the warehouse has one); lists joined, NULL as
+    an empty cell."""
+    view, what = TABLES[stem]
+    frame = con.sql(f"SELECT * FROM {view}").pl().drop(LATEX_DROPPED.get(stem, []))
+    frame, bootstrapped = _layer_intervals(con, view, frame)
+    specs = LATEX_INTERVALS.get(stem, []) + bootstrapped
+    merged = {column: spec for spec in specs for column in spec[1:] if column}
+    by = LATEX_DIGITS_BY.get(stem)
+    groups = [rows.to_list() for rows in (frame.with_row_index().group_by(by, maintain_order=True).agg("index")
+                                           ["index"] if by else [pl.Series(range(frame.height))])]
+    cells, right = {}, []
+    for column, kind in frame.schema.items():
+        if column in merged or kind.is_float() or kind.is_decimal():
+            label, value, low, high = merged.get(column, (column, column, None, None))
+            if column != (value or low):
+                continue  # printed with the first column of its interval
+            parts = [frame[c].cast(pl.Float64).to_list() if c else [None] * frame.height for c in (value, low, high)]
+            cells[label] = [numbers.interval(*row) for row in zip(*parts, _digits(parts, groups))]
+            right.append(label)
+        elif kind.is_integer():
+            cells[column] = ["" if v is None else str(v) for v in frame[column]]
+            right.append(column)
+        elif kind == pl.Boolean:
+            cells[column] = ["" if v is None else "yes" if v else "no" for v in frame[column]]
+        elif isinstance(kind, pl.List):
+            cells[column] = ["" if v is None else LIST_SEPARATOR.join(map(str, v)) for v in frame[column]]
+        else:
+            cells[column] = ["" if v is None else str(v) for v in frame[column]]
+    table = pl.DataFrame(cells, schema={label: pl.Utf8 for label in cells})
+    note = f"headforms view {view}" + "; in brackets the 95% bootstrap interval resampling layers" * bool(bootstrapped)
+    gt = (GT(table).tab_header(title=what).tab_source_note(note).cols_align("right", columns=right)
+          .tab_options(table_font_size="10pt"))
+    return gt.as_latex(use_longtable=frame.height > LATEX_LONG)
+
+
+def _digits(parts: list[list[float | None]], groups: list[list[int]]) -> list[int]:
+    """Per row, the numbers.significant_digits of its group's (value, low, high) columns."""
+    digits = [numbers.AT_LEAST] * len(parts[0])
+    for rows in groups:
+        chosen = [[part[i] for i in rows] for part in parts]
+        needed = numbers.significant_digits([c for c in chosen if any(v is not None for v in c)])
+        for i in rows:
+            digits[i] = needed
+    return digits
+
+
+def _layer_intervals(con: duckdb.DuckDBPyConnection, view: str, frame: pl.DataFrame):
+    """The frame with, for each per-model figure model_intervals holds of this view, its layer-bootstrap interval's
+    ends as <figure>_layer_low and <figure>_layer_high; and the (label, value, low, high) to print them by."""
+    found = con.sql("SELECT model, figure, layer_low, layer_high FROM model_intervals WHERE view = $view "
+                    "AND layer_low IS NOT NULL", params={"view": view}).pl()
+    if not found.height or "model" not in frame.columns:
+        return frame, []
+    wide = found.pivot(on="figure", index="model", values=["layer_low", "layer_high"], separator="|")
+    wide = wide.rename({c: f"{c.split('|')[1]}_{c.split('|')[0]}" for c in wide.columns if "|" in c})
+    figures_ = [c for c in frame.columns if f"{c}_layer_low" in wide.columns]
+    return (frame.join(wide, on="model", how="left", maintain_order="left"),
+            [(c, c, f"{c}_layer_low", f"{c}_layer_high") for c in figures_])
 
 
 def _csv_select(con: duckdb.DuckDBPyConnection, view: str) -> str:

@@ -17,6 +17,8 @@ from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
 from matplotlib.textpath import text_to_path
 
+from headforms.warehouse.publishing import numbers
+
 SQRT3_2 = np.sqrt(3) / 2
 DPI = 150
 # Parity type -> (marker, colour, label), the paper's markers: + Type I+, o Type II, - Type I-.
@@ -116,8 +118,16 @@ def _legend_beside(ax, fontsize: float) -> None:
 
 
 def _number(value: float | None) -> str:
-    """A figure's value with two decimals, or 'undefined' where it is NULL (e.g. the Rand index of one head)."""
-    return "undefined" if value is None else f"{value:.2f}"
+    """A figure's value in a title, to 3 significant digits, or 'undefined' where it is NULL (e.g. the Rand index
+    of one head)."""
+    return "undefined" if value is None else numbers.shown([value], numbers.AT_LEAST)[0]
+
+
+def _interval(value: float | None, low: float | None, high: float | None) -> str:
+    """'value [low, high]' in a title: 3 significant digits, more where fewer would print two that differ alike."""
+    if value is None:
+        return "undefined"
+    return numbers.interval(value, low, high, numbers.significant_digits([[value], [low], [high]]))
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -150,7 +160,7 @@ def profiles(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
         ax.set_aspect("equal")
         ax.axis("off")
         ax.legend(loc="upper left", fontsize=8, frameon=False, handletextpad=0.3)
-    _suptitle(fig, "Figure 9. Profiles of the symmetric parts on $\\Delta$\n"
+    _suptitle(fig, "Profiles of the symmetric parts on $\\Delta$\n"
                    "($H$: spectrum symmetric about zero, $P$: positive semidefinite)", 11)
     return _save(fig, path)
 
@@ -174,7 +184,7 @@ def parity_by_layer(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
         ax.set_xlabel("layer", fontsize=8)
         _title(ax, f"{model} ({rows['heads'].sum()} heads)", fig.get_figwidth() - 0.5, 9, loc="left")
     fig.colorbar(image, ax=list(axes), label="% of the layer's heads", shrink=0.95, pad=0.01)
-    _suptitle(fig, r"Figure 12. Parity by layer (Type II: $c_S + d_S \leq 1/50$)", 11)
+    _suptitle(fig, r"Parity by layer (Type II: $c_S + d_S \leq 1/50$)", 11)
     return _save(fig, path)
 
 
@@ -217,7 +227,7 @@ def symmetric_energy(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
     """Figure 13: symmetric energy ||S||^2/||L||^2 of every head beside its Gaussian baseline."""
     return _trained_vs_random(con, path, "symmetric_energy", "random_symmetric_energy",
                               r"symmetric energy $\|S\|^2/\|L\|^2$",
-                              "Figure 13. Symmetric energy at each head: trained (left), random $K^TQ$ (right)\n"
+                              "Symmetric energy at each head: trained (left), random $K^TQ$ (right)\n"
                               "white at 1/2, red above, blue below; random baseline mean $(N+1)/(2N)$")
 
 
@@ -225,7 +235,7 @@ def pairing(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
     """Figure 14: pairing score 1 - ||lambda_+ - lambda_-||/||S|| of every head beside its Gaussian baseline."""
     return _trained_vs_random(con, path, "pairing", "random_pairing",
                               r"pairing $1-\|\lambda_{+}-\lambda_{-}\|/\|S\|$",
-                              "Figure 14. Pairing score at each head: trained (left), random $K^TQ$ (right)\n"
+                              "Pairing score at each head: trained (left), random $K^TQ$ (right)\n"
                               "white at 1/2, red above, blue below; 1 = spectrum of $S$ symmetric about zero")
 
 
@@ -252,7 +262,7 @@ def mean_spectrum(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
         ax.set_ylabel(r"mean $\lambda_i(S)/\|\lambda(S)\|$", fontsize=8)
         ax.set_xlim(-1, rows.height)
         ax.tick_params(labelsize=7)
-    _suptitle(fig, "Figure 3. The mean eigenvalue distribution of symmetric parts (sorted, unit-length spectra)", 10)
+    _suptitle(fig, "The mean eigenvalue distribution of symmetric parts (sorted, unit-length spectra)", 10)
     return _save(fig, path)
 
 
@@ -270,14 +280,14 @@ def pairing_distribution(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
         median = rows["median_pairing"][0]
         ax.hist(rows["pairing"].to_numpy(), bins=bins, color="tab:gray", edgecolor="white", lw=0.4)
         ax.axvline(median, color="black", ls="--", lw=1.2)
-        ax.text(median, 0.95, f" median {median:.3f}", transform=ax.get_xaxis_transform(),
+        ax.text(median, 0.95, f" median {_number(median)}", transform=ax.get_xaxis_transform(),
                 ha="left", va="top", fontsize=8, bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
         _title(ax, f"{model} ({rows.height} heads)", 6.5, 9, loc="left")
         ax.set_ylabel("heads", fontsize=8)
         ax.tick_params(labelsize=7)
     axes[-1].set_xlabel(r"pairing score $\mathscr{P}=1-\|\lambda_{+}-\lambda_{-}\|/\|S\|$", fontsize=9)
     axes[-1].set_xlim(0, 1)
-    _suptitle(fig, "Figure 11. Distribution of the trained-head pairing scores (dashed: model medians)", 10)
+    _suptitle(fig, "Distribution of the trained-head pairing scores (dashed: model medians)", 10)
     return _save(fig, path)
 
 
@@ -295,8 +305,9 @@ def theta_accumulation(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
     data = _frame(con, """
         SELECT model, parity, theta_distance, theta_position, random_theta_distance, random_theta_position
         FROM heads WHERE theta_distance IS NOT NULL ORDER BY model, layer, head""")
-    shown = {(model, figure): text for model, figure, text in _frame(
-        con, "SELECT model, figure, shown FROM model_intervals WHERE view = 'theta_accumulation'").iter_rows()}
+    shown = {(model, figure): _interval(estimate, low, high) for model, figure, estimate, low, high in _frame(
+        con, "SELECT model, figure, estimate, layer_low, layer_high FROM model_intervals "
+             "WHERE view = 'theta_accumulation'").iter_rows()}
     models = _by_model(data)
     fig, axes = _panel_grid(max(len(models), 1), 2, (6.6, 4.6))  # 5 inches of plot, its legend beside
     for ax, (model, rows) in zip(axes, models):
@@ -321,7 +332,7 @@ def theta_accumulation(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
         ax.set_aspect("equal")
         ax.tick_params(labelsize=7)
         _legend_beside(ax, 7)
-    _suptitle(fig, "Observation 2. Profiles near $\\Theta=\\{a=b,\\ cd=0\\}$: trained heads (parity markers) and "
+    _suptitle(fig, "Profiles near $\\Theta=\\{a=b,\\ cd=0\\}$: trained heads (parity markers) and "
                    "random heads (grey)\nbelow the dashed diagonal a head lies closer to $\\Theta$ than its foot "
                    "point lies to the random midpoint\nmedians with 95% layer-bootstrap intervals; log axes (zeros "
                    "not drawn)", 9)
@@ -335,9 +346,7 @@ def head_types(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
         FROM head_types t JOIN heads h USING (model, layer, head) JOIN head_types_by_model v USING (model)
         ORDER BY t.model, t.layer, t.head""")
     models = _by_model(data)
-    fig = _figure(10.4, 4.8 * max(len(models), 1))
-    if not models:  # no complete model yet (types are computed when a model's last layer is in)
-        fig.text(0.5, 0.5, "no complete model with head types in the warehouse", ha="center", va="center")
+    fig = _figure(10.4, 4.8 * len(models))
     colours = matplotlib.colormaps["Dark2"].colors
     for row, (model, rows) in enumerate(models):
         left = fig.add_subplot(len(models), 2, 2 * row + 1, projection="3d")
@@ -348,7 +357,7 @@ def head_types(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
             right.scatter(pts["x"], pts["y"], pts["z"], s=14, color=colours[kind % len(colours)],
                           label=f"type {kind} ({pts.height})")
         for ax, what in ((left, "parity"), (right, f"k-means types (k = {rows['k'][0]} by silhouette, "
-                                                    f"mean {rows['mean_silhouette'][0]:.2f})\n"
+                                                    f"mean {_number(rows['mean_silhouette'][0])})\n"
                                                     f"adjusted Rand index with parity {_number(rows['ari_parity'][0])}")):
             _title(ax, f"{model}: {what}", 5.2, 9)
             ax.set_xlabel("1st", fontsize=7)
@@ -356,7 +365,7 @@ def head_types(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
             ax.set_zlabel("3rd", fontsize=7)
             ax.tick_params(labelsize=6)
             ax.legend(loc="upper left", fontsize=7, frameon=False)
-    _suptitle(fig, "Figure 5. Sorted unit-length spectra of $S$ projected on their three leading singular directions",
+    _suptitle(fig, "Sorted unit-length spectra of $S$ projected on their three leading singular directions",
               10)
     return _save(fig, path)
 
@@ -366,10 +375,7 @@ def parity_by_distance(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
     of L_delta against the relative distance delta (0, then a log scale)."""
     data = _frame(con, "SELECT * FROM parity_by_distance ORDER BY model, delta")
     models = _by_model(data)
-    fig, axes = _panel_grid(max(len(models), 1), 2, (5.2, 3.4))
-    if not models:
-        axes[0].text(0.5, 0.5, "no RoPE model in the warehouse", ha="center", va="center", fontsize=10)
-        axes[0].set_axis_off()
+    fig, axes = _panel_grid(len(models), 2, (5.2, 3.4))
     columns = {"I+": "pct_type_I_plus", "II": "pct_type_II", "I-": "pct_type_I_minus"}
     for ax, (model, rows) in zip(axes, models):
         delta = rows["delta"].to_numpy()
@@ -397,11 +403,7 @@ def training_dynamics(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
     and median symmetric energy, the random baseline's medians dashed."""
     data = _frame(con, "SELECT * FROM dynamics_by_step ORDER BY base_model, training_step")
     models = _by_model(data.rename({"model": "checkpoint", "base_model": "model"}))
-    fig, axes = _panel_grid(3 * len(models) or 1, 3, (4.6, 3.2))
-    if not models:
-        axes[0].text(0.5, 0.5, "no training checkpoints in this warehouse:\nextract with --revisions "
-                     "or the pythia-dynamics set", ha="center", va="center", fontsize=9)
-        axes[0].axis("off")
+    fig, axes = _panel_grid(3 * len(models), 3, (4.6, 3.2))
     panels = [("pct", "% of heads", None), ("median_pairing", r"median pairing $\mathscr{P}$", "median_random_pairing"),
               ("median_symmetric_energy", r"median symmetric energy $\|S\|^2/\|L\|^2$",
                "median_random_symmetric_energy")]
@@ -457,39 +459,32 @@ FIGURES: dict[str, tuple[Callable[[duckdb.DuckDBPyConnection, Path], Path], str]
 
 
 def draw_all(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
-    """Every figure of FIGURES as a PNG in out_dir; returns their paths."""
-    return [draw(con, Path(out_dir) / name) for name, (draw, _) in FIGURES.items()]
+    """Every figure of FIGURES whose data the warehouse holds (see missing) as a PNG in out_dir; returns their
+    paths. The others are not written: no empty placeholder images."""
+    absent = missing(con)
+    return [draw(con, Path(out_dir) / name) for name, (draw, _) in FIGURES.items() if name not in absent]
 
 
 def behaviour_self_score(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
     """Behaviour beside form (statistics.md section 8): each head's self-attention score against its form's
     c_sym - d_sym, by parity; per model the I+ minus I- difference of medians with its layer-bootstrap interval."""
-    tables = set(_frame(con, "SELECT table_name FROM information_schema.tables")["table_name"])
     data = _frame(con, """
         SELECT b.model, h.parity, h.c_sym - h.d_sym AS c_sym_minus_d_sym, b.self_score
         FROM head_behaviour b JOIN heads h USING (model, layer, head)
-        WHERE h.parity IS NOT NULL ORDER BY b.model, b.layer, b.head""") if "behaviour_by_parity" in tables else None
-    models = _by_model(data) if data is not None else []
+        WHERE h.parity IS NOT NULL ORDER BY b.model, b.layer, b.head""")
+    models = _by_model(data)
     contrast = {row["model"]: row for row in _frame(
-        con, "SELECT * FROM behaviour_by_parity WHERE parity = 'I+ - I-'").iter_rows(named=True)} if models else {}
+        con, "SELECT * FROM behaviour_by_parity WHERE parity = 'I+ - I-'").iter_rows(named=True)}
     spearman = dict(_frame(con, "SELECT model, spearman FROM behaviour_correlations WHERE score = 'self_score' "
-                                "AND statistic = 'c_sym_minus_d_sym'").iter_rows()) if models else {}
-    fig, axes = _panel_grid(max(len(models), 1), 2, (5.2, 4.0))
-
-    def shown(value):
-        return "undefined" if value is None else f"{value:.3f}"
-
-    if not models:
-        axes[0].text(0.5, 0.5, "no behaviour in this warehouse:\nrun `headforms behaviour SOURCE`", ha="center",
-                     va="center", fontsize=9)
-        axes[0].set_axis_off()
+                                "AND statistic = 'c_sym_minus_d_sym'").iter_rows())
+    fig, axes = _panel_grid(len(models), 2, (5.2, 4.0))
     for ax, (model, rows) in zip(axes, models):
         _parity_scatter(ax, rows, "c_sym_minus_d_sym", "self_score")
         ax.axvline(0, color="black", lw=0.6, ls="--")
         row = contrast.get(model, {})
         _title(ax, f"{model} ({rows.height} heads)\nmedian self-score I+ minus I-: "
-                   f"{shown(row.get('median_self_score'))} [{shown(row.get('self_score_low'))}, "
-                   f"{shown(row.get('self_score_high'))}]; Spearman {shown(spearman.get(model))}", 5.2, 8)
+                   f"{_interval(row.get('median_self_score'), row.get('self_score_low'), row.get('self_score_high'))}"
+                   f"; Spearman {_number(spearman.get(model))}", 5.2, 8)
         ax.set_xlabel(r"$c_{sym} - d_{sym}$ (the form's symmetric part: > 0 positive-leaning)", fontsize=8)
         ax.set_ylabel("self-score: mean attention weight on the token itself", fontsize=8)
         ax.set_yscale("log")
@@ -503,3 +498,25 @@ def behaviour_self_score(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
 FIGURES["behaviour_self_score.png"] = (
     behaviour_self_score, "Behaviour beside form: each head's self-attention score against its form's c_sym - d_sym, "
                           "by parity (head_behaviour, behaviour_by_parity, behaviour_correlations)")
+
+
+# Figures drawn only where the warehouse holds their data: file name -> (the view of their rows, why not drawn).
+NEEDS: dict[str, tuple[str, str]] = {
+    "figure05_head_types.png": (
+        "head_types_by_model", "no model with head types in this warehouse (they are computed once a model's last "
+                               "layer is in, from the heads whose S is not zero)"),
+    "parity_by_distance.png": ("parity_by_distance", "no RoPE model in this warehouse"),
+    "training_dynamics.png": (
+        "dynamics_by_step", "no training checkpoints in this warehouse: extract with --revisions or the "
+                            "pythia-dynamics set"),
+    "behaviour_self_score.png": (
+        "behaviour_by_parity", "no behaviour in this warehouse: run `headforms behaviour SOURCE`"),
+}
+
+
+def missing(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    """File name -> why it is not drawn, for each figure of NEEDS whose view is empty (or absent from an older
+    warehouse)."""
+    present = set(_frame(con, "SELECT table_name FROM information_schema.tables")["table_name"])
+    return {name: why for name, (view, why) in NEEDS.items()
+            if view not in present or not con.sql(f"SELECT count(*) FROM {view}").fetchall()[0][0]}

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from headforms.warehouse.publishing import numbers
 from headforms.warehouse.storing.failures import stage, writable_folder
 from headforms.warehouse.storing.store import query
 
@@ -114,23 +115,65 @@ KEY_FIGURES = [
 
 
 def _index_body(con, models: pl.DataFrame) -> str:
-    """Models with their key figures (Table 2's parity shares, medians, fit ratios) and, where the
-    warehouse holds bootstrap intervals, the layer-resampling 95% interval beside each."""
-    rows = {m: {"model": m, "architecture": a} for m, a in models.select("model", "architecture").iter_rows()}
+    """Models with their key figures (Table 2's parity shares, medians, fit ratios) and, where the warehouse holds
+    bootstrap intervals, the layer-resampling 95% interval beside each, with the significant digits (3 or more)
+    that keep a column's values and a value's interval ends apart; a figure of every model; and what this
+    warehouse holds no data for."""
+    from headforms.warehouse.publishing import figures
+
+    names = models["model"].to_list()
     intervals = _intervals(con)
+    frame = {"model": names, "architecture": models["architecture"].to_list()}
     for label, view, column in KEY_FIGURES:
-        for model, value in query(con, f"SELECT model, {column} FROM {view}").iter_rows():
-            if model in rows:
-                low_high = intervals.get((model, view, column))
-                rows[model][label] = _number(value) + (f" [{_number(low_high[0])}, {_number(low_high[1])}]"
-                                                       if low_high and None not in low_high else "")
-    frame = pl.DataFrame(list(rows.values()), schema=["model", "architecture", *(k[0] for k in KEY_FIGURES)])
-    links = {m: model_page(m) for m in models["model"]}
+        found = dict(query(con, f"SELECT model, {column} FROM {view}").iter_rows())
+        parts = [[found.get(m) for m in names], *map(list, zip(*(intervals.get((m, view, column), (None, None))
+                                                                  for m in names)))] if names else [[]]
+        if all(isinstance(v, int) or v is None for v in parts[0]):
+            frame[label] = ["" if v is None else str(v) for v in parts[0]]
+            continue
+        digits = numbers.significant_digits([p for p in parts if any(v is not None for v in p)])
+        frame[label] = [numbers.interval(*row, digits) for row in zip(*parts)]
+    links = {m: model_page(m) for m in names}
+    absent = sorted(set(figures.missing(con).values()))
     return ("<p>Per model: parity shares (Table 2, percent), medians of pairing (and of the random baseline), "
             "symmetric energy, participation ratio, the share of heads above their random baseline, and the "
             "fit-ratio medians of Observations 7-9 (retained heads); in brackets the 95% bootstrap interval "
             "resampling layers, where the warehouse has one. Definitions: statistics.md.</p>"
-            + _table_html(frame, links))
+            + _table_html(pl.DataFrame(frame, schema={k: pl.Utf8 for k in frame}), links)
+            + (_figure_html(_models_figure(con, names, intervals), "models") if names else "")
+            + "".join(f"<p>Not drawn: {html.escape(why)}.</p>" for why in absent))
+
+
+def _models_figure(con, names: list[str], intervals: dict):
+    """Every model side by side: its parity shares (Table 2), and its median pairing with the layer-bootstrap
+    interval beside the random baseline's median."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    parity = query(con, "SELECT * FROM parity_by_model")
+    medians = query(con, "SELECT model, median_pairing, median_random_pairing FROM model_medians")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("Parity types (percent of heads)",
+                                                        "Median pairing, 95% layer-bootstrap interval"))
+    for column, name in (("pct_type_I_plus", "I+"), ("pct_type_II", "II"), ("pct_type_I_minus", "I-")):
+        shares = dict(parity.select("model", column).iter_rows())
+        fig.add_trace(go.Bar(x=names, y=[shares.get(m) for m in names], name=f"parity {name}",
+                             marker_color=PARITY_COLOURS[name]), row=1, col=1)
+    found = {m: (p, r) for m, p, r in medians.iter_rows()}
+    middle = [found.get(m, (None, None))[0] for m in names]
+    ends = [intervals.get((m, "model_medians", "median_pairing"), (None, None)) for m in names]
+    fig.add_trace(go.Scatter(
+        x=names, y=middle, mode="markers", name="median pairing", marker=dict(color="black", size=9),
+        error_y=dict(type="data", symmetric=False,
+                     array=[None if None in (h, v) else h - v for (_, h), v in zip(ends, middle)],
+                     arrayminus=[None if None in (lo, v) else v - lo for (lo, _), v in zip(ends, middle)])),
+        row=1, col=2)
+    fig.add_trace(go.Scatter(x=names, y=[found.get(m, (None, None))[1] for m in names], mode="markers",
+                             name="random baseline median", marker=dict(color="#7f7f7f", symbol="diamond", size=9)),
+                  row=1, col=2)
+    fig.update_layout(barmode="stack", height=420, title="Every model")
+    fig.update_yaxes(title_text="percent", range=[0, 100], row=1, col=1)
+    fig.update_yaxes(title_text="pairing", row=1, col=2)
+    return fig
 
 
 def _intervals(con) -> dict[tuple[str, str, str], tuple[float, float]]:
