@@ -42,8 +42,13 @@ $(TESTKIT): $(STAMP)
 CHROMIUM := command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
+# The LaTeX export's test compiles the tables with pdflatex (booktabs, longtable): Debian's TeX, installed when missing.
+PDFLATEX := command -v pdflatex >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install \
+	  -y -qq --no-install-recommends texlive-latex-base texlive-latex-recommended >/dev/null; }
+
 test: $(TESTKIT)
 	$(CHROMIUM)
+	$(PDFLATEX)
 	$(BIN)/python -m pytest -q
 
 bench: $(TESTKIT)
