@@ -1,0 +1,235 @@
+"""Multi-head latent attention (DeepSeek-V2, DeepSeek-V3 and the checkpoints that reuse it, Kimi-K2): each head's
+score as two bilinear forms, its parts.
+
+MLA reads x through down-projections: q = W_qb RMSNorm(W_qa x) (or q = W_q x without q_lora_rank) and
+[c; k_rope] = W_kva x, k_nope,h = W_kvb,h RMSNorm(c). With the norms' gains folded (--qk-norm fold), head h scores
+
+    score_scale * (1/rms_q(x_i)) * (x_j^T L_nope,h x_i / rms_kv(x_j) + x_j^T L_rope,h(i - j) x_i)
+
+where L_nope,h = K_nope,h^T Q_nope,h (rank <= qk_nope_head_dim) runs through the compressed kv latent and
+L_rope,h(delta) = a^2 K_rope^T R(delta) Q_rope,h (rank <= qk_rope_head_dim) through the rotary key K_rope that every
+head shares; a is the attention factor transformers puts on RoPE's cos and sin (yarn), rms_q and rms_kv the RMS of
+the latents W_qa x and c (rms_q = 1 without q_lora_rank). Their per-token factors differ, so they are two forms (the
+head's parts 'nope' and 'rope'), not one. All heads of a layer read x through the same down-projections D = [W_qa;
+W_kva] (m rows): with D^T = U R (QR, U orthonormal N x m) every map W = C D is W' U^T, W' = C R^T, so the layer is
+reduced through U once and every head's maps are m wide instead of N (where m < N).
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from headforms.extract.checkpoint import ExtractError, first_line
+from headforms.extract.rope import DEFAULT_THETA
+
+FAMILIES = ("deepseek_v2", "deepseek_v3")
+PARTS = ("nope", "rope")
+PREFIXES = ("model.", "")
+_ATTENTION = "layers.{i}.self_attn."
+# role -> tensor under the prefix; q without q_lora_rank, q_a / q_a_norm / q_b with it.
+TENSORS = {
+    "q": "q_proj.weight", "q_a": "q_a_proj.weight", "q_a_norm": "q_a_layernorm.weight", "q_b": "q_b_proj.weight",
+    "kv_a": "kv_a_proj_with_mqa.weight", "kv_a_norm": "kv_a_layernorm.weight", "kv_b": "kv_b_proj.weight",
+}
+
+
+@dataclass(frozen=True)
+class LatentSpec:
+    """The shape and conventions of an MLA model, from its config.json."""
+
+    architecture: str
+    n_layers: int
+    n_heads: int
+    d_model: int                 # N
+    q_lora_rank: int | None      # the query latent's width, None where q = W_q x
+    kv_lora_rank: int            # the kv latent's width
+    nope: int                    # qk_nope_head_dim: the nope part's head size
+    rope: int                    # qk_rope_head_dim: the rope part's head size
+    v_head_dim: int
+    score_scale: float           # on q.k before the softmax: qk_head_dim^-1/2, times mscale^2 under yarn
+    rope_factor: float           # a^2, transformers' attention factor on cos and sin squared: in the rope part's L
+    pairing: str                 # the rope rows' pairs: 'interleaved' (2k, 2k+1) or 'split-half' (k, k + rope/2)
+    frequencies: tuple[float, ...]  # radians per position, one per pair, as transformers computes them
+    config: dict
+
+    @property
+    def width(self) -> int:
+        """m, the rows of the down-projections D every head reads x through."""
+        q_rows = self.q_lora_rank if self.q_lora_rank is not None else self.n_heads * (self.nope + self.rope)
+        return q_rows + self.kv_lora_rank + self.rope
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """role -> the shape config.json implies for it."""
+        q_out, kv_out = self.n_heads * (self.nope + self.rope), self.n_heads * (self.nope + self.v_head_dim)
+        q = ({"q": (q_out, self.d_model)} if self.q_lora_rank is None else
+             {"q_a": (self.q_lora_rank, self.d_model), "q_a_norm": (self.q_lora_rank,),
+              "q_b": (q_out, self.q_lora_rank)})
+        return q | {"kv_a": (self.kv_lora_rank + self.rope, self.d_model), "kv_a_norm": (self.kv_lora_rank,),
+                    "kv_b": (kv_out, self.kv_lora_rank)}
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of every head of a layer: W_Q (H, n, m) and W_K (H_k, n, m) in the layer's basis, key of each head."""
+
+    name: str                # 'nope' or 'rope'
+    wq: np.ndarray
+    wk: np.ndarray
+    kv_index: np.ndarray
+    factor: str              # the per-token factor on x_j^T L x_i besides score_scale
+    rotary: bool             # L depends on i - j (the rope part)
+
+
+@dataclass(frozen=True)
+class LatentLayer:
+    """A layer's parts in the common span of its down-projections: W = W' basis^T (basis None: W' = W)."""
+
+    basis: np.ndarray | None   # U, N x m orthonormal; None where m >= N
+    parts: dict[str, Part]
+
+
+def _count(config: dict, key: str, optional: bool = False) -> int | None:
+    value = config.get(key)
+    if optional and value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ExtractError(f"config.json: {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def latent_spec(raw: dict, qk_norm: str = "fold") -> LatentSpec:
+    """Validate an MLA config.json into a LatentSpec, or refuse it in one line."""
+    architecture = raw.get("model_type")
+    if architecture not in FAMILIES:
+        raise ExtractError(f"{architecture} is not multi-head latent attention (expected {', '.join(FAMILIES)})")
+    if qk_norm != "fold":
+        raise ExtractError(f"{architecture} normalises its latent q and kv (q_a_layernorm, kv_a_layernorm), so the "
+                           "score is not bilinear in x; pass --qk-norm fold to fold the norm gains in (each head "
+                           "is then two forms, scored per token by 1/rms of the latents)")
+    if raw.get("quantization_config"):
+        method = raw["quantization_config"].get("quant_method", "unknown")
+        raise ExtractError(f"{architecture} is refused: quantized checkpoints ({method}) are not supported")
+    if raw.get("attention_bias"):
+        raise ExtractError(f"{architecture} is refused: attention_bias adds a bias to the latents before their "
+                           "RMSNorm, so the score is not bilinear in x")
+    n_layers, n_heads, d_model = (_count(raw, k) for k in ("num_hidden_layers", "num_attention_heads", "hidden_size"))
+    q_lora, kv_lora = _count(raw, "q_lora_rank", optional=True), _count(raw, "kv_lora_rank")
+    nope, rope, v_dim = (_count(raw, k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
+    for key, rank in (("q_lora_rank", q_lora), ("kv_lora_rank", kv_lora)):
+        if rank is not None and rank > d_model:
+            raise ExtractError(f"config.json: {key} {rank} is larger than the width N = {d_model} (hidden_size): a "
+                               f"latent of x has rank at most N; fix the config")
+    if rope % 2:
+        raise ExtractError(f"config.json: qk_rope_head_dim {rope} is odd; RoPE rotates pairs")
+    frequencies, factor, scale = _rope(raw, architecture, rope, (nope + rope) ** -0.5)
+    pairing = "interleaved" if architecture == "deepseek_v2" or raw.get("rope_interleave", True) else "split-half"
+    return LatentSpec(architecture=architecture, n_layers=n_layers, n_heads=n_heads, d_model=d_model,
+                      q_lora_rank=q_lora, kv_lora_rank=kv_lora, nope=nope, rope=rope, v_head_dim=v_dim,
+                      score_scale=scale, rope_factor=factor**2, pairing=pairing, frequencies=frequencies,
+                      config=dict(raw))
+
+
+def _rope(raw: dict, architecture: str, dims: int, scale: float) -> tuple[tuple[float, ...], float, float]:
+    """(frequencies, attention factor a, score scale) as transformers computes them: unscaled RoPE here, any
+    scaling (yarn and the rest) by transformers' own rope init function and the family's yarn_apply_mscale."""
+    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    kind = params.get("rope_type", params.get("type")) or "default"
+    if kind == "default":
+        theta = float(params.get("rope_theta") or raw.get("rope_theta") or DEFAULT_THETA)
+        return tuple(theta ** -(np.arange(0, dims, 2, dtype=np.float64) / dims)), 1.0, scale
+    try:
+        import transformers
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        config = transformers.AutoConfig.for_model(**raw)
+        inv_freq, factor = ROPE_INIT_FUNCTIONS[config.rope_parameters["rope_type"]](config, "cpu")
+        modeling = importlib.import_module(f"transformers.models.{architecture}.modeling_{architecture}")
+        scale = float(modeling.yarn_apply_mscale(config.rope_parameters, scale))
+    except ImportError:
+        raise ExtractError(f"{architecture} with rope_type '{kind}': its frequencies are computed by transformers "
+                           "(pip install transformers)") from None
+    except Exception as e:  # a rope_type transformers does not know, a parameter it rejects
+        raise ExtractError(f"{architecture}: transformers cannot compute its RoPE '{kind}': {first_line(e)}") from None
+    return tuple(float(f) for f in inv_freq.double().numpy()), float(factor), scale
+
+
+def tensors_for(spec: LatentSpec, prefix: str, layer: int) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """role -> (tensor name, expected shape) of one layer."""
+    return {role: (prefix + _ATTENTION.format(i=layer) + TENSORS[role], shape) for role, shape in spec.shapes().items()}
+
+
+def common_span(down: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+    """(U, D') with D = D' U^T for the down-projections D (m, N): U orthonormal N x m, D' = R^T from D^T = U R;
+    (None, D) where m >= N (no smaller span to reduce through)."""
+    m, n = down.shape
+    if m >= n:
+        return None, down
+    basis, r = np.linalg.qr(down.T)
+    return basis, np.ascontiguousarray(r.T)
+
+
+def latent_parts(t: dict[str, np.ndarray], spec: LatentSpec) -> LatentLayer:
+    """A layer's two parts from its raw tensors (role -> array, float64), the latent norms' gains folded in."""
+    h, nope, rope = spec.n_heads, spec.nope, spec.rope
+    q_down = t["q_a"] if spec.q_lora_rank is not None else t["q"]
+    basis, down = common_span(np.concatenate([q_down, t["kv_a"]]))
+    q_rows, kv_a = down[:len(q_down)], down[len(q_down):]
+    if spec.q_lora_rank is not None:  # q = W_qb diag(g_q) W_qa x / rms_q
+        q = (t["q_b"] * t["q_a_norm"]) @ q_rows
+    else:
+        q = q_rows
+    q = q.reshape(h, nope + rope, -1)
+    kv_b = t["kv_b"].reshape(h, nope + spec.v_head_dim, spec.kv_lora_rank)[:, :nope]
+    k_nope = (kv_b * t["kv_a_norm"]) @ kv_a[:spec.kv_lora_rank]      # (H, nope, m): k_nope,h = W_kvb,h diag(g) c
+    k_rope = kv_a[spec.kv_lora_rank:][None]                            # (1, rope, m), shared by every head
+    lora = spec.q_lora_rank is not None
+    heads = np.arange(h)
+    return LatentLayer(basis, {
+        "nope": Part("nope", np.ascontiguousarray(q[:, :nope]), np.ascontiguousarray(k_nope), heads,
+                     "1/(rms_q(x_i) rms_kv(x_j))" if lora else "1/rms_kv(x_j)", False),
+        "rope": Part("rope", np.ascontiguousarray(spec.rope_factor * q[:, nope:]), k_rope, np.zeros(h, np.intp),
+                     "1/rms_q(x_i)" if lora else "1", True),
+    })
+
+
+@dataclass
+class LatentCheckpoint:
+    """An MLA checkpoint folder, its tensors checked against config.json up front: a reader of one layer's parts."""
+
+    name: str
+    spec: LatentSpec
+    reader: Callable[[int], LatentLayer]
+    close: Callable[[], None]
+
+    def read_layer(self, layer: int) -> LatentLayer:
+        return self.reader(layer)
+
+
+def open_latent_folder(folder: Path, *, name: str, qk_norm: str = "fold") -> LatentCheckpoint:
+    """An MLA Hugging Face folder as a LatentCheckpoint: config validated, every layer's tensors present with the
+    shapes the config implies and a float dtype, or one ExtractError line."""
+    from headforms.extract import hf
+
+    folder = Path(folder)
+    spec = latent_spec(hf._read_config(folder), qk_norm)
+    weights = hf._find_weights(folder)
+    first = _ATTENTION.format(i=0) + TENSORS["kv_a"]
+    prefix = next((p for p in PREFIXES if p + first in weights.where), PREFIXES[0])
+    hf._check_tensors(weights, [(tensor, shape, layer) for layer in range(spec.n_layers)
+                                for tensor, shape in tensors_for(spec, prefix, layer).values()])
+
+    def reader(layer: int) -> LatentLayer:
+        if not 0 <= layer < spec.n_layers:
+            raise ExtractError(f"layer {layer} out of range: {name} has {spec.n_layers} layers")
+        roles = tensors_for(spec, prefix, layer)
+        arrays = weights.read([tensor for tensor, _ in roles.values()])
+        for tensor, array in arrays.items():
+            if not np.isfinite(array).all():
+                raise ExtractError(f"layer {layer}: tensor '{tensor}' has non-finite values")
+        return latent_parts({role: arrays[tensor] for role, (tensor, _) in roles.items()}, spec)
+
+    return LatentCheckpoint(name=name, spec=spec, reader=reader, close=weights.close)

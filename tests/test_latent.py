@@ -1,0 +1,204 @@
+"""Multi-head latent attention (extract.latent): the two parts of every head, with the latent norms' RMS factors
+applied per token, reproduce the pre-softmax logits of tiny random DeepSeek-V2 and -V3 models built by
+transformers' own classes, at distance 0 and at nonzero distances (beyond the original context under yarn)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from headforms.cli import main
+from headforms.compute.rotary import Rotation
+from headforms.extract import ExtractError
+from headforms.extract.latent import latent_spec, open_latent_folder
+
+VOCAB = 64
+_SHAPE = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, qk_nope_head_dim=8,
+              qk_rope_head_dim=4, v_head_dim=8, intermediate_size=64, moe_intermediate_size=16,
+              first_k_dense_replace=2, vocab_size=VOCAB, max_position_embeddings=128)
+_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32,
+         "beta_fast": 32, "beta_slow": 1, "mscale": 0.8, "mscale_all_dim": 0.6}
+# name -> (model class, config class, config kwargs)
+MODELS = {
+    "deepseek_v3": ("DeepseekV3ForCausalLM", "DeepseekV3Config", _SHAPE | dict(q_lora_rank=24)),
+    "deepseek_v3_yarn": ("DeepseekV3ForCausalLM", "DeepseekV3Config",
+                         _SHAPE | dict(q_lora_rank=24, rope_parameters=_YARN)),
+    "deepseek_v3_split_half": ("DeepseekV3ForCausalLM", "DeepseekV3Config",
+                               _SHAPE | dict(q_lora_rank=24, rope_interleave=False)),
+    "deepseek_v2": ("DeepseekV2ForCausalLM", "DeepseekV2Config", _SHAPE | dict(q_lora_rank=24)),
+    "deepseek_v2_lite": ("DeepseekV2ForCausalLM", "DeepseekV2Config", _SHAPE | dict(q_lora_rank=None)),
+}
+LOGITS: list[torch.Tensor] = []  # what the capturing attention function saw, one (B, H, T, T) a layer
+
+
+def _capture(module, query, key, value, attention_mask, scaling, **kwargs):
+    """The model's own q.k times its scaling (before mask and softmax), recorded; then its eager attention."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import eager_attention_forward
+
+    LOGITS.append(torch.matmul(query, key.transpose(2, 3)) * scaling)
+    return eager_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+
+
+def build(name: str, seed: int = 0, **overrides):
+    """A tiny MLA model of transformers' class, float64, weights re-drawn as tests/tiny_models.py draws them."""
+    import transformers
+
+    model_class, config_class, kwargs = MODELS[name]
+    transformers.AttentionInterface.register("headforms_capture", _capture)
+    config = getattr(transformers, config_class)(**(kwargs | overrides))
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_class)._from_config(config, attn_implementation="headforms_capture")
+    model = model.to(torch.float64).eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            if param.ndim == 1:
+                param.uniform_(0.5, 1.5, generator=generator)
+            else:
+                param.normal_(0.0, config.hidden_size**-0.5, generator=generator)
+    return model
+
+
+def trace(model, length: int = 48, seed: int = 1):
+    """Per layer: attention inputs x (B, T, N), the model's logits (B, H, T, T), the RMS of the q latent (B, T; ones
+    without q_lora_rank) and of the kv latent (B, T), from one forward pass at positions 0..T-1."""
+    modules = [layer.self_attn for layer in model.model.layers]
+    inputs, q_latent, kv_latent, hooks = [], [], [], []
+    for m in modules:
+        hooks.append(m.register_forward_pre_hook(lambda mod, a, kw: inputs.append(kw["hidden_states"]),
+                                                 with_kwargs=True))
+        if m.q_a_proj is not None:
+            hooks.append(m.q_a_proj.register_forward_hook(lambda mod, a, out: q_latent.append(out)))
+        hooks.append(m.kv_a_proj_with_mqa.register_forward_hook(lambda mod, a, out: kv_latent.append(out)))
+    tokens = torch.randint(3, VOCAB, (2, length), generator=torch.Generator().manual_seed(seed))
+    LOGITS.clear()
+    try:
+        with torch.no_grad():
+            model(input_ids=tokens, position_ids=torch.arange(length)[None].expand(2, -1))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    out = []
+    for layer, m in enumerate(modules):
+        eps = m.kv_a_layernorm.variance_epsilon
+        c = kv_latent[layer][..., :m.kv_lora_rank].double().numpy()
+        rms_kv = np.sqrt((c**2).mean(-1) + eps)
+        if m.q_a_proj is not None:
+            rms_q = np.sqrt((q_latent[layer].double().numpy()**2).mean(-1) + m.q_a_layernorm.variance_epsilon)
+        else:
+            rms_q = np.ones_like(rms_kv)
+        out.append((inputs[layer].double().numpy(), LOGITS[layer].double().numpy(), rms_q, rms_kv))
+    return out
+
+
+def predicted(spec, layer, x, rms_q, rms_kv):
+    """score_scale * (A / (rms_q(x_i) rms_kv(x_j)) + B(i - j) / rms_q(x_i)) from the stored parts, (B, H, T, T)."""
+    x = x @ layer.basis if layer.basis is not None else x
+    nope, rope = layer.parts["nope"], layer.parts["rope"]
+    forms = np.einsum("hna,hnb->hab", nope.wk[nope.kv_index], nope.wq)
+    a = np.einsum("zja,hab,zib->zhij", x, forms, x)
+    q = np.einsum("hna,zia->zhin", rope.wq, x)
+    k = np.einsum("na,zja->zjn", rope.wk[0], x)
+    t = x.shape[1]
+    rotation = Rotation.of(spec.pairing, spec.frequencies)
+    rotations = np.stack([rotation.rotate(np.eye(spec.rope), np.arange(t) - j) for j in range(t)], axis=1)
+    b = np.einsum("zjn,ijnm,zhim->zhij", k, rotations, q)  # rotations[i, j] = R(i - j)
+    return spec.score_scale * (a / rms_kv[:, None, None, :] + b) / rms_q[:, None, :, None]
+
+
+def saved(name: str, folder, **overrides):
+    model = build(name, **overrides)
+    model.save_pretrained(folder)
+    return model, folder
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_parts_reproduce_model_logits(name, tmp_path):
+    model, folder = saved(name, tmp_path)
+    ckpt = open_latent_folder(folder, name="tiny")
+    spec = ckpt.spec
+    assert spec.score_scale == model.model.layers[0].self_attn.scaling
+    traced = trace(model)
+    causal = np.tril(np.ones((48, 48), bool))
+    for index, (x, logits, rms_q, rms_kv) in enumerate(traced):
+        layer = ckpt.read_layer(index)
+        got = predicted(spec, layer, x, rms_q, rms_kv)
+        scale = np.abs(got[..., causal]).max()
+        assert 0.1 < scale < 100
+        diagonal = np.eye(48, dtype=bool)
+        assert np.abs(got - logits)[..., diagonal].max() / scale < 1e-6  # distance 0
+        assert np.abs(got - logits)[..., causal & ~diagonal].max() / scale < 1e-6  # distances 1 .. 47
+        nope, rope = layer.parts["nope"], layer.parts["rope"]
+        assert nope.wq.shape == (4, 8, nope.wq.shape[2]) and rope.wk.shape[:2] == (1, 4)
+        assert (layer.basis is None) == (spec.width >= spec.d_model)
+
+
+def test_the_parts_are_two_forms_not_one(tmp_path):
+    """Scoring the rope part with the nope part's factor (one form at unit RMS per token) misses the logits."""
+    model, folder = saved("deepseek_v3", tmp_path)
+    ckpt = open_latent_folder(folder, name="tiny")
+    x, logits, rms_q, rms_kv = trace(model)[0]
+    layer = ckpt.read_layer(0)
+    one_form = predicted(ckpt.spec, layer, x, rms_q, rms_kv * 0 + 1) / rms_kv[:, None, None, :]
+    causal = np.tril(np.ones((48, 48), bool))
+    assert np.abs(one_form - logits)[..., causal].max() > 1e-2 * np.abs(logits[..., causal]).max()
+
+
+def test_yarn_scales_only_the_rope_part(tmp_path):
+    model, folder = saved("deepseek_v3_yarn", tmp_path)
+    spec = open_latent_folder(folder, name="tiny").spec
+    attention = model.model.layers[0].self_attn
+    mscale = 0.1 * 0.6 * np.log(4.0) + 1.0  # transformers' yarn_get_mscale(factor, mscale_all_dim)
+    assert spec.score_scale == pytest.approx(12**-0.5 * mscale**2, rel=1e-12) == attention.scaling
+    factor = (0.1 * 0.8 * np.log(4.0) + 1.0) / mscale
+    assert spec.rope_factor == pytest.approx(factor**2, rel=1e-12)
+    assert spec.rope_factor == pytest.approx(model.model.rotary_emb.attention_scaling**2, rel=1e-12)
+
+
+def _config(**changes) -> dict:
+    return {"model_type": "deepseek_v3", **_SHAPE, "q_lora_rank": 24} | changes
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"kv_lora_rank": 80}, "kv_lora_rank 80 is larger than the width N = 64"),
+    ({"q_lora_rank": 65}, "q_lora_rank 65 is larger than the width N = 64"),
+    ({"qk_rope_head_dim": 5}, "qk_rope_head_dim 5 is odd"),
+    ({"kv_lora_rank": 0}, "kv_lora_rank must be a positive integer, got 0"),
+    ({"attention_bias": True}, "attention_bias adds a bias to the latents"),
+    ({"quantization_config": {"quant_method": "fp8"}}, "quantized checkpoints (fp8)"),
+])
+def test_bad_configs_refused_in_one_line(changes, message):
+    with pytest.raises(ExtractError) as error:
+        latent_spec(_config(**changes))
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_latent_norms_need_fold():
+    with pytest.raises(ExtractError, match="pass --qk-norm fold"):
+        latent_spec(_config(), qk_norm="refuse")
+
+
+def test_config_disagreeing_with_tensors(tmp_path):
+    _, folder = saved("deepseek_v3", tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"kv_lora_rank": 12}))
+    with pytest.raises(ExtractError, match=r"tensor 'model.layers.0.self_attn.kv_a_proj_with_mqa.weight' has shape "
+                                           r"\(20, 64\), expected \(16, 64\) from config.json"):
+        open_latent_folder(folder, name="tiny")
+    (folder / "config.json").write_text(json.dumps(config | {"kv_lora_rank": 80}))
+    with pytest.raises(ExtractError, match="kv_lora_rank 80 is larger than the width N = 64"):
+        open_latent_folder(folder, name="tiny")
+
+
+@pytest.mark.parametrize("flags", [[], ["--qk-norm", "fold"]])
+def test_cli_still_refuses_latent_attention_in_one_line(flags, tmp_path):
+    _, folder = saved("deepseek_v3", tmp_path / "ckpt")
+    db = tmp_path / "w.duckdb"
+    result = CliRunner().invoke(main, ["extract", str(folder), "--db", str(db), *flags])
+    assert result.exit_code != 0
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: deepseek_v3 is refused")
+    assert not db.exists()
