@@ -11,6 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from headforms.cli import main
+from headforms.compute.analysis import analyse_layer
 from headforms.compute.rotary import Rotation
 from headforms.extract import ExtractError
 from headforms.extract.latent import latent_spec, open_latent_folder
@@ -202,3 +203,47 @@ def test_cli_still_refuses_latent_attention_in_one_line(flags, tmp_path):
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: deepseek_v3 is refused")
     assert not db.exists()
+
+
+def test_the_common_span_keeps_every_statistic_spectrum_and_fit(tmp_path):
+    """Each part analysed in the layer's m-wide basis (ambient N given) equals the part analysed at width N, and its
+    spectrum of S is dense numpy's of the N x N form."""
+    _, folder = saved("deepseek_v3", tmp_path)
+    ckpt = open_latent_folder(folder, name="tiny")
+    spec, layer = ckpt.spec, ckpt.read_layer(1)
+    basis = layer.basis
+    assert basis.shape == (64, 44) and np.allclose(basis.T @ basis, np.eye(44), atol=1e-12)
+    rotation = Rotation.of(spec.pairing, spec.frequencies)
+    for part in layer.parts.values():
+        kw = dict(layer=1, seed=0, rotation=rotation if part.rotary else None,
+                  deltas=(0, 1, 4, 40) if part.rotary else (0,))
+        reduced = analyse_layer(part.wq, part.wk, part.kv_index, ambient=64, **kw)
+        full = analyse_layer(part.wq @ basis.T, part.wk @ basis.T, part.kv_index, **kw)
+        for column, value in full.statistics.items():
+            if value.dtype.kind in "OU":
+                assert list(reduced.statistics[column]) == list(value), column
+            else:
+                np.testing.assert_allclose(reduced.statistics[column], value, rtol=1e-8, atol=1e-10, err_msg=column)
+        for sample, families in full.fits.items():
+            for family, columns in families.items():
+                for column, value in columns.items():
+                    got = reduced.fits[sample][family][column]
+                    if value.dtype.kind in "OU":
+                        assert list(got) == list(value)
+                    else:
+                        np.testing.assert_allclose(got, value, rtol=1e-5, atol=1e-8, err_msg=f"{sample} {family}")
+        if part.rotary:
+            for column, value in full.distances.items():
+                if value.dtype.kind in "OU":
+                    assert (reduced.distances[column] == value).all()
+                else:
+                    np.testing.assert_allclose(reduced.distances[column], value, rtol=1e-8, atol=1e-10)
+        dense = np.einsum("hna,hnb->hab", part.wk[part.kv_index], part.wq)
+        dense = basis @ dense @ basis.T
+        s = np.linalg.eigvalsh((dense + dense.swapaxes(1, 2)) / 2)[:, ::-1]
+        r = reduced.spectra.eig_S.shape[1]
+        keep = np.r_[0:r // 2, 64 - (r - r // 2):64]  # the nonzero end of each side; the ambient zeros between
+        np.testing.assert_allclose(reduced.spectra.eig_S, s[:, keep], atol=1e-10)
+        assert ((reduced.statistics["n_pos"] + reduced.statistics["n_neg"]) <= 2 * part.wq.shape[1]).all()
+        assert (reduced.statistics["n_zero_ambient"] == 64 - reduced.statistics["n_pos"]
+                - reduced.statistics["n_neg"]).all()
