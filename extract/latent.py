@@ -17,11 +17,12 @@ reduced through U once and every head's maps are m wide instead of N (where m < 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
+from scipy.linalg import solve_triangular
 
 from headforms.extract.checkpoint import ExtractError, first_line
 from headforms.extract.rope import DEFAULT_THETA
@@ -86,10 +87,17 @@ class Part:
 
 @dataclass(frozen=True)
 class LatentLayer:
-    """A layer's parts in the common span of its down-projections: W = W' basis^T (basis None: W' = W)."""
+    """A layer's parts in the common span of its down-projections D (m, N): W = W' U^T, U = basis (N x m,
+    orthonormal) with D^T = U R; where m >= N there is no smaller span and W' = W (r None)."""
 
-    basis: np.ndarray | None   # U, N x m orthonormal; None where m >= N
     parts: dict[str, Part]
+    down: np.ndarray = field(repr=False)  # D = [W_qa; W_kva] (or [W_q; W_kva])
+    r: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def basis(self) -> np.ndarray | None:
+        """U = D^T R^-1, solved when asked for (the spectra need only R): for tests and per-token scores."""
+        return None if self.r is None else solve_triangular(self.r, self.down, trans="T").T
 
 
 def _count(config: dict, key: str, optional: bool = False) -> int | None:
@@ -162,38 +170,44 @@ def tensors_for(spec: LatentSpec, prefix: str, layer: int) -> dict[str, tuple[st
     return {role: (prefix + _ATTENTION.format(i=layer) + TENSORS[role], shape) for role, shape in spec.shapes().items()}
 
 
-def common_span(down: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
-    """(U, D') with D = D' U^T for the down-projections D (m, N): U orthonormal N x m, D' = R^T from D^T = U R;
-    (None, D) where m >= N (no smaller span to reduce through)."""
+def common_span(down: np.ndarray) -> np.ndarray | None:
+    """R of D^T = U R (m x m, upper triangular) for the down-projections D (m, N); None where m >= N (no smaller
+    span to reduce through). D = R^T U^T: a map W = C D is W' U^T with W' = C R^T."""
     m, n = down.shape
-    if m >= n:
-        return None, down
-    basis, r = np.linalg.qr(down.T)
-    return basis, np.ascontiguousarray(r.T)
+    return None if m >= n else np.linalg.qr(down.T, mode="r")
+
+
+def _through(c: np.ndarray | None, rows: np.ndarray, start: int, r: np.ndarray | None) -> np.ndarray:
+    """C D_rows (c None: D_rows) in the layer's coordinates: C R^T[rows], rows = start .. start + len; R^T is lower
+    triangular, so only its first start + len columns are filled and multiplied (unreduced, r None: C D_rows)."""
+    if r is None:
+        return rows if c is None else c @ rows
+    filled = start + len(rows)
+    block = r[:filled, start:filled].T
+    out = np.zeros((len(rows) if c is None else len(c), len(r)))
+    out[:, :filled] = block if c is None else c @ block
+    return out
 
 
 def latent_parts(t: dict[str, np.ndarray], spec: LatentSpec) -> LatentLayer:
     """A layer's two parts from its raw tensors (role -> array, float64), the latent norms' gains folded in."""
-    h, nope, rope = spec.n_heads, spec.nope, spec.rope
-    q_down = t["q_a"] if spec.q_lora_rank is not None else t["q"]
-    basis, down = common_span(np.concatenate([q_down, t["kv_a"]]))
-    q_rows, kv_a = down[:len(q_down)], down[len(q_down):]
-    if spec.q_lora_rank is not None:  # q = W_qb diag(g_q) W_qa x / rms_q
-        q = (t["q_b"] * t["q_a_norm"]) @ q_rows
-    else:
-        q = q_rows
-    q = q.reshape(h, nope + rope, -1)
+    h, nope, rope, lora = spec.n_heads, spec.nope, spec.rope, spec.q_lora_rank is not None
+    q_down = t["q_a"] if lora else t["q"]
+    down = np.concatenate([q_down, t["kv_a"]])
+    r = common_span(down)
+    kv_at, rope_at = len(q_down), len(q_down) + spec.kv_lora_rank
+    # q = W_qb diag(g_q) W_qa x / rms_q, or W_q x (rows of D themselves)
+    q = _through(t["q_b"] * t["q_a_norm"] if lora else None, q_down, 0, r).reshape(h, nope + rope, -1)
     kv_b = t["kv_b"].reshape(h, nope + spec.v_head_dim, spec.kv_lora_rank)[:, :nope]
-    k_nope = (kv_b * t["kv_a_norm"]) @ kv_a[:spec.kv_lora_rank]      # (H, nope, m): k_nope,h = W_kvb,h diag(g) c
-    k_rope = kv_a[spec.kv_lora_rank:][None]                            # (1, rope, m), shared by every head
-    lora = spec.q_lora_rank is not None
+    k_nope = _through((kv_b * t["kv_a_norm"]).reshape(h * nope, -1), t["kv_a"][:spec.kv_lora_rank], kv_at, r)
+    k_rope = _through(None, t["kv_a"][spec.kv_lora_rank:], rope_at, r)[None]  # shared by every head
     heads = np.arange(h)
-    return LatentLayer(basis, {
-        "nope": Part("nope", np.ascontiguousarray(q[:, :nope]), np.ascontiguousarray(k_nope), heads,
+    return LatentLayer({
+        "nope": Part("nope", np.ascontiguousarray(q[:, :nope]), k_nope.reshape(h, nope, -1), heads,
                      "1/(rms_q(x_i) rms_kv(x_j))" if lora else "1/rms_kv(x_j)", False),
         "rope": Part("rope", np.ascontiguousarray(spec.rope_factor * q[:, nope:]), k_rope, np.zeros(h, np.intp),
                      "1/rms_q(x_i)" if lora else "1", True),
-    })
+    }, down, r)
 
 
 @dataclass
