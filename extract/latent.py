@@ -17,11 +17,12 @@ reduced through U once and every head's maps are m wide instead of N (where m < 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
+from gguf import GGUFValueType
 from scipy.linalg import solve_triangular
 
 from headforms.extract.checkpoint import ExtractError, first_line
@@ -190,7 +191,8 @@ def _through(c: np.ndarray | None, rows: np.ndarray, start: int, r: np.ndarray |
 
 
 def latent_parts(t: dict[str, np.ndarray], spec: LatentSpec) -> LatentLayer:
-    """A layer's two parts from its raw tensors (role -> array, float64), the latent norms' gains folded in."""
+    """A layer's two parts from its raw tensors (role -> array, float64), the latent norms' gains folded in; the
+    nope rows of kv_b from kv_b, or from k_b (H, kv_lora, nope) where a GGUF file stores them so."""
     h, nope, rope, lora = spec.n_heads, spec.nope, spec.rope, spec.q_lora_rank is not None
     q_down = t["q_a"] if lora else t["q"]
     down = np.concatenate([q_down, t["kv_a"]])
@@ -198,7 +200,8 @@ def latent_parts(t: dict[str, np.ndarray], spec: LatentSpec) -> LatentLayer:
     kv_at, rope_at = len(q_down), len(q_down) + spec.kv_lora_rank
     # q = W_qb diag(g_q) W_qa x / rms_q, or W_q x (rows of D themselves)
     q = _through(t["q_b"] * t["q_a_norm"] if lora else None, q_down, 0, r).reshape(h, nope + rope, -1)
-    kv_b = t["kv_b"].reshape(h, nope + spec.v_head_dim, spec.kv_lora_rank)[:, :nope]
+    kv_b = (t["k_b"].swapaxes(1, 2) if "k_b" in t  # GGUF's split layout: (H, kv_lora, nope)
+            else t["kv_b"].reshape(h, nope + spec.v_head_dim, spec.kv_lora_rank)[:, :nope])
     k_nope = _through((kv_b * t["kv_a_norm"]).reshape(h * nope, -1), t["kv_a"][:spec.kv_lora_rank], kv_at, r)
     k_rope = _through(None, t["kv_a"][spec.kv_lora_rank:], rope_at, r)[None]  # shared by every head
     heads = np.arange(h)
@@ -247,3 +250,76 @@ def open_latent_folder(folder: Path, *, name: str, qk_norm: str = "fold") -> Lat
         return latent_parts({role: arrays[tensor] for role, (tensor, _) in roles.items()}, spec)
 
     return LatentCheckpoint(name=name, spec=spec, reader=reader, close=weights.close)
+
+
+# GGUF deepseek2 (llama.cpp): role -> tensor of blk.{i}; kv_b is stored whole (attn_kv_b, as Hugging Face's), or, by
+# converters since MLA's absorption, as attn_k_b (H, kv_lora, nope: each head's k rows transposed) and attn_v_b.
+GGUF_TENSORS = {"q": "attn_q", "q_a": "attn_q_a", "q_a_norm": "attn_q_a_norm", "q_b": "attn_q_b",
+                "kv_a": "attn_kv_a_mqa", "kv_a_norm": "attn_kv_a_norm", "kv_b": "attn_kv_b", "k_b": "attn_k_b"}
+
+
+def gguf_latent_spec(meta: dict, names: set[str], path) -> tuple[LatentSpec, bool]:
+    """(LatentSpec, whether kv_b is split into k_b) of a GGUF deepseek2 file from its metadata and tensor names;
+    llama.cpp's RoPE for deepseek2 rotates consecutive pairs, its score scale is 1/sqrt(nope + rope)."""
+    from headforms.extract.gguf_file import _file_refusal
+
+    arch = meta.get("general.architecture")
+    if arch != "deepseek2":
+        raise ExtractError(f"GGUF {arch} is not multi-head latent attention (expected deepseek2)")
+    if reason := _file_refusal(meta, arch):
+        raise ExtractError(f"GGUF {arch} is refused: {reason}")
+
+    def key(suffix: str, optional: bool = False):
+        value = meta.get(f"{arch}.{suffix}")
+        if value is None and not optional:
+            raise ExtractError(f"GGUF file {path} lacks the scalar metadata {arch}.{suffix}")
+        return value
+
+    rope = key("rope.dimension_count")
+    head_k = key("attention.key_length_mla", optional=True) or key("attention.key_length")
+    head_v = key("attention.value_length_mla", optional=True) or key("attention.value_length")
+    lora = "blk.0.attn_q_a.weight" in names
+    raw = {"model_type": "deepseek_v2", "num_hidden_layers": key("block_count"),
+           "num_attention_heads": key("attention.head_count"), "hidden_size": key("embedding_length"),
+           "q_lora_rank": key("attention.q_lora_rank") if lora else None,
+           "kv_lora_rank": key("attention.kv_lora_rank"), "qk_rope_head_dim": rope,
+           "qk_nope_head_dim": head_k - rope, "v_head_dim": head_v,
+           "rope_theta": float(key("rope.freq_base", optional=True) or DEFAULT_THETA)}
+    spec = latent_spec({k: int(v) if isinstance(v, (int, np.integer)) else v for k, v in raw.items()})
+    return replace(spec, architecture="deepseek2", config=meta), "blk.0.attn_k_b.weight" in names
+
+
+def open_latent_gguf(path: Path, *, name: str) -> LatentCheckpoint:
+    """A GGUF deepseek2 file as a LatentCheckpoint, either layout of kv_b; every layer's tensors checked up front."""
+    from headforms.extract.gguf_file import _open_reader, _weight
+
+    path = Path(path)
+    reader = _open_reader(path)
+    meta = {k: f.contents() for k, f in reader.fields.items() if f.types and f.types[0] != GGUFValueType.ARRAY}
+    tensors = {t.name: t for t in reader.tensors}
+    spec, split = gguf_latent_spec(meta, set(tensors), path)
+    shapes = spec.shapes()
+    if split:
+        del shapes["kv_b"]
+        shapes["k_b"] = (spec.n_heads, spec.kv_lora_rank, spec.nope)
+
+    def name_of(role: str, layer: int) -> str:
+        return f"blk.{layer}.{GGUF_TENSORS[role]}.weight"
+
+    for layer in range(spec.n_layers):
+        for role, shape in shapes.items():
+            tensor = tensors.get(name_of(role, layer))
+            if tensor is None:
+                raise ExtractError(f"GGUF file {path} has no tensor {name_of(role, layer)} (layer {layer})")
+            actual = tuple(int(d) for d in tensor.shape[::-1])
+            if actual != shape:
+                raise ExtractError(f"GGUF tensor {tensor.name} has shape {actual}, expected {shape} from the "
+                                   "file's metadata")
+
+    def reader_of(layer: int) -> LatentLayer:
+        if not 0 <= layer < spec.n_layers:
+            raise ExtractError(f"layer {layer} out of range: {name} has {spec.n_layers} layers")
+        return latent_parts({role: _weight(tensors[name_of(role, layer)], tensors[name_of(role, layer)].data, layer)
+                             for role in shapes}, spec)
+
+    return LatentCheckpoint(name=name, spec=spec, reader=reader_of, close=lambda: None)

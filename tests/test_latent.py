@@ -14,7 +14,7 @@ from headforms.cli import main
 from headforms.compute.analysis import analyse_layer
 from headforms.compute.rotary import Rotation
 from headforms.extract import ExtractError
-from headforms.extract.latent import latent_spec, open_latent_folder
+from headforms.extract.latent import latent_spec, open_latent_folder, open_latent_gguf
 
 VOCAB = 64
 _SHAPE = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, qk_nope_head_dim=8,
@@ -247,3 +247,82 @@ def test_the_common_span_keeps_every_statistic_spectrum_and_fit(tmp_path):
         assert ((reduced.statistics["n_pos"] + reduced.statistics["n_neg"]) <= 2 * part.wq.shape[1]).all()
         assert (reduced.statistics["n_zero_ambient"] == 64 - reduced.statistics["n_pos"]
                 - reduced.statistics["n_neg"]).all()
+
+
+def write_gguf(model, path, *, split: bool, mla_lengths: bool = False, drop: str | None = None,
+               kv_lora_rank: int | None = None):
+    """The tiny model's attention as llama.cpp's convert_hf_to_gguf.py writes DeepseekV2/V3 (float32): attn_kv_b
+    whole, or split into attn_k_b (each head's k rows transposed, (H, kv_lora, nope)) and attn_v_b; with
+    `mla_lengths` the absorbed files' key_length = kv_lora + rope beside key_length_mla = nope + rope; `drop` leaves
+    a tensor out, `kv_lora_rank` overrides the metadata's (bad files)."""
+    import gguf
+
+    c = model.config
+    writer = gguf.GGUFWriter(str(path), "deepseek2")
+    writer.add_block_count(c.num_hidden_layers)
+    writer.add_head_count(c.num_attention_heads)
+    writer.add_embedding_length(c.hidden_size)
+    head_k = c.qk_nope_head_dim + c.qk_rope_head_dim
+    if mla_lengths:
+        writer.add_key_length(c.kv_lora_rank + c.qk_rope_head_dim)
+        writer.add_value_length(c.kv_lora_rank)
+        writer.add_uint32("deepseek2.attention.key_length_mla", head_k)
+        writer.add_uint32("deepseek2.attention.value_length_mla", c.v_head_dim)
+    else:
+        writer.add_key_length(head_k)
+        writer.add_value_length(c.v_head_dim)
+    writer.add_rope_dimension_count(c.qk_rope_head_dim)
+    writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    if c.q_lora_rank is not None:
+        writer.add_q_lora_rank(c.q_lora_rank)
+    writer.add_kv_lora_rank(kv_lora_rank or c.kv_lora_rank)
+    for i, layer in enumerate(model.model.layers):
+        a = layer.self_attn
+        tensors = {"attn_kv_a_mqa": a.kv_a_proj_with_mqa, "attn_kv_a_norm": a.kv_a_layernorm}
+        tensors |= ({"attn_q_a": a.q_a_proj, "attn_q_a_norm": a.q_a_layernorm, "attn_q_b": a.q_b_proj}
+                    if a.q_a_proj is not None else {"attn_q": a.q_proj})
+        arrays = {stem: m.weight.detach().double().numpy() for stem, m in tensors.items()}
+        kv_b = a.kv_b_proj.weight.detach().double().numpy()
+        if split:
+            heads = kv_b.reshape(c.num_attention_heads, c.qk_nope_head_dim + c.v_head_dim, c.kv_lora_rank)
+            arrays["attn_k_b"] = heads[:, :c.qk_nope_head_dim].swapaxes(1, 2)
+            arrays["attn_v_b"] = heads[:, c.qk_nope_head_dim:]
+        else:
+            arrays["attn_kv_b"] = kv_b
+        for stem, array in arrays.items():
+            if f"blk.{i}.{stem}" != drop:
+                writer.add_tensor(f"blk.{i}.{stem}.weight", array.astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("name", ["deepseek_v2", "deepseek_v2_lite", "deepseek_v3"])
+@pytest.mark.parametrize("split, mla_lengths", [(False, False), (True, False), (True, True)])
+def test_gguf_parts_reproduce_model_logits(name, split, mla_lengths, tmp_path):
+    """Both of llama.cpp's layouts of kv_b, read from a GGUF deepseek2 file, reproduce the model's logits (to the
+    float32 the file stores)."""
+    model = build(name)
+    ckpt = open_latent_gguf(write_gguf(model, tmp_path / "m.gguf", split=split, mla_lengths=mla_lengths), name="g")
+    spec = ckpt.spec
+    assert (spec.architecture, spec.nope, spec.rope, spec.v_head_dim) == ("deepseek2", 8, 4, 8)
+    assert spec.score_scale == model.model.layers[0].self_attn.scaling
+    causal = np.tril(np.ones((48, 48), bool))
+    for index, (x, logits, rms_q, rms_kv) in enumerate(trace(model)):
+        got = predicted(spec, ckpt.read_layer(index), x, rms_q, rms_kv)
+        assert np.abs(got - logits)[..., causal].max() / np.abs(got[..., causal]).max() < 1e-5
+
+
+def test_gguf_bad_files_refused_in_one_line(tmp_path):
+    model = build("deepseek_v3")
+    with pytest.raises(ExtractError, match=r"GGUF file .* has no tensor blk.1.attn_k_b.weight \(layer 1\)"):
+        open_latent_gguf(write_gguf(model, tmp_path / "a.gguf", split=True, drop="blk.1.attn_k_b"), name="g")
+    path = write_gguf(model, tmp_path / "b.gguf", split=False, kv_lora_rank=12)
+    with pytest.raises(ExtractError, match=r"GGUF tensor blk.0.attn_kv_a_mqa.weight has shape \(20, 64\), expected "
+                                           r"\(16, 64\) from the file's metadata"):
+        open_latent_gguf(path, name="g")
+    path = write_gguf(model, tmp_path / "c.gguf", split=False, kv_lora_rank=80)
+    with pytest.raises(ExtractError, match="kv_lora_rank 80 is larger than the width N = 64"):
+        open_latent_gguf(path, name="g")
