@@ -25,7 +25,9 @@ import numpy as np
 from gguf import GGUFValueType
 from scipy.linalg import solve_triangular
 
+from headforms.extract import hf
 from headforms.extract.checkpoint import ExtractError, first_line
+from headforms.extract.gguf_file import _file_refusal, _open_reader, _weight
 from headforms.extract.rope import DEFAULT_THETA
 
 FAMILIES = ("deepseek_v2", "deepseek_v3")
@@ -101,17 +103,18 @@ class LatentLayer:
         return None if self.r is None else solve_triangular(self.r, self.down, trans="T").T
 
 
-def _count(config: dict, key: str, optional: bool = False) -> int | None:
+def _count(config: dict, key: str, label: str, optional: bool = False) -> int | None:
     value = config.get(key)
     if optional and value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ExtractError(f"config.json: {key} must be a positive integer, got {value!r}")
+        raise ExtractError(f"{label}: {key} must be a positive integer, got {value!r}")
     return value
 
 
-def latent_spec(raw: dict, qk_norm: str = "fold") -> LatentSpec:
-    """Validate an MLA config.json into a LatentSpec, or refuse it in one line."""
+def latent_spec(raw: dict, qk_norm: str = "fold", label: str = "config.json") -> LatentSpec:
+    """Validate an MLA config.json (or a GGUF file's metadata as one, `label` naming it) into a LatentSpec, or
+    refuse it in one line."""
     architecture = raw.get("model_type")
     if architecture not in FAMILIES:
         raise ExtractError(f"{architecture} is not multi-head latent attention (expected {', '.join(FAMILIES)})")
@@ -125,15 +128,16 @@ def latent_spec(raw: dict, qk_norm: str = "fold") -> LatentSpec:
     if raw.get("attention_bias"):
         raise ExtractError(f"{architecture} is refused: attention_bias adds a bias to the latents before their "
                            "RMSNorm, so the score is not bilinear in x")
-    n_layers, n_heads, d_model = (_count(raw, k) for k in ("num_hidden_layers", "num_attention_heads", "hidden_size"))
-    q_lora, kv_lora = _count(raw, "q_lora_rank", optional=True), _count(raw, "kv_lora_rank")
-    nope, rope, v_dim = (_count(raw, k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
+    n_layers, n_heads, d_model = (_count(raw, k, label) for k in ("num_hidden_layers", "num_attention_heads",
+                                                                     "hidden_size"))
+    q_lora, kv_lora = _count(raw, "q_lora_rank", label, optional=True), _count(raw, "kv_lora_rank", label)
+    nope, rope, v_dim = (_count(raw, k, label) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
     for key, rank in (("q_lora_rank", q_lora), ("kv_lora_rank", kv_lora)):
         if rank is not None and rank > d_model:
-            raise ExtractError(f"config.json: {key} {rank} is larger than the width N = {d_model} (hidden_size): a "
-                               f"latent of x has rank at most N; fix the config")
+            raise ExtractError(f"{label}: {key} {rank} is larger than the width N = {d_model} (hidden_size): a "
+                               "latent of x has rank at most N")
     if rope % 2:
-        raise ExtractError(f"config.json: qk_rope_head_dim {rope} is odd; RoPE rotates pairs")
+        raise ExtractError(f"{label}: qk_rope_head_dim {rope} is odd; RoPE rotates pairs")
     frequencies, factor, scale = _rope(raw, architecture, rope, (nope + rope) ** -0.5)
     pairing = "interleaved" if architecture == "deepseek_v2" or raw.get("rope_interleave", True) else "split-half"
     return LatentSpec(architecture=architecture, n_layers=n_layers, n_heads=n_heads, d_model=d_model,
@@ -229,8 +233,6 @@ class LatentCheckpoint:
 def open_latent_folder(folder: Path, *, name: str, qk_norm: str = "fold") -> LatentCheckpoint:
     """An MLA Hugging Face folder as a LatentCheckpoint: config validated, every layer's tensors present with the
     shapes the config implies and a float dtype, or one ExtractError line."""
-    from headforms.extract import hf
-
     folder = Path(folder)
     spec = latent_spec(hf._read_config(folder), qk_norm)
     weights = hf._find_weights(folder)
@@ -261,8 +263,6 @@ GGUF_TENSORS = {"q": "attn_q", "q_a": "attn_q_a", "q_a_norm": "attn_q_a_norm", "
 def gguf_latent_spec(meta: dict, names: set[str], path) -> tuple[LatentSpec, bool]:
     """(LatentSpec, whether kv_b is split into k_b) of a GGUF deepseek2 file from its metadata and tensor names;
     llama.cpp's RoPE for deepseek2 rotates consecutive pairs, its score scale is 1/sqrt(nope + rope)."""
-    from headforms.extract.gguf_file import _file_refusal
-
     arch = meta.get("general.architecture")
     if arch != "deepseek2":
         raise ExtractError(f"GGUF {arch} is not multi-head latent attention (expected deepseek2)")
@@ -285,14 +285,13 @@ def gguf_latent_spec(meta: dict, names: set[str], path) -> tuple[LatentSpec, boo
            "kv_lora_rank": key("attention.kv_lora_rank"), "qk_rope_head_dim": rope,
            "qk_nope_head_dim": head_k - rope, "v_head_dim": head_v,
            "rope_theta": float(key("rope.freq_base", optional=True) or DEFAULT_THETA)}
-    spec = latent_spec({k: int(v) if isinstance(v, (int, np.integer)) else v for k, v in raw.items()})
+    spec = latent_spec({k: int(v) if isinstance(v, (int, np.integer)) else v for k, v in raw.items()},
+                       label=f"GGUF file {path} (its metadata)")
     return replace(spec, architecture="deepseek2", config=meta), "blk.0.attn_k_b.weight" in names
 
 
 def open_latent_gguf(path: Path, *, name: str) -> LatentCheckpoint:
     """A GGUF deepseek2 file as a LatentCheckpoint, either layout of kv_b; every layer's tensors checked up front."""
-    from headforms.extract.gguf_file import _open_reader, _weight
-
     path = Path(path)
     reader = _open_reader(path)
     meta = {k: f.contents() for k, f in reader.fields.items() if f.types and f.types[0] != GGUFValueType.ARRAY}

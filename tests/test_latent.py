@@ -17,8 +17,8 @@ from headforms.extract import ExtractError
 from headforms.extract.latent import latent_spec, open_latent_folder, open_latent_gguf
 
 VOCAB = 64
-_SHAPE = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, qk_nope_head_dim=8,
-              qk_rope_head_dim=4, v_head_dim=8, intermediate_size=64, moe_intermediate_size=16,
+_SHAPE = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16,
+              qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, intermediate_size=64, moe_intermediate_size=16,
               first_k_dense_replace=2, vocab_size=VOCAB, max_position_embeddings=128)
 _YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32,
          "beta_fast": 32, "beta_slow": 1, "mscale": 0.8, "mscale_all_dim": 0.6}
@@ -324,5 +324,6 @@ def test_gguf_bad_files_refused_in_one_line(tmp_path):
                                            r"\(16, 64\) from the file's metadata"):
         open_latent_gguf(path, name="g")
     path = write_gguf(model, tmp_path / "c.gguf", split=False, kv_lora_rank=80)
-    with pytest.raises(ExtractError, match="kv_lora_rank 80 is larger than the width N = 64"):
+    with pytest.raises(ExtractError, match=r"GGUF file .*c.gguf \(its metadata\): kv_lora_rank 80 is larger than "
+                                           r"the width N = 64"):
         open_latent_gguf(path, name="g")
