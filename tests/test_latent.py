@@ -135,6 +135,9 @@ def test_parts_reproduce_model_logits(name, tmp_path):
         nope, rope = layer.parts["nope"], layer.parts["rope"]
         assert nope.wq.shape == (4, 8, nope.wq.shape[2]) and rope.wk.shape[:2] == (1, 4)
         assert (layer.basis is None) == (spec.width >= spec.d_model)
+        lora = spec.q_lora_rank is not None  # the factors `predicted` applies, as the parts name them
+        assert (nope.factor, rope.factor) == (("1/(rms_q(x_i) rms_kv(x_j))", "1/rms_q(x_i)") if lora
+                                              else ("1/rms_kv(x_j)", "1"))
 
 
 def test_the_parts_are_two_forms_not_one(tmp_path):
