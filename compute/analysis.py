@@ -39,27 +39,29 @@ def analyse_layer(
     device: str = "cpu",
     rotation: Rotation | None = None,
     deltas=(0,),
+    ambient: int | None = None,
 ) -> LayerAnalysis:
     """Reduce, take spectra, statistics, the random baseline and all fits of one layer.
 
     On the CPU every library runs single-threaded here; the heads are spread over threads
     instead (compute.threads). With a RoPE `rotation`, also the profiles of L_delta at `deltas`,
-    from the same reduction's factors."""
+    from the same reduction's factors. `ambient`: the width N the maps act on where they are given in an
+    orthonormal basis of a smaller span (extract.latent), for n_zero_ambient and the random baseline."""
     with Pool() as pool:
         return start_layer(pool, wq, wk, kv_index, layer=layer, seed=seed, parity_tolerance=parity_tolerance,
-                           device=device, rotation=rotation, deltas=deltas)()
+                           device=device, rotation=rotation, deltas=deltas, ambient=ambient)()
 
 
 def start_layer(pool: Pool, wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray, *, layer: int, seed: int,
                 parity_tolerance: float = PARITY_TOLERANCE, device: str = "cpu", rotation: Rotation | None = None,
-                deltas=(0,)) -> Callable[[], LayerAnalysis]:
+                deltas=(0,), ambient: int | None = None) -> Callable[[], LayerAnalysis]:
     """`analyse_layer`, its linear algebra started now on `pool` and the function returned collecting it (the
     statistics and fits run in the caller's thread then). On the CPU each piece is a batch of heads taken from
     its QR through its spectra and distance problems, so a layer's pieces wait on nothing but a free thread,
     and a caller may start the next layer before collecting this one: the threads never wait for a layer's
     last piece. On another device the linear algebra runs there at once."""
     n_heads, head_dim, d_model = wq.shape
-    random_later = pool.submit(_random_statistics, seed, layer, n_heads, head_dim, d_model)
+    random_later = pool.submit(_random_statistics, seed, layer, n_heads, head_dim, ambient or d_model)
     if on_cpu(device):
         q, k = np.asarray(wq, dtype=np.float64), np.asarray(wk, dtype=np.float64)
         kv = np.asarray(kv_index, dtype=np.intp)
@@ -87,7 +89,7 @@ def start_layer(pool: Pool, wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray
 
     def collect() -> LayerAnalysis:
         sp, distances = linear_algebra()
-        stats = head_statistics(sp, d_model, parity_tolerance)
+        stats = head_statistics(sp, ambient or d_model, parity_tolerance)
         samples = fit_samples(sp, head_dim)
         stacked = fit_families(np.concatenate([samples[name] for name in SAMPLES]))
         fits = {

@@ -1,0 +1,332 @@
+"""Multi-head latent attention (extract.latent): the two parts of every head, with the latent norms' RMS factors
+applied per token, reproduce the pre-softmax logits of tiny random DeepSeek-V2 and -V3 models built by
+transformers' own classes, at distance 0 and at nonzero distances (beyond the original context under yarn)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from headforms.cli import main
+from headforms.compute.analysis import analyse_layer
+from headforms.compute.rotary import Rotation
+from headforms.extract import ExtractError
+from headforms.extract.latent import latent_spec, open_latent_folder, open_latent_gguf
+
+VOCAB = 64
+_SHAPE = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16,
+              qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, intermediate_size=64, moe_intermediate_size=16,
+              first_k_dense_replace=2, vocab_size=VOCAB, max_position_embeddings=128)
+_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32,
+         "beta_fast": 32, "beta_slow": 1, "mscale": 0.8, "mscale_all_dim": 0.6}
+# name -> (model class, config class, config kwargs)
+MODELS = {
+    "deepseek_v3": ("DeepseekV3ForCausalLM", "DeepseekV3Config", _SHAPE | dict(q_lora_rank=24)),
+    "deepseek_v3_yarn": ("DeepseekV3ForCausalLM", "DeepseekV3Config",
+                         _SHAPE | dict(q_lora_rank=24, rope_parameters=_YARN)),
+    "deepseek_v3_split_half": ("DeepseekV3ForCausalLM", "DeepseekV3Config",
+                               _SHAPE | dict(q_lora_rank=24, rope_interleave=False)),
+    "deepseek_v2": ("DeepseekV2ForCausalLM", "DeepseekV2Config", _SHAPE | dict(q_lora_rank=24)),
+    "deepseek_v2_lite": ("DeepseekV2ForCausalLM", "DeepseekV2Config", _SHAPE | dict(q_lora_rank=None)),
+}
+LOGITS: list[torch.Tensor] = []  # what the capturing attention function saw, one (B, H, T, T) a layer
+
+
+def _capture(module, query, key, value, attention_mask, scaling, **kwargs):
+    """The model's own q.k times its scaling (before mask and softmax), recorded; then its eager attention."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import eager_attention_forward
+
+    LOGITS.append(torch.matmul(query, key.transpose(2, 3)) * scaling)
+    return eager_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+
+
+def build(name: str, seed: int = 0, **overrides):
+    """A tiny MLA model of transformers' class, float64, weights re-drawn as tests/tiny_models.py draws them."""
+    import transformers
+
+    model_class, config_class, kwargs = MODELS[name]
+    transformers.AttentionInterface.register("headforms_capture", _capture)
+    config = getattr(transformers, config_class)(**(kwargs | overrides))
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_class)._from_config(config, attn_implementation="headforms_capture")
+    model = model.to(torch.float64).eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            if param.ndim == 1:
+                param.uniform_(0.5, 1.5, generator=generator)
+            else:
+                param.normal_(0.0, config.hidden_size**-0.5, generator=generator)
+    return model
+
+
+def trace(model, length: int = 48, seed: int = 1):
+    """Per layer: attention inputs x (B, T, N), the model's logits (B, H, T, T), the RMS of the q latent (B, T; ones
+    without q_lora_rank) and of the kv latent (B, T), from one forward pass at positions 0..T-1."""
+    modules = [layer.self_attn for layer in model.model.layers]
+    inputs, q_latent, kv_latent, hooks = [], [], [], []
+    for m in modules:
+        hooks.append(m.register_forward_pre_hook(lambda mod, a, kw: inputs.append(kw["hidden_states"]),
+                                                 with_kwargs=True))
+        if m.q_a_proj is not None:
+            hooks.append(m.q_a_proj.register_forward_hook(lambda mod, a, out: q_latent.append(out)))
+        hooks.append(m.kv_a_proj_with_mqa.register_forward_hook(lambda mod, a, out: kv_latent.append(out)))
+    tokens = torch.randint(3, VOCAB, (2, length), generator=torch.Generator().manual_seed(seed))
+    LOGITS.clear()
+    try:
+        with torch.no_grad():
+            model(input_ids=tokens, position_ids=torch.arange(length)[None].expand(2, -1))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    out = []
+    for layer, m in enumerate(modules):
+        eps = m.kv_a_layernorm.variance_epsilon
+        c = kv_latent[layer][..., :m.kv_lora_rank].double().numpy()
+        rms_kv = np.sqrt((c**2).mean(-1) + eps)
+        if m.q_a_proj is not None:
+            rms_q = np.sqrt((q_latent[layer].double().numpy()**2).mean(-1) + m.q_a_layernorm.variance_epsilon)
+        else:
+            rms_q = np.ones_like(rms_kv)
+        out.append((inputs[layer].double().numpy(), LOGITS[layer].double().numpy(), rms_q, rms_kv))
+    return out
+
+
+def predicted(spec, layer, x, rms_q, rms_kv):
+    """score_scale * (A / (rms_q(x_i) rms_kv(x_j)) + B(i - j) / rms_q(x_i)) from the stored parts, (B, H, T, T)."""
+    x = x @ layer.basis if layer.basis is not None else x
+    nope, rope = layer.parts["nope"], layer.parts["rope"]
+    forms = np.einsum("hna,hnb->hab", nope.wk[nope.kv_index], nope.wq)
+    a = np.einsum("zja,hab,zib->zhij", x, forms, x)
+    q = np.einsum("hna,zia->zhin", rope.wq, x)
+    k = np.einsum("na,zja->zjn", rope.wk[0], x)
+    t = x.shape[1]
+    rotation = Rotation.of(spec.pairing, spec.frequencies)
+    rotations = np.stack([rotation.rotate(np.eye(spec.rope), np.arange(t) - j) for j in range(t)], axis=1)
+    b = np.einsum("zjn,ijnm,zhim->zhij", k, rotations, q)  # rotations[i, j] = R(i - j)
+    return spec.score_scale * (a / rms_kv[:, None, None, :] + b) / rms_q[:, None, :, None]
+
+
+def saved(name: str, folder, **overrides):
+    model = build(name, **overrides)
+    model.save_pretrained(folder)
+    return model, folder
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_parts_reproduce_model_logits(name, tmp_path):
+    model, folder = saved(name, tmp_path)
+    ckpt = open_latent_folder(folder, name="tiny")
+    spec = ckpt.spec
+    assert spec.score_scale == model.model.layers[0].self_attn.scaling
+    traced = trace(model)
+    causal = np.tril(np.ones((48, 48), bool))
+    for index, (x, logits, rms_q, rms_kv) in enumerate(traced):
+        layer = ckpt.read_layer(index)
+        got = predicted(spec, layer, x, rms_q, rms_kv)
+        scale = np.abs(got[..., causal]).max()
+        assert 0.1 < scale < 100
+        diagonal = np.eye(48, dtype=bool)
+        assert np.abs(got - logits)[..., diagonal].max() / scale < 1e-6  # distance 0
+        assert np.abs(got - logits)[..., causal & ~diagonal].max() / scale < 1e-6  # distances 1 .. 47
+        nope, rope = layer.parts["nope"], layer.parts["rope"]
+        assert nope.wq.shape == (4, 8, nope.wq.shape[2]) and rope.wk.shape[:2] == (1, 4)
+        assert (layer.basis is None) == (spec.width >= spec.d_model)
+        lora = spec.q_lora_rank is not None  # the factors `predicted` applies, as the parts name them
+        assert (nope.factor, rope.factor) == (("1/(rms_q(x_i) rms_kv(x_j))", "1/rms_q(x_i)") if lora
+                                              else ("1/rms_kv(x_j)", "1"))
+
+
+def test_the_parts_are_two_forms_not_one(tmp_path):
+    """Scoring the rope part with the nope part's factor (one form at unit RMS per token) misses the logits."""
+    model, folder = saved("deepseek_v3", tmp_path)
+    ckpt = open_latent_folder(folder, name="tiny")
+    x, logits, rms_q, rms_kv = trace(model)[0]
+    layer = ckpt.read_layer(0)
+    one_form = predicted(ckpt.spec, layer, x, rms_q, rms_kv * 0 + 1) / rms_kv[:, None, None, :]
+    causal = np.tril(np.ones((48, 48), bool))
+    assert np.abs(one_form - logits)[..., causal].max() > 1e-2 * np.abs(logits[..., causal]).max()
+
+
+def test_yarn_scales_only_the_rope_part(tmp_path):
+    model, folder = saved("deepseek_v3_yarn", tmp_path)
+    spec = open_latent_folder(folder, name="tiny").spec
+    attention = model.model.layers[0].self_attn
+    mscale = 0.1 * 0.6 * np.log(4.0) + 1.0  # transformers' yarn_get_mscale(factor, mscale_all_dim)
+    assert spec.score_scale == pytest.approx(12**-0.5 * mscale**2, rel=1e-12) == attention.scaling
+    factor = (0.1 * 0.8 * np.log(4.0) + 1.0) / mscale
+    assert spec.rope_factor == pytest.approx(factor**2, rel=1e-12)
+    assert spec.rope_factor == pytest.approx(model.model.rotary_emb.attention_scaling**2, rel=1e-12)
+
+
+def _config(**changes) -> dict:
+    return {"model_type": "deepseek_v3", **_SHAPE, "q_lora_rank": 24} | changes
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"kv_lora_rank": 80}, "kv_lora_rank 80 is larger than the width N = 64"),
+    ({"q_lora_rank": 65}, "q_lora_rank 65 is larger than the width N = 64"),
+    ({"qk_rope_head_dim": 5}, "qk_rope_head_dim 5 is odd"),
+    ({"kv_lora_rank": 0}, "kv_lora_rank must be a positive integer, got 0"),
+    ({"attention_bias": True}, "attention_bias adds a bias to the latents"),
+    ({"quantization_config": {"quant_method": "fp8"}}, "quantized checkpoints (fp8)"),
+])
+def test_bad_configs_refused_in_one_line(changes, message):
+    with pytest.raises(ExtractError) as error:
+        latent_spec(_config(**changes))
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_latent_norms_need_fold():
+    with pytest.raises(ExtractError, match="pass --qk-norm fold"):
+        latent_spec(_config(), qk_norm="refuse")
+
+
+def test_config_disagreeing_with_tensors(tmp_path):
+    _, folder = saved("deepseek_v3", tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"kv_lora_rank": 12}))
+    with pytest.raises(ExtractError, match=r"tensor 'model.layers.0.self_attn.kv_a_proj_with_mqa.weight' has shape "
+                                           r"\(20, 64\), expected \(16, 64\) from config.json"):
+        open_latent_folder(folder, name="tiny")
+    (folder / "config.json").write_text(json.dumps(config | {"kv_lora_rank": 80}))
+    with pytest.raises(ExtractError, match="kv_lora_rank 80 is larger than the width N = 64"):
+        open_latent_folder(folder, name="tiny")
+
+
+@pytest.mark.parametrize("flags", [[], ["--qk-norm", "fold"]])
+def test_cli_still_refuses_latent_attention_in_one_line(flags, tmp_path):
+    _, folder = saved("deepseek_v3", tmp_path / "ckpt")
+    db = tmp_path / "w.duckdb"
+    result = CliRunner().invoke(main, ["extract", str(folder), "--db", str(db), *flags])
+    assert result.exit_code != 0
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: deepseek_v3 is refused")
+    assert not db.exists()
+
+
+def test_the_common_span_keeps_every_statistic_spectrum_and_fit(tmp_path):
+    """Each part analysed in the layer's m-wide basis (ambient N given) equals the part analysed at width N, and its
+    spectrum of S is dense numpy's of the N x N form."""
+    _, folder = saved("deepseek_v3", tmp_path)
+    ckpt = open_latent_folder(folder, name="tiny")
+    spec, layer = ckpt.spec, ckpt.read_layer(1)
+    basis = layer.basis
+    assert basis.shape == (64, 44) and np.allclose(basis.T @ basis, np.eye(44), atol=1e-12)
+    rotation = Rotation.of(spec.pairing, spec.frequencies)
+    for part in layer.parts.values():
+        kw = dict(layer=1, seed=0, rotation=rotation if part.rotary else None,
+                  deltas=(0, 1, 4, 40) if part.rotary else (0,))
+        reduced = analyse_layer(part.wq, part.wk, part.kv_index, ambient=64, **kw)
+        full = analyse_layer(part.wq @ basis.T, part.wk @ basis.T, part.kv_index, **kw)
+        for column, value in full.statistics.items():
+            if value.dtype.kind in "OU":
+                assert list(reduced.statistics[column]) == list(value), column
+            else:
+                np.testing.assert_allclose(reduced.statistics[column], value, rtol=1e-8, atol=1e-10, err_msg=column)
+        for sample, families in full.fits.items():
+            for family, columns in families.items():
+                for column, value in columns.items():
+                    got = reduced.fits[sample][family][column]
+                    if value.dtype.kind in "OU":
+                        assert list(got) == list(value)
+                    else:
+                        np.testing.assert_allclose(got, value, rtol=1e-5, atol=1e-8, err_msg=f"{sample} {family}")
+        if part.rotary:
+            for column, value in full.distances.items():
+                if value.dtype.kind in "OU":
+                    assert (reduced.distances[column] == value).all()
+                else:
+                    np.testing.assert_allclose(reduced.distances[column], value, rtol=1e-8, atol=1e-10)
+        dense = np.einsum("hna,hnb->hab", part.wk[part.kv_index], part.wq)
+        dense = basis @ dense @ basis.T
+        s = np.linalg.eigvalsh((dense + dense.swapaxes(1, 2)) / 2)[:, ::-1]
+        r = reduced.spectra.eig_S.shape[1]
+        keep = np.r_[0:r // 2, 64 - (r - r // 2):64]  # the nonzero end of each side; the ambient zeros between
+        np.testing.assert_allclose(reduced.spectra.eig_S, s[:, keep], atol=1e-10)
+        assert ((reduced.statistics["n_pos"] + reduced.statistics["n_neg"]) <= 2 * part.wq.shape[1]).all()
+        assert (reduced.statistics["n_zero_ambient"] == 64 - reduced.statistics["n_pos"]
+                - reduced.statistics["n_neg"]).all()
+
+
+def write_gguf(model, path, *, split: bool, mla_lengths: bool = False, drop: str | None = None,
+               kv_lora_rank: int | None = None):
+    """The tiny model's attention as llama.cpp's convert_hf_to_gguf.py writes DeepseekV2/V3 (float32): attn_kv_b
+    whole, or split into attn_k_b (each head's k rows transposed, (H, kv_lora, nope)) and attn_v_b; with
+    `mla_lengths` the absorbed files' key_length = kv_lora + rope beside key_length_mla = nope + rope; `drop` leaves
+    a tensor out, `kv_lora_rank` overrides the metadata's (bad files)."""
+    import gguf
+
+    c = model.config
+    writer = gguf.GGUFWriter(str(path), "deepseek2")
+    writer.add_block_count(c.num_hidden_layers)
+    writer.add_head_count(c.num_attention_heads)
+    writer.add_embedding_length(c.hidden_size)
+    head_k = c.qk_nope_head_dim + c.qk_rope_head_dim
+    if mla_lengths:
+        writer.add_key_length(c.kv_lora_rank + c.qk_rope_head_dim)
+        writer.add_value_length(c.kv_lora_rank)
+        writer.add_uint32("deepseek2.attention.key_length_mla", head_k)
+        writer.add_uint32("deepseek2.attention.value_length_mla", c.v_head_dim)
+    else:
+        writer.add_key_length(head_k)
+        writer.add_value_length(c.v_head_dim)
+    writer.add_rope_dimension_count(c.qk_rope_head_dim)
+    writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    if c.q_lora_rank is not None:
+        writer.add_q_lora_rank(c.q_lora_rank)
+    writer.add_kv_lora_rank(kv_lora_rank or c.kv_lora_rank)
+    for i, layer in enumerate(model.model.layers):
+        a = layer.self_attn
+        tensors = {"attn_kv_a_mqa": a.kv_a_proj_with_mqa, "attn_kv_a_norm": a.kv_a_layernorm}
+        tensors |= ({"attn_q_a": a.q_a_proj, "attn_q_a_norm": a.q_a_layernorm, "attn_q_b": a.q_b_proj}
+                    if a.q_a_proj is not None else {"attn_q": a.q_proj})
+        arrays = {stem: m.weight.detach().double().numpy() for stem, m in tensors.items()}
+        kv_b = a.kv_b_proj.weight.detach().double().numpy()
+        if split:
+            heads = kv_b.reshape(c.num_attention_heads, c.qk_nope_head_dim + c.v_head_dim, c.kv_lora_rank)
+            arrays["attn_k_b"] = heads[:, :c.qk_nope_head_dim].swapaxes(1, 2)
+            arrays["attn_v_b"] = heads[:, c.qk_nope_head_dim:]
+        else:
+            arrays["attn_kv_b"] = kv_b
+        for stem, array in arrays.items():
+            if f"blk.{i}.{stem}" != drop:
+                writer.add_tensor(f"blk.{i}.{stem}.weight", array.astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("name", ["deepseek_v2", "deepseek_v2_lite", "deepseek_v3"])
+@pytest.mark.parametrize("split, mla_lengths", [(False, False), (True, False), (True, True)])
+def test_gguf_parts_reproduce_model_logits(name, split, mla_lengths, tmp_path):
+    """Both of llama.cpp's layouts of kv_b, read from a GGUF deepseek2 file, reproduce the model's logits (to the
+    float32 the file stores)."""
+    model = build(name)
+    ckpt = open_latent_gguf(write_gguf(model, tmp_path / "m.gguf", split=split, mla_lengths=mla_lengths), name="g")
+    spec = ckpt.spec
+    assert (spec.architecture, spec.nope, spec.rope, spec.v_head_dim) == ("deepseek2", 8, 4, 8)
+    assert spec.score_scale == model.model.layers[0].self_attn.scaling
+    causal = np.tril(np.ones((48, 48), bool))
+    for index, (x, logits, rms_q, rms_kv) in enumerate(trace(model)):
+        got = predicted(spec, ckpt.read_layer(index), x, rms_q, rms_kv)
+        assert np.abs(got - logits)[..., causal].max() / np.abs(got[..., causal]).max() < 1e-5
+
+
+def test_gguf_bad_files_refused_in_one_line(tmp_path):
+    model = build("deepseek_v3")
+    with pytest.raises(ExtractError, match=r"GGUF file .* has no tensor blk.1.attn_k_b.weight \(layer 1\)"):
+        open_latent_gguf(write_gguf(model, tmp_path / "a.gguf", split=True, drop="blk.1.attn_k_b"), name="g")
+    path = write_gguf(model, tmp_path / "b.gguf", split=False, kv_lora_rank=12)
+    with pytest.raises(ExtractError, match=r"GGUF tensor blk.0.attn_kv_a_mqa.weight has shape \(20, 64\), expected "
+                                           r"\(16, 64\) from the file's metadata"):
+        open_latent_gguf(path, name="g")
+    path = write_gguf(model, tmp_path / "c.gguf", split=False, kv_lora_rank=80)
+    with pytest.raises(ExtractError, match=r"GGUF file .*c.gguf \(its metadata\): kv_lora_rank 80 is larger than "
+                                           r"the width N = 64"):
+        open_latent_gguf(path, name="g")
