@@ -288,6 +288,20 @@ def failure(exc: Exception) -> tuple[str, bool]:
     return one_line(exc)
 
 
+def describe(db: str | Path | None = None, name: str | None = None):
+    """The warehouse's tables and views with their descriptions, row counts and columns; with `name`, that table's
+    or view's columns, their types and descriptions (polars frames; DuckDB's duckdb_columns() holds the same)."""
+    from headforms.warehouse.storing.comments import describe as catalog
+
+    con = connect(db)
+    try:
+        return catalog(con, name)
+    except LookupError:
+        raise WarehouseError(f"no table or view '{name}' in the warehouse: `headforms describe` lists them") from None
+    finally:
+        con.close()
+
+
 def table(db: str | Path | None, view: str):
     """A table or view of the warehouse (e.g. 'parity_by_model') as a polars frame."""
     from headforms.warehouse.storing.store import query

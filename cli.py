@@ -326,6 +326,16 @@ def _print(frame, fmt: str, limit: int | None = api.LIMIT, every: bool = False, 
 
 
 @main.command()
+@click.argument("name", required=False)
+@db_option(read_only=True)
+@rows_options
+def describe(name, db, fmt, limit, every, out):
+    """The warehouse's tables and views: what each holds, its rows and columns; with NAME, its columns' types and
+    descriptions."""
+    _print(api.describe(db, name), fmt, limit, every, out)
+
+
+@main.command()
 @db_option(read_only=True)
 @rows_options
 @WAIT_READ

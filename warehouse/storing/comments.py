@@ -77,20 +77,20 @@ def _quote(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def comment_statements(con, schema: Path, views: Path) -> list[str]:
-    """The COMMENT ON statements that make the connection's tables and views (stored or temporary) carry their
-    comments: only those whose comment differs from what is there, so a warehouse already described is not
-    written to."""
+def comment_statements(con, schema: Path, views: Path, temporary_only: bool = False) -> list[str]:
+    """The COMMENT ON statements that make the connection's tables and views (stored, or with `temporary_only` the
+    temporary views of a read-only connection) carry their comments: only those whose comment differs from what
+    is there, so a warehouse already described is not written to."""
     docs = described(schema, views)
     by_name = {}  # a table column's comment, for view columns passed through under the same name
     for table, (_, columns) in table_comments(schema).items():
         for column, text in columns.items():
             by_name.setdefault(column, text)
-    objects = con.execute("SELECT table_name, comment, 'TABLE' FROM duckdb_tables() WHERE schema_name = 'main' "
-                          "UNION ALL SELECT view_name, comment, 'VIEW' FROM duckdb_views() "
-                          "WHERE NOT internal AND schema_name = 'main'").fetchall()
-    columns = con.execute("SELECT table_name, column_name, comment FROM duckdb_columns() "
-                          "WHERE schema_name = 'main'").fetchall()
+    where = "schema_name = 'main' AND database_name = " + ("'temp'" if temporary_only else "current_database()")
+    objects = con.execute(f"SELECT table_name, comment, 'TABLE' FROM duckdb_tables() WHERE {where} "
+                          f"UNION ALL SELECT view_name, comment, 'VIEW' FROM duckdb_views() "
+                          f"WHERE NOT internal AND {where}").fetchall()
+    columns = con.execute(f"SELECT table_name, column_name, comment FROM duckdb_columns() WHERE {where}").fetchall()
     statements = []
     for name, comment, kind in objects:
         if name in docs and docs[name][0] and comment != docs[name][0]:
@@ -102,3 +102,28 @@ def comment_statements(con, schema: Path, views: Path) -> list[str]:
         if text and comment != text:
             statements.append(f"COMMENT ON COLUMN {name}.{column} IS {_quote(text)}")
     return statements
+
+
+def describe(con, name: str | None = None):
+    """The warehouse's tables and views (kind, description, rows, columns), or with `name` that one's columns
+    (type, description), as polars frames: what the COMMENT ON statements put in DuckDB's catalog."""
+    import polars as pl
+
+    objects = con.execute(
+        "SELECT table_name AS name, 'table' AS kind, comment FROM duckdb_tables() WHERE schema_name = 'main' "
+        "UNION SELECT view_name, 'view', comment FROM duckdb_views() WHERE NOT internal AND schema_name = 'main' "
+        "ORDER BY kind, name").fetchall()
+    columns = con.execute("SELECT table_name, column_name, data_type, comment FROM duckdb_columns() "
+                          "WHERE schema_name = 'main' ORDER BY table_name, column_index").fetchall()
+    if name is not None:
+        if name not in {n for n, _, _ in objects}:
+            raise LookupError(name)
+        return pl.DataFrame([(c, t, d) for n, c, t, d in columns if n == name],
+                            schema=["column", "type", "description"], orient="row")
+    names = {}
+    for table, column, _, _ in columns:
+        names.setdefault(table, []).append(column)
+    rows = [con.execute(f'SELECT count(*) FROM "{n}"').fetchone()[0] for n, _, _ in objects]
+    return pl.DataFrame({"name": [n for n, _, _ in objects], "kind": [k for _, k, _ in objects],
+                         "rows": rows, "description": [c for _, _, c in objects],
+                         "columns": [", ".join(names.get(n, [])) for n, _, _ in objects]})

@@ -14,6 +14,7 @@ import polars as pl
 
 from headforms.extract.checkpoint import first_line
 from headforms.warehouse.storing.failures import WarehouseError, damaged
+from headforms.warehouse.storing.comments import comment_statements
 
 SCHEMA = Path(__file__).with_name("schema.sql")
 VIEWS = Path(__file__).resolve().parents[2] / "sql"
@@ -319,12 +320,14 @@ def create_views(con: duckdb.DuckDBPyConnection, temporary: bool = False) -> Non
     Temporary views serve read-only connections, which cannot store them; one is kept only where the file
     lacks that view or stores another definition (an older version's), so information_schema lists it once.
     Stored views are written only when the file lacks one or stores another definition, so that a run that changes
-    nothing writes nothing."""
+    nothing writes nothing. Then the comments of storing/comments.py, where they differ from those there."""
     if temporary:
         _create_views(con, "TEMP VIEW")
         _drop_stored_copies(con)
     elif not _stored_as_they_are(con):
         _create_views(con, "VIEW")
+    for statement in comment_statements(con, SCHEMA, VIEWS, temporary_only=temporary):
+        con.execute(statement)
 
 
 def _create_views(con: duckdb.DuckDBPyConnection, kind: str) -> None:

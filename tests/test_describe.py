@@ -1,0 +1,68 @@
+"""The warehouse describes itself: every table, view and column carries its comment (schema.sql's comments, each
+view's header) in DuckDB's catalog, and `headforms describe` lists them with row counts and columns."""
+import duckdb
+import polars as pl
+from click.testing import CliRunner
+
+from headforms import api, cli
+from headforms.warehouse.storing.comments import comment_statements
+from headforms.warehouse.storing.store import SCHEMA, VIEWS, connect
+
+
+def catalog(con, what: str) -> list[tuple]:
+    return con.execute(what).fetchall()
+
+
+def test_every_table_view_and_column_of_the_demo_is_described(demo_db):
+    for read_only in (True, False):  # stored comments, and those a read-only connection's views carry
+        con = connect(demo_db, read_only=True) if read_only else duckdb.connect(str(demo_db), read_only=True)
+        try:
+            bare = catalog(con, "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' AND comment IS NULL "
+                                "UNION ALL SELECT view_name FROM duckdb_views() WHERE NOT internal AND schema_name = 'main' "
+                                "AND comment IS NULL")
+            columns = catalog(con, "SELECT table_name, column_name FROM duckdb_columns() WHERE schema_name = 'main' "
+                                   "AND (comment IS NULL OR comment = '') ORDER BY ALL")
+        finally:
+            con.close()
+        assert bare == [] and columns == []
+    views = {f.stem for f in VIEWS.glob("*.sql")}
+    with duckdb.connect(str(demo_db), read_only=True) as con:
+        stored = {v for (v,) in catalog(con, "SELECT view_name FROM duckdb_views() WHERE NOT internal")}
+    assert views <= stored
+
+
+def test_comments_are_written_once(tmp_path):
+    """A warehouse described already gets no COMMENT ON statement: a rerun writes nothing."""
+    con = duckdb.connect(str(tmp_path / "w.duckdb"))
+    from headforms.warehouse.storing.store import create_schema
+
+    create_schema(con)
+    assert comment_statements(con, SCHEMA, VIEWS) == []
+    (count,), = catalog(con, "SELECT count(*) FROM duckdb_columns() WHERE schema_name = 'main' AND comment IS NOT NULL")
+    assert count > 100
+    con.close()
+
+
+def test_describe_lists_tables_and_views_with_rows_and_columns(tiny_rope_db):
+    listed = api.describe(tiny_rope_db)
+    with duckdb.connect(str(tiny_rope_db), read_only=True) as con:
+        for row in listed.iter_rows(named=True):
+            (rows,), = catalog(con, f'SELECT count(*) FROM "{row["name"]}"')
+            names = [c for (c,) in catalog(con, "SELECT column_name FROM duckdb_columns() WHERE table_name = ? "
+                                                "ORDER BY column_index", [row["name"]])]
+            assert row["rows"] == rows and row["columns"] == ", ".join(names) and row["description"]
+    assert {"heads", "eigenvalues", "fits", "models"} <= set(listed.filter(pl.col("kind") == "table")["name"])
+    assert {f.stem for f in VIEWS.glob("*.sql")} <= set(listed.filter(pl.col("kind") == "view")["name"])
+    heads = api.describe(tiny_rope_db, "heads")
+    assert heads.columns == ["column", "type", "description"]
+    assert heads.filter(pl.col("column") == "symmetric_energy")["type"].to_list() == ["DOUBLE"]
+
+
+def test_describe_on_the_command_line(tiny_rope_db):
+    run = CliRunner().invoke(cli.main, ["describe", "--db", str(tiny_rope_db)])
+    assert run.exit_code == 0 and "parity_by_model" in run.output and "shape:" not in run.output
+    one = CliRunner().invoke(cli.main, ["describe", "parity_by_model", "--db", str(tiny_rope_db), "--format", "csv"])
+    assert one.exit_code == 0 and one.output.splitlines()[0] == "column,type,description"
+    missing = CliRunner().invoke(cli.main, ["describe", "head", "--db", str(tiny_rope_db)])
+    assert missing.exit_code == 1 and missing.output == (
+        "Error: no table or view 'head' in the warehouse: `headforms describe` lists them\n")
