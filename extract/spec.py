@@ -91,6 +91,11 @@ def model_spec(raw: dict, options: ReadOptions = ReadOptions()) -> tuple[Layout,
             f"{architecture} uses QK-norm, so the attention score is not bilinear in x; "
             "pass --qk-norm fold to fold the norm gains into W_Q and W_K (L then acts on RMS-normalised q, k)"
         )
+    return layout, shaped_spec(layout, raw, config, architecture)
+
+
+def shaped_spec(layout: Layout, raw: dict, config: dict, architecture: str) -> ModelSpec:
+    """The ModelSpec of a config read with an accepted layout: head counts, sizes, scale and RoPE."""
     keys = CONFIG_KEYS | (layout.config_keys or {})
     n_layers, n_heads, d_model = (_positive_int(config, keys[f]) for f in ("n_layers", "n_heads", "d_model"))
     n_kv_heads, head_dim = n_heads, None
@@ -112,7 +117,7 @@ def model_spec(raw: dict, options: ReadOptions = ReadOptions()) -> tuple[Layout,
         rope = hf_rope(_rope_settings(config), config, head_dim, recorded["rotary_fraction"], layout.rope_pairing)
     if architecture != raw.get("model_type"):
         recorded["tower"] = architecture.partition(".")[2]
-    spec = ModelSpec(
+    return ModelSpec(
         architecture=architecture,
         n_layers=n_layers,
         n_heads=n_heads,
@@ -125,4 +130,3 @@ def model_spec(raw: dict, options: ReadOptions = ReadOptions()) -> tuple[Layout,
         config=recorded,
         rope=rope,
     )
-    return layout, spec

