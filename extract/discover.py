@@ -17,6 +17,7 @@ import json
 import re
 import sys
 from dataclasses import replace
+from typing import Callable
 
 import numpy as np
 
@@ -36,8 +37,9 @@ _NON_BILINEAR = {
 _CROSS = ("encoder_attn", "crossattention", "cross_attn")  # cross-attention reads another sequence: not a form of x
 
 
-def discover_layout(raw: dict) -> Layout:
-    """A SEPARATE layout for raw's model_type from its transformers class on the meta device, or one-line refusal."""
+def discover_layout(raw: dict, shaped: Callable[..., ModelSpec]) -> Layout:
+    """A SEPARATE layout for raw's model_type from its transformers class on the meta device, proven by `prove` (its
+    specs built by `shaped`: extract.spec.shaped_spec), or one-line refusal."""
     model_type = raw.get("model_type")
     unsupported = f"unsupported architecture '{model_type}' (supported: {', '.join(SUPPORTED)})"
     try:
@@ -54,7 +56,7 @@ def discover_layout(raw: dict) -> Layout:
     except Exception as e:  # unknown model_type, a config the class rejects: one line either way
         raise ExtractError(f"{unsupported}; transformers {transformers.__version__} cannot build it: "
                            f"{first_line(e)}") from None
-    return proven(_layout_from_model(model, config, model_type), raw)
+    return proven(_layout_from_model(model, config, model_type), raw, shaped)
 
 
 def _rope_pairing(module) -> str:
@@ -194,7 +196,7 @@ def _with_norms(layout: Layout, norms: dict | None) -> Layout:
                    tensors=layout.tensors | {role: f"{base}.{norms[role]}.weight" for role in ("q_norm", "k_norm")})
 
 
-def proven(layout: Layout, raw: dict) -> Layout:
+def proven(layout: Layout, raw: dict, shaped: Callable[..., ModelSpec]) -> Layout:
     """The discovered layout once the family's tiny instance reproduces its own logits (cached verdict), with the
     QK-norms found on the way; else the one-line refusal saying what did not match."""
     from importlib.metadata import version
@@ -203,7 +205,7 @@ def proven(layout: Layout, raw: dict) -> Layout:
     verdict = _load_verdicts().get(key)
     if verdict is None:
         try:
-            verdict = {"norms": prove(layout, raw), "refusal": None}
+            verdict = {"norms": prove(layout, raw, shaped), "refusal": None}
         except ExtractError as e:
             verdict = {"norms": None, "refusal": str(e)}
         _save_verdict(key, verdict)
@@ -330,12 +332,11 @@ def _norm_kind(module, given, out) -> tuple[str, float] | None:
     return None
 
 
-def prove(layout: Layout, raw: dict) -> dict | None:
+def prove(layout: Layout, raw: dict, shaped: Callable[..., ModelSpec]) -> dict | None:
     """Run the family's tiny instance at position 0 and at spread positions and require score_scale *
     x_j^T W_K^T R(p_j)^T R(p_i) W_Q x_i (divided by the QK-norms' RMS of q_i and k_j) to reproduce its logits,
     compared as differences to the first key (what the softmax keeps). Returns the QK-norms found (None: none)."""
     from headforms.compute.rotary import Rotation
-    from headforms.extract.spec import shaped_spec
 
     model_type = raw.get("model_type")
     try:
@@ -350,7 +351,7 @@ def prove(layout: Layout, raw: dict) -> dict | None:
     n_tiny = config.get_text_config().num_hidden_layers
     modules = [model.get_submodule(prefix + template.format(i=i)) for i in range(n_tiny)]
     shrunk = config.to_dict() | {"model_type": model_type}
-    spec = shaped_spec(layout, shrunk, shrunk, model_type)
+    spec = shaped(layout, shrunk, shrunk, model_type)
     try:
         norms = _qk_norms(_run(model, modules, [0] * _TOKENS)[0][2], q_name, k_name, spec.n_heads, spec.head_dim)
     except ExtractError as e:

@@ -26,7 +26,7 @@ def layout_for(model_type: str | None, raw: dict) -> Layout:
     if not isinstance(model_type, str):
         raise ExtractError(f"config.json names no architecture (model_type is {model_type!r}); supported: "
                            f"{', '.join(SUPPORTED)}")
-    return discover_layout(raw)
+    return discover_layout(raw, shaped_spec)
 
 
 def _positive_int(config: dict, keys: tuple[str, ...]) -> int:
