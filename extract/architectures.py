@@ -26,6 +26,9 @@ def _hf_row(family: str, layout: Layout) -> dict:
     norms = [("", layout.qk_norm)] + [(f"{v.when}: ", v.fields["qk_norm"]) for v in layout.variants
                                       if "qk_norm" in v.fields]
     notes = [f"{when}QK-norm ({kind} gains): refused unless --qk-norm fold" for when, kind in norms if kind]
+    if layout.softcap:
+        notes.append(f"soft-capped: the logit is cap * tanh(s / cap), cap = {layout.softcap} when set; the form "
+                     "gives s (models.attention_softcap)")
     if layout.refusal is not _no_refusal:
         notes.append(f"refused when {layout.refusal.__doc__}")
     if "." in family:

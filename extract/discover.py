@@ -23,7 +23,7 @@ import numpy as np
 
 from headforms.extract.caches import cache_root
 from headforms.extract.checkpoint import ExtractError, ModelSpec, first_line
-from headforms.extract.layouts import SEPARATE, SUPPORTED, Layout, Scale, _softcap_refusal
+from headforms.extract.layouts import SEPARATE, SUPPORTED, Layout, Scale
 
 # (query, key) child names of an attention module holding separate projections.
 _QK_NAMES = (("q_proj", "k_proj"), ("query", "key"), ("q_lin", "k_lin"))
@@ -124,7 +124,7 @@ def _layout_from_model(model, config, model_type: str) -> Layout:
     rotary = any(getattr(text, key, None) for key in ("rope_parameters", "rope_scaling", "rope_theta"))
     return Layout(positional="rope" if rotary else "learned", prefixes=prefixes, tensors=tensors, packing=SEPARATE,
                   grouped=True, scale=Scale("from the attention module (scaling)", lambda c, n: scale),
-                  refusal=_softcap_refusal, rope_pairing=_rope_pairing(first) if rotary else "split-half")
+                  softcap="attn_logit_softcapping", rope_pairing=_rope_pairing(first) if rotary else "split-half")
 
 
 VERDICTS = "families.json"  # in the headforms cache: model_type and transformers version -> the proof's verdict
@@ -406,6 +406,8 @@ def _mismatch(x, probs, calls, w_q, w_k, spec: ModelSpec, norms, names, rotation
         r_q = _rms(outputs[names[0]], spec.n_heads, norms, spec.head_dim)
         r_k = _rms(outputs[names[1]], spec.n_kv_heads, norms, spec.head_dim)[spec.kv_index]
         predicted = predicted / (r_q[:, :, None] * r_k[:, None, :])
+    if spec.softcap:
+        predicted = spec.softcap * np.tanh(predicted / spec.softcap)
     allowed = np.tril(np.ones(probs.shape[-2:], bool))
     if (probs[..., allowed] <= 0).any():
         raise ExtractError("its tiny instance masks pairs a causal mask allows (a sliding window or chunking "

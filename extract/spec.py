@@ -129,4 +129,5 @@ def shaped_spec(layout: Layout, raw: dict, config: dict, architecture: str) -> M
         qk_norm="folded" if layout.qk_norm else None,
         config=recorded,
         rope=rope,
+        softcap=float(config[layout.softcap]) if layout.softcap and config.get(layout.softcap) else None,
     )

@@ -35,6 +35,7 @@ EXPECTED = {
     "qwen2": (4, 2, 8, 32, "rope", 8**-0.5, None),
     "gemma": (4, 1, 8, 32, "rope", 8**-0.5, None),
     "gemma2": (4, 2, 16, 32, "rope", 24**-0.5, None),
+    "gemma2_softcap": (4, 2, 16, 32, "rope", 24**-0.5, None),
     "bert": (4, 4, 8, 32, "absolute", 8**-0.5, None),
     "minilm": (4, 4, 8, 32, "absolute", 8**-0.5, None),
     "qwen3": (4, 2, 16, 32, "rope", 16**-0.5, "folded"),
@@ -130,6 +131,8 @@ def logit_error(ckpt, trace: tm.Trace, layer: int, kv_index: np.ndarray, model) 
         r_q = qk_rms(trace.q[layer], spec.n_heads, kind, spec.head_dim, eps)
         r_k = qk_rms(trace.k[layer], spec.n_kv_heads, kind, spec.head_dim, eps)[:, kv_index]
         predicted = predicted / (r_q[..., :, None] * r_k[..., None, :])
+    if spec.softcap:
+        predicted = spec.softcap * np.tanh(predicted / spec.softcap)
     probs, allowed = trace.probs[layer], trace.allowed
     assert (probs[..., allowed] > 0).all() and (probs[..., ~allowed] == 0).all()
     logp = np.log(np.where(allowed, probs, 1.0))
@@ -356,8 +359,15 @@ def test_inconsistent_config(config, message):
         model_spec(config)
 
 
+def test_soft_cap_recorded_with_transformers_default():
+    """Gemma 2's cap: 50 when config.json omits it (transformers' default), the config's where it sets one."""
+    assert model_spec({"model_type": "gemma2", "num_hidden_layers": 2, "num_attention_heads": 4,
+                       "hidden_size": 32}, ReadOptions())[1].softcap == 50.0
+    assert model_spec(tm.build("gemma2_softcap").config.to_dict())[1].softcap == 2.0
+    assert model_spec(tm.build("gemma2").config.to_dict())[1].softcap is None
+
+
 @pytest.mark.parametrize("config, reason", [
-    ({"model_type": "gemma2"}, "attn_logit_softcapping=50.0"),  # transformers' default when omitted
     ({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
     ({"model_type": "gpt2", "scale_attn_by_inverse_layer_idx": True},
      ": scale_attn_by_inverse_layer_idx makes the score scale differ per layer$"),

@@ -63,3 +63,26 @@ def test_a_family_whose_logits_the_form_misses_is_refused_in_one_line(tmp_path):
     assert result.exit_code != 0
     assert result.output.count("\n") == 1 and result.output.startswith("Error: hunyuan_v1_dense is refused")
     assert "at distance 0 (position 7) differ from score_scale * x_j^T L x_i" in result.output
+
+
+def test_a_soft_capped_family_is_extracted_and_its_behaviour_reproduced(tmp_path, monkeypatch):
+    """Gemma 2 with a cap near its logits' size: the cap is on the models row, the model's own self-logits are the
+    capped ones (its softmax input), and cap * tanh(form + biases) reproduces them at every position."""
+    import duckdb
+    import numpy as np
+
+    from headforms import api
+    from tests.test_behaviour import LENGTH, SEED, SEQUENCES, Tokens, behaviour_rows, extracted, reference
+
+    folder, db = extracted(tmp_path, "gemma2_softcap")
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.sql("SELECT attention_softcap FROM models").fetchall() == [(2.0,)]
+    tokens = Tokens(monkeypatch)
+    api.behaviour(str(folder), db=db, length=LENGTH, sequences=SEQUENCES, seed=SEED, resamples=50)
+    _, diagonals = reference(folder, tokens.drawn[0], monkeypatch)
+    rows = behaviour_rows(db)
+    model_logit = np.concatenate([d.mean(axis=(0, 2)) for d in diagonals])
+    np.testing.assert_allclose(rows["self_logit"].to_numpy(), model_logit, atol=1e-5)
+    assert rows["reproduction_error"].max() < 1e-5
+    # the cap bends these logits: the uncapped form is not the model's logit
+    assert np.abs((rows["form_self_logit"] + rows["bias_self_logit"]).to_numpy() - model_logit).max() > 1e-2

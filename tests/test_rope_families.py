@@ -101,6 +101,8 @@ def logit_error(ckpt, trace: tm.Trace, layer: int, model, rotation: Rotation, qk
         r_q = qk_rms(trace.q[layer], spec.n_heads, qk_norm_kind, spec.head_dim, eps)
         r_k = qk_rms(trace.k[layer], spec.n_kv_heads, qk_norm_kind, spec.head_dim, eps)[:, kv]
         predicted = predicted / (r_q[..., :, None] * r_k[..., None, :])
+    if spec.softcap:
+        predicted = spec.softcap * np.tanh(predicted / spec.softcap)
     probs, allowed = trace.probs[layer], trace.allowed
     assert (probs[..., allowed] > 0).all()
     logp = np.log(np.where(allowed, probs, 1.0))

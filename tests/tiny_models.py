@@ -63,6 +63,10 @@ TINY: dict[str, Tiny] = {
     "gemma2": Tiny("Gemma2ForCausalLM", "Gemma2Config",
                    _decoder(num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24,
                             attn_logit_softcapping=None, final_logit_softcapping=None, sliding_window=16), rope=True),
+    "gemma2_softcap": Tiny("Gemma2ForCausalLM", "Gemma2Config",  # a cap near the logits' size: tanh bends them
+                           _decoder(num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24,
+                                    attn_logit_softcapping=2.0, final_logit_softcapping=None, sliding_window=16),
+                           rope=True),
     "bert": Tiny("BertForMaskedLM", "BertConfig",  # keys under "bert."
                  dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=32, intermediate_size=64,
                       vocab_size=VOCAB, max_position_embeddings=32), causal=False),
