@@ -365,6 +365,9 @@ LAYOUTS: dict[str, Layout] = {
 }
 # model_type -> its towers, the first read unless another is asked for.
 TOWERS = {"clip": ("text", "vision"), "siglip": ("text", "vision"), "whisper": ("encoder", "decoder")}
+_LLAMA4 = ("its NoPE layers multiply q by a temperature log(1 + floor((i + 1) / floor_scale)) * attn_scale + 1 of "
+           "the query's absolute position i, so the score is not scale * x_j^T L x_i with one L per layer; its RoPE "
+           "layers rotate complex pairs (2i, 2i+1) and L2-normalise q and k after the rotation")
 # Families transformers knows whose attention score is not scale * x_j^T L x_i: refused by name, never discovered.
 REFUSED = {
     "deepseek_v2": "multi-head latent attention normalises the latent q and kv (q_a_layernorm, kv_a_layernorm) "
@@ -372,6 +375,8 @@ REFUSED = {
     "deepseek_v3": "multi-head latent attention normalises the latent q and kv (q_a_layernorm, kv_a_layernorm) "
                    "inside the projection, so the score is not bilinear in x",
     "diffllama": "differential attention subtracts two softmaxes, so no single bilinear score exists",
+    "llama4": _LLAMA4,
+    "llama4_text": _LLAMA4,
     "t5": "a learned relative-position bias is added to q.k, and the score is unscaled per bucket",
 }
 SUPPORTED = sorted({key.partition(".")[0] for key in LAYOUTS})
