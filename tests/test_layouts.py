@@ -107,6 +107,8 @@ def qk_norm_kind(spec) -> str | None:
     """The folded QK-norm's kind of a spec's family ('head', 'projection', 'centred'), from the table or discovery."""
     if spec.qk_norm != "folded":
         return None
+    if spec.architecture in LAYOUTS:  # GGUF files too, whose config is their metadata
+        return LAYOUTS[spec.architecture].for_config(spec.config).qk_norm
     return model_spec(spec.config, ReadOptions(qk_norm="fold"))[0].qk_norm
 
 
