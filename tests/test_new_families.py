@@ -119,3 +119,15 @@ def test_length_dependent_rope_scalings_keep_distance_zero_only():
     spec = model_spec(config)[1]
     assert spec.rope.frequencies == () and spec.rope.refusal.startswith("dynamic NTK changes the frequencies")
     assert spec.score_scale == 8**-0.5
+
+
+def test_a_gguf_gemma2_records_its_cap(tmp_path):
+    """llama.cpp's gemma2 soft-caps at the file's attn_logit_softcapping, 50 when the file omits it (its default)."""
+    from headforms.extract.gguf_file import open_gguf
+    from tests import gguf_convert
+
+    model = tm.build("gemma2_softcap")
+    capped = gguf_convert.write(model, "gemma2", tmp_path / "capped.gguf")
+    assert open_gguf(capped, name="c", source="c", options=ReadOptions(revision="r")).spec.softcap == 2.0
+    plain = gguf_convert.write(tm.build("gemma2"), "gemma2", tmp_path / "plain.gguf")
+    assert open_gguf(plain, name="p", source="p", options=ReadOptions(revision="r")).spec.softcap == 50.0
