@@ -209,10 +209,31 @@ def proven(layout: Layout, raw: dict, shaped: Callable[..., ModelSpec]) -> Layou
             verdict = prove(layout, raw, shaped) | {"refusal": None}
         except ExtractError as e:
             verdict = {"refusal": str(e)}
-        _save_verdict(key, verdict)
+        _save_verdict(key, verdict | {"row": _row(layout, raw.get("model_type"), verdict, version("transformers"))})
     if verdict["refusal"]:
         raise ExtractError(verdict["refusal"])
     return replace(_with_norms(layout, verdict["norms"]), rope_pairing=verdict["pairing"])
+
+
+def _row(layout: Layout, model_type: str, verdict: dict, version: str) -> dict:
+    """The family as `headforms architectures` lists it: its layout and what the proof found, or why it failed."""
+    row = {"format": "hf (discovered)", "family": model_type, "positional": layout.positional,
+           "packing": layout.packing.name, "score_scale": layout.scale.formula}
+    if verdict["refusal"]:
+        return row | {"notes": f"refused on transformers {version}: {verdict['refusal'].split('): ', 1)[-1]}"}
+    notes = [f"proven by its own logits on transformers {version}"]
+    if verdict["norms"]:
+        notes.append(f"QK-norm ({verdict['norms']['kind']} gains, found by what the attention module does): "
+                     "refused unless --qk-norm fold")
+    if layout.positional == "rope":
+        notes.append(f"RoPE pairs {verdict['pairing']}")
+    return row | {"notes": "; ".join(notes)}
+
+
+def discovered_families() -> list[dict]:
+    """The `headforms architectures` rows of the families proven or refused on this machine (the verdict cache)."""
+    rows = {json.dumps(v["row"], sort_keys=True): v["row"] for _, v in sorted(_load_verdicts().items()) if "row" in v}
+    return list(rows.values())
 
 
 def _tiny(raw: dict):

@@ -131,3 +131,20 @@ def test_a_gguf_gemma2_records_its_cap(tmp_path):
     assert open_gguf(capped, name="c", source="c", options=ReadOptions(revision="r")).spec.softcap == 2.0
     plain = gguf_convert.write(tm.build("gemma2"), "gemma2", tmp_path / "plain.gguf")
     assert open_gguf(plain, name="p", source="p", options=ReadOptions(revision="r")).spec.softcap == 50.0
+
+
+def test_architectures_lists_what_discovery_proved_and_refused():
+    model_spec(_config("olmo3"), ReadOptions(qk_norm="fold"))
+    with pytest.raises(ExtractError):
+        model_spec(transformers.HunYuanDenseV1Config(num_hidden_layers=2, hidden_size=32, intermediate_size=64,
+                                                     vocab_size=tm.VOCAB, num_attention_heads=4,
+                                                     num_key_value_heads=2, head_dim=8, pad_token_id=0).to_dict())
+    result = CliRunner().invoke(cli.main, ["architectures", "--format", "json"])
+    rows = {row["family"]: row for row in json.loads(result.output) if row["format"] == "hf (discovered)"}
+    assert set(rows) == {"olmo3", "hunyuan_v1_dense"}
+    assert rows["olmo3"]["notes"] == (f"proven by its own logits on transformers {transformers.__version__}; QK-norm "
+                                      "(projection gains, found by what the attention module does): refused unless "
+                                      "--qk-norm fold; RoPE pairs split-half")
+    assert rows["hunyuan_v1_dense"]["notes"].startswith(
+        f"refused on transformers {transformers.__version__}: its tiny instance's attention logits (layer 0) at "
+        "distance 0 (position 7) differ")
