@@ -13,6 +13,7 @@ families never import it.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sys
@@ -163,10 +164,15 @@ def shrunk_config(raw: dict) -> dict:
     return out
 
 
+_UNPROVEN_KEYS = ("_name_or_path", "transformers_version", "torch_dtype", "dtype")  # fields no proof depends on
+
+
 def _verdict_key(raw: dict, version: str) -> str:
-    """The cache key: model_type, transformers version and the config's switches (flags change the structure)."""
-    flags = {k: v for k, v in sorted(raw.items()) if isinstance(v, bool)}
-    return f"{raw.get('model_type')} transformers {version} proof {PROOF} {json.dumps(flags, sort_keys=True)}"
+    """The cache key: model_type, transformers version and a digest of the config as the proof builds it (sizes
+    shrunk): checkpoints of one family differing only in size share a verdict, a changed flag or multiplier not."""
+    shrunk = {k: v for k, v in shrunk_config(raw).items() if k not in _UNPROVEN_KEYS}
+    digest = hashlib.sha256(json.dumps(shrunk, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return f"{raw.get('model_type')} transformers {version} proof {PROOF} config {digest}"
 
 
 def _load_verdicts() -> dict:
