@@ -39,7 +39,7 @@ def test_the_verdict_is_cached_per_model_type_and_transformers_version(own_cache
 
     monkeypatch.setattr(discover, "prove", unproven)
     assert model_spec(_config("olmo3"), ReadOptions(qk_norm="fold"))[0].tensors == layout.tensors
-    wider = _config("olmo3") | {"hidden_size": 64, "num_hidden_layers": 3, "intermediate_size": 128}
+    wider = _config("olmo3") | {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 8}
     assert model_spec(wider, ReadOptions(qk_norm="fold"))[0].tensors == layout.tensors  # sizes alone: the same verdict
     with pytest.raises(AssertionError, match="proved again"):  # another setting: another verdict
         model_spec(_config("olmo3") | {"rms_norm_eps": 1e-3}, ReadOptions(qk_norm="fold"))
