@@ -104,6 +104,10 @@ def _layout_from_model(model, config, model_type: str) -> Layout:
     text = config.get_text_config()
     n_layers = text.num_hidden_layers
     if sorted(modules) != list(range(n_layers)):
+        if set(modules) < set(range(n_layers)):  # a hybrid: state-space or linear-attention layers between
+            raise _refuse(model_type, f"{len(modules)} of its {n_layers} layers are softmax attention (layers "
+                                      f"{sorted(modules)}); the others have no softmax score, and storing a subset "
+                                      "of the layers under their own indices is not implemented")
         raise _refuse(model_type, f"its attention modules cover layers {sorted(modules)}, not 0..{n_layers - 1}")
     first = modules[0]
     scale = getattr(first, "scaling", getattr(first, "scale", None))
