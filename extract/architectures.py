@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from headforms.extract import gguf_file
+from headforms.extract.discover import discovered_families
 from headforms.extract.layouts import LAYOUTS, REFUSED, Layout, _no_refusal
 
 COLUMNS = ("format", "family", "positional", "packing", "score_scale", "notes")
@@ -26,6 +27,9 @@ def _hf_row(family: str, layout: Layout) -> dict:
     norms = [("", layout.qk_norm)] + [(f"{v.when}: ", v.fields["qk_norm"]) for v in layout.variants
                                       if "qk_norm" in v.fields]
     notes = [f"{when}QK-norm ({kind} gains): refused unless --qk-norm fold" for when, kind in norms if kind]
+    if layout.softcap:
+        notes.append(f"soft-capped: the logit is cap * tanh(s / cap), cap = {layout.softcap} when set; the form "
+                     "gives s (models.attention_softcap)")
     if layout.refusal is not _no_refusal:
         notes.append(f"refused when {layout.refusal.__doc__}")
     if "." in family:
@@ -42,18 +46,20 @@ def _gguf_rows() -> list[dict]:
             for arch, info in sorted(gguf_file.GGUF_ARCHITECTURES.items())]
 
 
-def architectures() -> list[dict]:
-    """One row per supported family of either format, then the families refused by name and why."""
+def architectures(discovered: bool = True) -> list[dict]:
+    """One row per supported family of either format, then the families refused by name and why; with
+    `discovered`, then the families discovery has proven or refused on this machine (extract.discover)."""
     rows = [_hf_row(family, layout) for family, layout in sorted(LAYOUTS.items())] + _gguf_rows()
     rows += [{"format": "hf", "family": family, "positional": "", "packing": "", "score_scale": "",
               "notes": f"refused: {reason}"} for family, reason in sorted(REFUSED.items())]
-    return rows
+    return rows + (discovered_families() if discovered else [])
 
 
-def markdown() -> str:
-    """The architectures as the README's Markdown table."""
+def markdown(discovered: bool = True) -> str:
+    """The architectures as a Markdown table (the README's: without the families discovered on this machine)."""
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(row[c].replace("|", "\\|") for c in COLUMNS) + " |" for row in architectures()]
+    lines += ["| " + " | ".join(row[c].replace("|", "\\|") for c in COLUMNS) + " |"
+              for row in architectures(discovered)]
     return "\n".join(lines) + "\n"
 
 
@@ -67,7 +73,7 @@ def write_readme(path: Path = README) -> None:
     """Replace the README's table by a freshly generated one."""
     text = path.read_text()
     start, end = text.index(_BEGIN) + len(_BEGIN), text.index(_END)
-    path.write_text(text[:start] + "\n" + markdown() + text[end:])
+    path.write_text(text[:start] + "\n" + markdown(discovered=False) + text[end:])
 
 
 if __name__ == "__main__":

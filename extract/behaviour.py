@@ -56,17 +56,17 @@ class _Recorder:
         self.inputs: dict[int, object] = {}
         self.layers: list[LayerRun] = []
 
-    def record(self, module, query, key, weights, scaling) -> None:
+    def record(self, module, query, key, weights, scaling, softcap=None) -> None:
         x = self.inputs.get(id(module))
         if x is None:
             raise ExtractError(f"{type(module).__name__}: its input was not seen (not a self-attention module)")
         scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
         own, previous, induction = attention_scores(weights.detach().double().cpu().numpy())
         b_q, b_k = _qk_biases(module, query.shape[1], key.shape[1], query.shape[-1])
-        self.layers.append(LayerRun(
-            own, previous, induction,
-            self_logits(query.detach().double().cpu().numpy(), key.detach().double().cpu().numpy(), scale),
-            x.detach().double().cpu().numpy(), b_q, b_k))
+        logits = self_logits(query.detach().double().cpu().numpy(), key.detach().double().cpu().numpy(), scale)
+        if softcap:  # the family's eager attention caps the scaled score: cap * tanh(s / cap)
+            logits = softcap * np.tanh(logits / softcap)
+        self.layers.append(LayerRun(own, previous, induction, logits, x.detach().double().cpu().numpy(), b_q, b_k))
 
 
 _RECORDER: _Recorder | None = None
@@ -80,7 +80,7 @@ def _capture(module, query, key, value, attention_mask, scaling=None, **kwargs):
         raise ExtractError(f"{type(module).__name__} has no eager attention in transformers to run")
     output, weights = eager(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     if _RECORDER is not None:
-        _RECORDER.record(module, query, key, weights, scaling)
+        _RECORDER.record(module, query, key, weights, scaling, kwargs.get("softcap"))
     return output, weights
 
 

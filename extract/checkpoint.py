@@ -45,6 +45,7 @@ class ModelSpec:
     config: dict = field(default_factory=dict, compare=False)  # the raw config / metadata
     rope: "Rope | None" = None  # RoPE's conventions (extract.rope) when positional == "rope"
     fold_norm: str | None = None  # None, or "gain" / "center" when the preceding norm was folded in
+    softcap: float | None = None  # the logit is softcap * tanh(s / softcap) of the score s the form gives
 
     @property
     def kv_index(self) -> np.ndarray:

@@ -4,15 +4,28 @@ The model is instantiated from config.json with no weights (every parameter on t
 its per-layer self-attention modules are located, and their query/key projections are accepted only
 as separate nn.Linear weights whose shapes `SEPARATE` explains for the config's head counts. Fused
 QKV projections are refused (their row order cannot be told from shapes), as is anything that makes
-the score not bilinear in x. transformers is needed here only; the table's families never import it.
+the score not bilinear in x. A layout so found is accepted only once proven (`prove`): a tiny random
+instance of the family, built from its own config with the sizes shrunk, must reproduce its own pre-softmax
+logits as score_scale * x_j^T L_(i-j) x_i at distance 0 and at nonzero distances; its QK-norms are found by
+what the attention module does (a submodule fed q or k), not by their names. The verdict is kept per
+(model_type, transformers version) in the headforms cache. transformers is needed here only; the table's
+families never import it.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import sys
+from dataclasses import replace
+from typing import Callable
 
-from headforms.extract.checkpoint import ExtractError, first_line
-from headforms.extract.layouts import SEPARATE, SUPPORTED, Layout, Scale, _softcap_refusal
+import numpy as np
+
+from headforms.extract.caches import cache_root
+from headforms.extract.checkpoint import ExtractError, ModelSpec, first_line
+from headforms.extract.layouts import SEPARATE, SUPPORTED, Layout, Scale
+from headforms.extract.rope import PAIRINGS
 
 # (query, key) child names of an attention module holding separate projections.
 _QK_NAMES = (("q_proj", "k_proj"), ("query", "key"), ("q_lin", "k_lin"))
@@ -22,14 +35,13 @@ _NON_BILINEAR = {
     "q_a_layernorm": "multi-head latent attention normalises the latent q and kv inside the projection",
     "kv_a_layernorm": "multi-head latent attention normalises the latent q and kv inside the projection",
     "lambda_q1": "differential attention subtracts two softmaxes",
-    "q_norm": "QK-norm (q_norm, k_norm) divides q and k by their RMS; --qk-norm fold needs the family in the table",
-    "q_layernorm": "q and k pass through a LayerNorm",
 }
 _CROSS = ("encoder_attn", "crossattention", "cross_attn")  # cross-attention reads another sequence: not a form of x
 
 
-def discover_layout(raw: dict) -> Layout:
-    """A SEPARATE layout for raw's model_type from its transformers class on the meta device, or one-line refusal."""
+def discover_layout(raw: dict, shaped: Callable[..., ModelSpec]) -> Layout:
+    """A SEPARATE layout for raw's model_type from its transformers class on the meta device, proven by `prove` (its
+    specs built by `shaped`: extract.spec.shaped_spec), or one-line refusal."""
     model_type = raw.get("model_type")
     unsupported = f"unsupported architecture '{model_type}' (supported: {', '.join(SUPPORTED)})"
     try:
@@ -46,7 +58,7 @@ def discover_layout(raw: dict) -> Layout:
     except Exception as e:  # unknown model_type, a config the class rejects: one line either way
         raise ExtractError(f"{unsupported}; transformers {transformers.__version__} cannot build it: "
                            f"{first_line(e)}") from None
-    return _layout_from_model(model, config, model_type)
+    return proven(_layout_from_model(model, config, model_type), raw, shaped)
 
 
 def _rope_pairing(module) -> str:
@@ -92,6 +104,10 @@ def _layout_from_model(model, config, model_type: str) -> Layout:
     text = config.get_text_config()
     n_layers = text.num_hidden_layers
     if sorted(modules) != list(range(n_layers)):
+        if set(modules) < set(range(n_layers)):  # a hybrid: state-space or linear-attention layers between
+            raise _refuse(model_type, f"{len(modules)} of its {n_layers} layers are softmax attention (layers "
+                                      f"{sorted(modules)}); the others have no softmax score, and storing a subset "
+                                      "of the layers under their own indices is not implemented")
         raise _refuse(model_type, f"its attention modules cover layers {sorted(modules)}, not 0..{n_layers - 1}")
     first = modules[0]
     scale = getattr(first, "scaling", getattr(first, "scale", None))
@@ -114,4 +130,348 @@ def _layout_from_model(model, config, model_type: str) -> Layout:
     rotary = any(getattr(text, key, None) for key in ("rope_parameters", "rope_scaling", "rope_theta"))
     return Layout(positional="rope" if rotary else "learned", prefixes=prefixes, tensors=tensors, packing=SEPARATE,
                   grouped=True, scale=Scale("from the attention module (scaling)", lambda c, n: scale),
-                  refusal=_softcap_refusal, rope_pairing=_rope_pairing(first) if rotary else "split-half")
+                  softcap="attn_logit_softcapping", rope_pairing=_rope_pairing(first) if rotary else "split-half")
+
+
+VERDICTS = "families.json"  # in the headforms cache: model_type and transformers version -> the proof's verdict
+PROOF = 2  # the proof's own version, in the cache key: a changed proof does not reuse an old verdict
+# Largest logit mismatch, relative to the largest logit, a proof accepts: transformers computes RoPE's angles and
+# many norms in float32 even in a float64 model (1e-5 at distance 6000); a wrong form misses by O(1).
+TOLERANCE = 1e-4
+# Config fields shrunk for the proof (the structure kept: layer types, rope settings, norms, flags).
+_SHRUNK = {"hidden_size": 32, "intermediate_size": 64, "vocab_size": 64, "num_attention_heads": 4,
+           "moe_intermediate_size": 16, "shared_expert_intermediate_size": 16, "num_experts": 2,
+           "num_local_experts": 2, "n_routed_experts": 2, "num_experts_per_tok": 1}
+_TOKENS = 8  # tokens of the proof's sequences
+
+
+def shrunk_config(raw: dict) -> dict:
+    """raw with its sizes shrunk (width 32, 4 heads of size 8, 2 layers, 64 tokens), every other field kept:
+    lists over the layers are cut to the layers kept, token ids beyond the vocabulary dropped."""
+    out = {k: v for k, v in raw.items() if k != "quantization_config"} | {
+        k: v for k, v in _SHRUNK.items() if k in raw}
+    layers = raw.get("num_hidden_layers") or 2
+    out["num_hidden_layers"] = min(layers, 2)
+    for key, value in raw.items():
+        if isinstance(value, list) and len(value) == layers and key != "architectures":
+            out[key] = value[:out["num_hidden_layers"]]
+    heads, kv = raw.get("num_attention_heads") or 4, raw.get("num_key_value_heads")
+    if kv is not None:
+        out["num_key_value_heads"] = 4 if kv == heads else 1 if kv == 1 else 2
+    if raw.get("head_dim") is not None:
+        out["head_dim"] = 8
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        if isinstance(raw.get(key), int) and raw[key] >= out.get("vocab_size", 64):
+            out[key] = None
+        elif isinstance(raw.get(key), list):
+            out[key] = [i for i in raw[key] if i < out.get("vocab_size", 64)] or None
+    return out
+
+
+_UNPROVEN_KEYS = ("_name_or_path", "transformers_version", "torch_dtype", "dtype")  # fields no proof depends on
+
+
+def _verdict_key(raw: dict, version: str) -> str:
+    """The cache key: model_type, transformers version and a digest of the config as the proof builds it (sizes
+    shrunk): checkpoints of one family differing only in size share a verdict, a changed flag or multiplier not."""
+    shrunk = {k: v for k, v in shrunk_config(raw).items() if k not in _UNPROVEN_KEYS}
+    digest = hashlib.sha256(json.dumps(shrunk, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return f"{raw.get('model_type')} transformers {version} proof {PROOF} config {digest}"
+
+
+def _load_verdicts() -> dict:
+    try:
+        return json.loads((cache_root() / VERDICTS).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_verdict(key: str, verdict: dict) -> None:
+    """Add one verdict to the cache file (a cache that cannot be written is only slower next time)."""
+    path = cache_root() / VERDICTS
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{id(verdict)}.tmp")
+        tmp.write_text(json.dumps(_load_verdicts() | {key: verdict}, indent=1, sort_keys=True))
+        tmp.replace(path)
+    except OSError:
+        pass
+
+
+def _with_norms(layout: Layout, norms: dict | None) -> Layout:
+    """The layout with the QK-norms the proof found: their kind, gain tensors and offset."""
+    if not norms:
+        return layout
+    base = layout.tensors["q"].rsplit(".", 2)[0]  # the attention module's template
+    return replace(layout, qk_norm=norms["kind"], norm_offset=norms["offset"],
+                   tensors=layout.tensors | {role: f"{base}.{norms[role]}.weight" for role in ("q_norm", "k_norm")})
+
+
+def proven(layout: Layout, raw: dict, shaped: Callable[..., ModelSpec]) -> Layout:
+    """The discovered layout once the family's tiny instance reproduces its own logits (cached verdict), with the
+    QK-norms found on the way; else the one-line refusal saying what did not match."""
+    from importlib.metadata import version
+
+    key = _verdict_key(raw, version("transformers"))
+    verdict = _load_verdicts().get(key)
+    if verdict is None:
+        try:
+            verdict = prove(layout, raw, shaped) | {"refusal": None}
+        except ExtractError as e:
+            verdict = {"refusal": str(e)}
+        _save_verdict(key, verdict | {"row": _row(layout, raw.get("model_type"), verdict, version("transformers"))})
+    if verdict["refusal"]:
+        raise ExtractError(verdict["refusal"])
+    return replace(_with_norms(layout, verdict["norms"]), rope_pairing=verdict["pairing"])
+
+
+def _row(layout: Layout, model_type: str, verdict: dict, version: str) -> dict:
+    """The family as `headforms architectures` lists it: its layout and what the proof found, or why it failed."""
+    row = {"format": "hf (discovered)", "family": model_type, "positional": layout.positional,
+           "packing": layout.packing.name, "score_scale": layout.scale.formula}
+    if verdict["refusal"]:
+        return row | {"notes": f"refused on transformers {version}: {verdict['refusal'].split('): ', 1)[-1]}"}
+    notes = [f"proven by its own logits on transformers {version}"]
+    if verdict["norms"]:
+        notes.append(f"QK-norm ({verdict['norms']['kind']} gains, found by what the attention module does): "
+                     "refused unless --qk-norm fold")
+    if layout.positional == "rope":
+        notes.append(f"RoPE pairs {verdict['pairing']}")
+    return row | {"notes": "; ".join(notes)}
+
+
+def discovered_families() -> list[dict]:
+    """The `headforms architectures` rows of the families proven or refused on this machine (the verdict cache)."""
+    rows = {json.dumps(v["row"], sort_keys=True): v["row"] for _, v in sorted(_load_verdicts().items()) if "row" in v}
+    return list(rows.values())
+
+
+def _tiny(raw: dict):
+    """A tiny random float64 instance of raw's family (eager attention): weights N(0, 1/N), gains U(0.5, 1.5),
+    biases zero (the form holds no bias), as the layout tests build theirs."""
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.for_model(**shrunk_config(raw))
+    named = (raw.get("architectures") or [None])[0]
+    model_class = getattr(transformers, named, None) if isinstance(named, str) else None
+    model_class = model_class or transformers.AutoModel
+    torch.manual_seed(0)
+    eager = {"attn_implementation": "eager", "experts_implementation": "eager"}  # float64 runs on eager code only
+    model = (model_class._from_config(config, **eager) if model_class is not transformers.AutoModel
+             else transformers.AutoModel.from_config(config, **eager))
+    model = model.to(torch.float64).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.zero_()
+            elif param.ndim == 1:
+                param.uniform_(0.5, 1.5, generator=generator)
+            else:
+                param.normal_(0.0, config.get_text_config().hidden_size ** -0.5, generator=generator)
+    return model, config
+
+
+def _run(model, modules: list, positions) -> list:
+    """One forward pass at the given positions: per attention module (layer), its input x (T, N), its
+    probabilities (H, T, T) and every submodule call (name, module, input, output) inside it."""
+    import torch
+
+    seen, hooks = [{"calls": []} for _ in modules], []
+    for module, record in zip(modules, seen):
+        def given(m, args, kwargs, record=record) -> None:
+            record.setdefault("x", kwargs.get("hidden_states", args[0] if args else None))
+
+        def returned(m, args, out, record=record) -> None:
+            record.setdefault("out", out)
+
+        hooks.append(module.register_forward_pre_hook(given, with_kwargs=True))
+        hooks.append(module.register_forward_hook(returned))
+        for name, sub in module.named_modules():
+            if name:
+                hooks.append(sub.register_forward_hook(
+                    lambda m, args, out, name=name, calls=record["calls"]:
+                    calls.append((name, m, args[0] if args else None, out)) and None))
+    tokens = torch.randint(3, 64, (1, _TOKENS), generator=torch.Generator().manual_seed(1))
+    try:
+        with torch.no_grad():
+            model(input_ids=tokens, attention_mask=torch.ones_like(tokens),
+                  position_ids=torch.as_tensor([positions]))
+    except Exception as e:
+        raise ExtractError(f"its tiny instance does not run in transformers: {first_line(e)}") from None
+    finally:
+        for hook in hooks:
+            hook.remove()
+    runs = []
+    for record in seen:
+        out = record.get("out")
+        probs = out[1] if isinstance(out, tuple) and len(out) > 1 else None
+        if "x" not in record or not isinstance(probs, torch.Tensor):
+            raise ExtractError("its attention module returns no attention weights under eager attention, so its "
+                               "logits cannot be checked")
+        runs.append((record["x"][0].numpy(), probs[0].numpy(), record["calls"]))
+    return runs
+
+
+def _qk_norms(calls, q_name: str, k_name: str, heads: int, n: int) -> dict | None:
+    """The norm submodules fed q and k (position 0: RoPE is the identity, so a norm after RoPE is fed the same
+    values), their kind (RMS per head, over the projection, or centred) and gain offset, found by what they do."""
+    import torch
+
+    outputs = {name: out for name, _, _, out in calls if name in (q_name, k_name)}
+    found = {}
+    for name, sub, given, out in calls:
+        if name in (q_name, k_name) or not isinstance(given, torch.Tensor) or "." in name:
+            continue
+        for role, proj in (("q_norm", q_name), ("k_norm", k_name)):
+            source = outputs.get(proj)
+            if source is not None and given.numel() == source.numel() and torch.equal(
+                    given.reshape(-1).sort().values, source.reshape(-1).sort().values):
+                found[role] = (name, sub, given, out)
+    if not found:
+        return None
+    if set(found) != {"q_norm", "k_norm"}:
+        raise ExtractError(f"a norm ({', '.join(v[0] for v in found.values())}) is applied to only one of q and k")
+    kinds = {_norm_kind(*found[role][1:]) for role in found}
+    if len(kinds) != 1 or None in kinds:
+        raise ExtractError("its q/k norm modules do not act as an RMSNorm or bias-free LayerNorm with a gain, so "
+                           "the score is not a bilinear form of x divided by per-token norms")
+    kind, offset = kinds.pop()
+    return {"kind": kind, "offset": offset, "q_norm": found["q_norm"][0], "k_norm": found["k_norm"][0],
+            "eps": _eps(found["q_norm"][1])}
+
+
+def _eps(module) -> float:
+    return float(next((getattr(module, a) for a in ("variance_epsilon", "eps", "epsilon") if hasattr(module, a)), 1e-6))
+
+
+def _norm_kind(module, given, out) -> tuple[str, float] | None:
+    """(kind, offset) of a norm module from its input and output: 'head' or 'projection' by its gain's length, an
+    RMS or a centred (LayerNorm) one, gain `offset + weight`; None when it does neither."""
+    import torch
+
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.ndim != 1 or getattr(module, "bias", None) is not None:
+        return None
+    size, eps = weight.numel(), _eps(module)
+    x = given.reshape(-1, size)
+    for kind, centred in (("rms", False), ("centred", True)):
+        y = x - x.mean(-1, keepdim=True) if centred else x
+        unit = y / torch.sqrt((y**2).mean(-1, keepdim=True) + eps)
+        for offset in (0.0, 1.0):
+            if torch.allclose(unit * (offset + weight), out.reshape(-1, size), rtol=1e-5, atol=1e-6):
+                return ("centred" if centred else "rms", offset)
+    return None
+
+
+def prove(layout: Layout, raw: dict, shaped: Callable[..., ModelSpec]) -> dict:
+    """Run the family's tiny instance at position 0 and at spread positions and require score_scale *
+    x_j^T W_K^T R(p_j)^T R(p_i) W_Q x_i (divided by the QK-norms' RMS of q_i and k_j) to reproduce its logits,
+    compared as differences to the first key (what the softmax keeps). Returns the QK-norms found (None: none) and
+    the RoPE pairing proven."""
+    model_type = raw.get("model_type")
+    try:
+        model, config = _tiny(raw)
+    except Exception as e:
+        raise _refuse(model_type, f"its tiny instance cannot be built to prove the layout: {first_line(e)}") from None
+    template, q_name, k_name = layout.tensors["q"].rsplit(".", 2)[0], *(layout.tensors[r].rsplit(".", 2)[1]
+                                                                        for r in ("q", "k"))
+    state = {k: v.double().numpy() for k, v in model.state_dict().items()}
+    prefix = next((p for p in layout.prefixes if p + template.format(i=0) + f".{q_name}.weight" in state), None)
+    prefix = prefix if prefix is not None else model.base_model_prefix + "."
+    n_tiny = config.get_text_config().num_hidden_layers
+    modules = [model.get_submodule(prefix + template.format(i=i)) for i in range(n_tiny)]
+    shrunk = config.to_dict() | {"model_type": model_type}
+    spec = shaped(layout, shrunk, shrunk, model_type)
+    try:
+        norms = _qk_norms(_run(model, modules, [0] * _TOKENS)[0][2], q_name, k_name, spec.n_heads, spec.head_dim)
+    except ExtractError as e:
+        raise _refuse(model_type, str(e)) from None
+    if norms and norms["kind"] == "rms":
+        norms["kind"] = "head" if state[prefix + f"{template.format(i=0)}.{norms['q_norm']}.weight"].size == \
+            spec.head_dim else "projection"
+    pairings = [layout.rope_pairing] if layout.positional != "rope" or layout.rope_pairing in PAIRINGS else PAIRINGS
+    failures = []
+    for pairing in pairings:  # a rotary the family's source does not name (no rotate_half): the logits decide
+        candidate = replace(_with_norms(layout, norms), rope_pairing=pairing)
+        failure = _check(model, modules, candidate, shaped(candidate, shrunk, shrunk, model_type), norms, state,
+                         prefix, (q_name, k_name), float(modules[0].scaling) / layout.scale.of(shrunk, spec.head_dim),
+                         int(raw.get("max_position_embeddings") or 4096))
+        if failure is None:
+            return {"norms": norms, "pairing": pairing}
+        failures.append(failure)
+    raise _refuse(model_type, failures[0])
+
+
+def _check(model, modules, layout: Layout, spec: ModelSpec, norms, state, prefix: str, names, scale_ratio: float,
+           far: int) -> str | None:
+    """What did not match when `layout` is proven on the tiny model (its layers `modules`), else None: logits at
+    positions 0, at position 7 throughout (distance 0 elsewhere than 0), and at positions spread to 1.5x `far`."""
+    from headforms.compute.rotary import Rotation
+
+    spec = replace(spec, score_scale=spec.score_scale * scale_ratio)  # the tiny module's own scaling
+    maps = [layout.qk_maps({role: state[prefix + name] for role, (name, _) in layout.tensors_for(spec, "", i)
+                            .items()}, spec) for i in range(len(modules))]
+    rotation = (Rotation.of(spec.rope.pairing, spec.rope.frequencies)
+                if spec.rope is not None and spec.rope.frequencies else None)
+    spread = [0] * _TOKENS if rotation is None else [3, 4, 6, 9, 17, 40, far // 2 + 5, far + far // 2]
+    for positions in ([0] * _TOKENS, [7] * _TOKENS, spread):
+        for layer, ((x, probs, calls), (w_q, w_k)) in enumerate(zip(_run(model, modules, positions), maps)):
+            error, worst = _mismatch(x, probs, calls, w_q, w_k, spec, norms, names, rotation, positions)
+            if error > TOLERANCE:
+                where = f"distance {worst}" if worst else f"distance 0 (position {positions[0]})"
+                why = ""
+                if norms and positions[0] and _norms_moved(calls, norms, names):
+                    why = ("; its q/k norm acts after RoPE, and gains that differ within a rotation pair make the "
+                           "score depend on the positions i + j, not on i - j alone")
+                return (f"its tiny instance's attention logits (layer {layer}) at {where} differ from score_scale * "
+                        f"x_j^T L x_i by {error:.2g} of their largest value (proof on random weights){why}")
+    return None
+
+
+def _norms_moved(calls, norms: dict, names) -> bool:
+    """Whether the q norm, at a nonzero position, is fed other values than q_proj's: it comes after RoPE."""
+    given = {name: inp for name, _, inp, _ in calls}
+    q, fed = given.get(names[0]) is not None and [out for name, _, _, out in calls if name == names[0]][0], \
+        given.get(norms["q_norm"])
+    return q is not False and fed is not None and not np.array_equal(np.sort(q.reshape(-1).numpy()),
+                                                                      np.sort(fed.reshape(-1).numpy()))
+
+
+def _mismatch(x, probs, calls, w_q, w_k, spec: ModelSpec, norms, names, rotation, positions) -> tuple[float, int]:
+    """Largest |model - form| of the logit differences to key 0 over the causal pairs, relative to the largest form
+    difference, and the distance p_i - p_j where it is."""
+    outputs = {name: out[0].numpy() for name, _, _, out in calls if name in names}
+    q = np.einsum("hnd,td->htn", w_q, x)
+    k = np.einsum("hnd,td->htn", w_k, x)[spec.kv_index]
+    if rotation is not None:
+        p = np.asarray(positions, dtype=np.float64)
+        q = np.stack([rotation.rotate(q[:, t, :, None], p[t:t + 1])[0, ..., 0] for t in range(len(p))], axis=1)
+        k = np.stack([rotation.rotate(k[:, t, :, None], p[t:t + 1])[0, ..., 0] for t in range(len(p))], axis=1)
+    predicted = spec.score_scale * np.einsum("hin,hjn->hij", q, k)
+    if norms:
+        r_q = _rms(outputs[names[0]], spec.n_heads, norms, spec.head_dim)
+        r_k = _rms(outputs[names[1]], spec.n_kv_heads, norms, spec.head_dim)[spec.kv_index]
+        predicted = predicted / (r_q[:, :, None] * r_k[:, None, :])
+    if spec.softcap:
+        predicted = spec.softcap * np.tanh(predicted / spec.softcap)
+    allowed = np.tril(np.ones(probs.shape[-2:], bool))
+    if (probs[..., allowed] <= 0).any():
+        raise ExtractError("its tiny instance masks pairs a causal mask allows (a sliding window or chunking "
+                           "shorter than 8 tokens)")
+    logp = np.log(np.where(allowed, probs, 1.0))
+    model_diff = np.where(allowed, logp - logp[..., :1], 0.0)
+    form_diff = np.where(allowed, predicted - predicted[..., :1], 0.0)
+    gap = np.abs(model_diff - form_diff)
+    _, i, j = np.unravel_index(gap.argmax(), gap.shape)
+    return float(gap.max() / max(np.abs(form_diff).max(), 1e-300)), int(positions[i] - positions[j])
+
+
+def _rms(out: np.ndarray, heads: int, norms: dict, n: int) -> np.ndarray:
+    """(heads, T) RMS (without gain) a QK-norm divides q or k by: per head, over the projection, or centred."""
+    t = out.shape[0]
+    groups = out[:, None, :] if norms["kind"] == "projection" else out.reshape(t, heads, n)
+    if norms["kind"] == "centred":
+        groups = groups - groups.mean(-1, keepdims=True)
+    return np.broadcast_to(np.sqrt((groups**2).mean(-1) + norms["eps"]), (t, heads)).T

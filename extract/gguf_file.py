@@ -70,6 +70,8 @@ class GGUFArchitecture:
     """Score-scale rule, a key of SCALE_RULES: the factor on q.k before the softmax."""
     refusal: str | None = None
     """Why every file of the architecture is refused (its score is not bilinear in x), or None."""
+    softcap: float | None = None
+    """llama.cpp soft-caps the logit, cap * tanh(s / cap): {arch}.attn_logit_softcapping, this when the file omits it."""
 
     @property
     def packing(self) -> str:
@@ -84,6 +86,9 @@ class GGUFArchitecture:
             notes.append(f"QK-norm ({self.qk_norm} gains): refused unless --qk-norm fold")
         elif self.qk_norm == "layer":
             notes.append("refused when the file has QK LayerNorm")
+        if self.softcap:
+            notes.append(f"soft-capped: the logit is cap * tanh(s / cap), cap = attn_logit_softcapping (default "
+                         f"{self.softcap:g}); the form gives s (models.attention_softcap)")
         if self.refusal:
             notes.append(f"refused: {self.refusal}")
         return "; ".join(notes)
@@ -109,9 +114,7 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "olmoe": GGUFArchitecture("rope", rope_pairing="split-half", qk_norm="projection"),
     "gemma": _SPLIT_HALF,
     "gemma2": GGUFArchitecture("rope", rope_pairing="split-half",
-                               score_scale="1/sqrt(N/H) for the 27B, else 1/sqrt(head_dim)",
-                               refusal="llama.cpp soft-caps its attention logits (a tanh of q.k), "
-                                       "so the score is not bilinear in x"),
+                               score_scale="1/sqrt(N/H) for the 27B, else 1/sqrt(head_dim)", softcap=50.0),
     "gemma3": GGUFArchitecture("rope", rope_pairing="split-half", qk_norm="head",
                                score_scale="1/sqrt(N/H) for the 27B, else 1/sqrt(head_dim)"),
     "phi3": _FUSED_SPLIT_HALF,
@@ -231,7 +234,7 @@ def gguf_array(path: Path, key: str) -> np.ndarray | None:
 def _file_refusal(meta: dict, arch: str) -> str | None:
     """Why a file's score is not scale * x_j^T L x_i at distance 0 although its architecture can be, if so."""
     cap = meta.get(f"{arch}.attn_logit_softcapping")
-    if cap:
+    if cap and not GGUF_ARCHITECTURES[arch].softcap:
         return f"attn_logit_softcapping={cap:g} makes the score a tanh of q.k, not bilinear in x"
     if meta.get(f"{arch}.attention.clamp_kqv"):
         return "attention.clamp_kqv clips q and k, so the score is not bilinear in x"
@@ -386,7 +389,8 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
         head_dim=head_dim, score_scale=SCALE_RULES[layout.score_scale](meta, arch, shape),
         positional=layout.positional,
         qk_norm="folded" if "q_norm" in roles else None, config={**meta, **rope, "gguf_packing": packing},
-        rope=gguf_rope(meta, arch, head_dim, layout.rope_pairing, tensors) if layout.positional == "rope" else None)
+        rope=gguf_rope(meta, arch, head_dim, layout.rope_pairing, tensors) if layout.positional == "rope" else None,
+        softcap=float(meta.get(f"{arch}.attn_logit_softcapping") or layout.softcap) if layout.softcap else None)
     norm = norm_for(spec, fold_norm, GGUF_NORMS)
     gains = [_norm_tensor(tensors, norm.tensor(i), d_model, path) for i in range(n_layers)] if norm else []
     if norm is not None:

@@ -110,14 +110,6 @@ def _bert_refusal(config: dict) -> str | None:
     return None
 
 
-def _softcap_refusal(config: dict) -> str | None:
-    """attn_logit_softcapping is set (the score is a tanh of q.k)"""
-    cap = config.get("attn_logit_softcapping")
-    if cap is not None:
-        return f"attn_logit_softcapping={cap} makes the score a tanh of q.k, not bilinear in x"
-    return None
-
-
 @dataclass(frozen=True)
 class FlagRefusal:
     """A refusal of configs that set `key` (QK LayerNorms, clipped q/k): why the score is then not bilinear."""
@@ -180,6 +172,7 @@ class Layout:
     qk_norm: str | None = None    # None, "head" (gain of size n), "projection" (H*n) or "centred" (LayerNorm, (H, n))
     norm_offset: float = 0.0      # the norm multiplies by (offset + weight); gemma3 stores weight - 1
     rope_pairing: str = "split-half"  # RoPE's pairs of each head's rows: rotate_half, or GPT-J's rotate_every_two
+    softcap: str | None = None    # the config key of a soft cap: the logit is cap * tanh(s / cap), the form gives s
 
     def tensors_for(self, spec: ModelSpec, prefix: str, layer: int) -> dict[str, tuple[str, tuple[int, ...]]]:
         """role -> (tensor name, expected shape) of one layer; norm gains only when folding."""
@@ -209,6 +202,12 @@ class Layout:
         if spec.qk_norm == "folded":
             w_q = w_q * (self.norm_offset + _gains(tensors, "q_norm", spec.n_heads)).reshape(-1, spec.head_dim, 1)
             w_k = w_k * (self.norm_offset + _gains(tensors, "k_norm", spec.n_kv_heads)).reshape(-1, spec.head_dim, 1)
+        rope = spec.rope
+        if rope is not None and rope.attention_factor != 1.0 and rope.rotary_dims < spec.head_dim:
+            # partial rotary: a on cos and sin scales the rotated rows only, L = L_pass + a^2 L_rot
+            w_q, w_k = w_q.copy(), w_k.copy()
+            w_q[:, :rope.rotary_dims] *= rope.attention_factor
+            w_k[:, :rope.rotary_dims] *= rope.attention_factor
         return np.ascontiguousarray(w_q), np.ascontiguousarray(w_k)
 
     def for_config(self, config: dict) -> Layout:
@@ -232,6 +231,7 @@ _STABLELM_TENSORS = _LLAMA_TENSORS | {"q_norm": "layers.{i}.self_attn.q_layernor
                                       "k_norm": "layers.{i}.self_attn.k_layernorm.norms.{h}.weight"}
 
 
+_SOFTCAP = "attn_logit_softcapping"  # Gemma 2's cap (50 by default); Gemma 3's configs leave it None
 _GEMMA2_DEFAULTS = {"head_dim": 256, "query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0}
 _GEMMA3_DEFAULTS = {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "query_pre_attn_scalar": 256}
 
@@ -307,13 +307,13 @@ LAYOUTS: dict[str, Layout] = {
     "mistral": _llama_like(),
     "qwen2": _llama_like(),
     "gemma": _llama_like(defaults={"head_dim": 256}),
-    "gemma2": _llama_like(defaults=_GEMMA2_DEFAULTS, scale=QUERY_PRE_ATTN_SCALE, refusal=_softcap_refusal),
+    "gemma2": _llama_like(defaults=_GEMMA2_DEFAULTS, scale=QUERY_PRE_ATTN_SCALE, softcap=_SOFTCAP),
     "qwen3": _llama_like(defaults={"head_dim": 128}, qk_norm="head"),
     "olmo2": _llama_like(qk_norm="projection"),
-    "gemma3_text": _llama_like(defaults=_GEMMA3_DEFAULTS, scale=QUERY_PRE_ATTN_SCALE, refusal=_softcap_refusal,
+    "gemma3_text": _llama_like(defaults=_GEMMA3_DEFAULTS, scale=QUERY_PRE_ATTN_SCALE, softcap=_SOFTCAP,
                                qk_norm="head", norm_offset=1.0),
     "gemma3": _llama_like(("language_model.model.", "model.language_model."), defaults=_GEMMA3_DEFAULTS,
-                          sub_config="text_config", scale=QUERY_PRE_ATTN_SCALE, refusal=_softcap_refusal,
+                          sub_config="text_config", scale=QUERY_PRE_ATTN_SCALE, softcap=_SOFTCAP,
                           qk_norm="head", norm_offset=1.0),
     # rotary decoders with q_proj/k_proj
     "mixtral": _llama_like(),
@@ -371,6 +371,9 @@ LAYOUTS: dict[str, Layout] = {
 }
 # model_type -> its towers, the first read unless another is asked for.
 TOWERS = {"clip": ("text", "vision"), "siglip": ("text", "vision"), "whisper": ("encoder", "decoder")}
+_LLAMA4 = ("its NoPE layers multiply q by a temperature log(1 + floor((i + 1) / floor_scale)) * attn_scale + 1 of "
+           "the query's absolute position i, so the score is not scale * x_j^T L x_i with one L per layer; its RoPE "
+           "layers rotate complex pairs (2i, 2i+1) and L2-normalise q and k after the rotation")
 # Families transformers knows whose attention score is not scale * x_j^T L x_i: refused by name, never discovered.
 REFUSED = {
     "deepseek_v2": "multi-head latent attention normalises the latent q and kv (q_a_layernorm, kv_a_layernorm) "
@@ -378,6 +381,8 @@ REFUSED = {
     "deepseek_v3": "multi-head latent attention normalises the latent q and kv (q_a_layernorm, kv_a_layernorm) "
                    "inside the projection, so the score is not bilinear in x",
     "diffllama": "differential attention subtracts two softmaxes, so no single bilinear score exists",
+    "llama4": _LLAMA4,
+    "llama4_text": _LLAMA4,
     "t5": "a learned relative-position bias is added to q.k, and the score is unscaled per bucket",
 }
 SUPPORTED = sorted({key.partition(".")[0] for key in LAYOUTS})

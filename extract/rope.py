@@ -14,6 +14,14 @@ import numpy as np
 
 DEFAULT_THETA = 10000.0
 SCALINGS = ("default", "linear", "llama3")
+# Scalings computed by transformers' own rope init functions (transformers.modeling_rope_utils), their frequencies and
+# attention factor exactly as the model gets them; those whose frequencies change with the sequence length say how.
+TRANSFORMERS_SCALINGS = ("yarn", "longrope", "dynamic")
+LENGTH_DEPENDENT = {
+    "dynamic": "dynamic NTK changes the frequencies with the sequence length",
+    "longrope": "longrope uses its short factors up to original_max_position_embeddings tokens and its long factors "
+                "beyond, so the frequencies change with the sequence length",
+}
 PAIRINGS = ("split-half", "interleaved")
 
 
@@ -28,11 +36,12 @@ class Rope:
     scaling: str
     frequencies: tuple[float, ...] = ()
     refusal: str | None = None  # why L_delta at delta != 0 is not computed for this checkpoint
+    attention_factor: float = 1.0  # a on cos and sin (yarn, longrope): the rotated part of q.k scaled by a^2
 
     def describe(self) -> dict:
         """The description recorded in models.config (rope)."""
         return {"theta": self.theta, "rotary_dims": self.rotary_dims, "pairing": self.pairing,
-                "scaling": self.scaling, "refusal": self.refusal}
+                "scaling": self.scaling, "refusal": self.refusal, "attention_factor": self.attention_factor}
 
 
 def _base_frequencies(theta: float, dims: int) -> np.ndarray:
@@ -50,14 +59,37 @@ def _llama3(freq: np.ndarray, params: dict) -> np.ndarray:
     return np.where(wavelength > context / low, freq / factor, np.where(wavelength < context / high, freq, ramped))
 
 
+def _transformers_rope(config: dict, scaling: str) -> tuple[np.ndarray, float]:
+    """(frequencies, attention factor) of a scaling as transformers' rope init function computes them for the config
+    (in float32, as the model has them)."""
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    text = AutoConfig.for_model(**config).get_text_config()
+    inv_freq, factor = ROPE_INIT_FUNCTIONS[scaling](text, "cpu")
+    return inv_freq.double().numpy(), float(factor)
+
+
 def rope(theta: float, rotary_dims: int, pairing: str, scaling: str = "default", params: dict | None = None,
-         refusal: str | None = None) -> Rope:
-    """A Rope with its frequencies, or with a refusal for a scaling not implemented."""
+         refusal: str | None = None, config: dict | None = None) -> Rope:
+    """A Rope with its frequencies, or with a refusal for a scaling not implemented; `config` (a transformers
+    config.json) for the TRANSFORMERS_SCALINGS."""
     if refusal is None and pairing not in PAIRINGS:
         refusal = "the pairing of the rotated coordinates is not recognised (the family's rotate_half is neither "\
                   "split-half nor interleaved)"
     if refusal is None and rotary_dims % 2:
         refusal = f"an odd number of rotary dimensions ({rotary_dims})"
+    if refusal is None and scaling in TRANSFORMERS_SCALINGS and config is not None and pairing in PAIRINGS:
+        try:
+            freq, factor = _transformers_rope(config, scaling)
+        except Exception as e:  # transformers not installed, or parameters it rejects: the reason in one line
+            return Rope(theta, rotary_dims, pairing, scaling, (), f"RoPE scaling '{scaling}' needs transformers' "
+                        f"rope init function, which failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        if len(freq) * 2 != rotary_dims:
+            return Rope(theta, rotary_dims, pairing, scaling, (), f"transformers' '{scaling}' frequencies cover "
+                        f"{2 * len(freq)} dimensions, not the {rotary_dims} rotated", factor)
+        return Rope(theta, rotary_dims, pairing, scaling, () if scaling in LENGTH_DEPENDENT else
+                    tuple(float(f) for f in freq), LENGTH_DEPENDENT.get(scaling), factor)
     if refusal is None and scaling not in SCALINGS:
         refusal = (f"RoPE scaling '{scaling}' is not implemented (implemented: {', '.join(SCALINGS)})"
                    + ("; dynamic NTK changes the frequencies with the sequence length" if "dynamic" in scaling else ""))
@@ -93,7 +125,7 @@ def hf_rope(settings: list[dict], config: dict, head_dim: int, fraction: float, 
         refusal = "sliding-window layers use another RoPE base (rope_local_base_freq), which is not implemented"
     elif config.get("model_type") in HF_PER_LAYER_ROPE:
         refusal = HF_PER_LAYER_ROPE[config["model_type"]]
-    return rope(theta, dims, pairing, scaling, params, refusal)
+    return rope(theta, dims, pairing, scaling, params, refusal, config)
 
 
 # llama.cpp architectures whose layers do not share one rotation: R(delta) would be wrong for some layers.

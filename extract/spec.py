@@ -2,6 +2,8 @@
 discovered from transformers (extract.discover), validated against the reading options, or refused in one line."""
 from __future__ import annotations
 
+import fnmatch
+
 from headforms.extract.checkpoint import ExtractError, ModelSpec, ReadOptions
 from headforms.extract.discover import discover_layout
 from headforms.extract.layouts import LAYOUTS, REFUSED, SUPPORTED, Layout, layout_key
@@ -13,8 +15,6 @@ CONFIG_KEYS = {
     "n_heads": ("num_attention_heads", "n_head", "num_heads", "n_heads"),
     "d_model": ("hidden_size", "n_embd", "n_embed", "d_model", "dim"),
 }
-# RoPE variants whose cos/sin carry an attention factor: q.k gets scaled by it squared at every distance.
-SCALED_ROPE = ("yarn", "longrope")
 
 
 def layout_for(model_type: str | None, raw: dict) -> Layout:
@@ -26,7 +26,7 @@ def layout_for(model_type: str | None, raw: dict) -> Layout:
     if not isinstance(model_type, str):
         raise ExtractError(f"config.json names no architecture (model_type is {model_type!r}); supported: "
                            f"{', '.join(SUPPORTED)}")
-    return discover_layout(raw)
+    return discover_layout(raw, shaped_spec)
 
 
 def _positive_int(config: dict, keys: tuple[str, ...]) -> int:
@@ -57,15 +57,28 @@ def _rotary_fraction(config: dict, head_dim: int) -> float:
     return float(config.get("partial_rotary_factor", config.get("rotary_pct", 1.0)))
 
 
+def attention_unconverted(layout: Layout, raw: dict, config: dict) -> bool:
+    """Whether quantization_config.modules_to_not_convert names every layer's attention module (gpt-oss quantizes
+    its experts only): its Q/K are then stored as they are, and read so (a parent module or a glob names it too)."""
+    skipped = (raw.get("quantization_config") or {}).get("modules_to_not_convert") or []
+    module = layout.tensors.get("q", "").rsplit(".", 2)[0]
+    keys = CONFIG_KEYS | (layout.config_keys or {})
+    layers = next((config[k] for k in keys["n_layers"] if isinstance(config.get(k), int)), 0)
+
+    def covered(name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, p) or name.startswith(p + ".") for p in skipped if isinstance(p, str))
+
+    return bool(module and layers) and all(any(covered(prefix + module.format(i=i)) for prefix in layout.prefixes)
+                                           for i in range(layers))
+
+
 def _refusal(layout: Layout, raw: dict, config: dict) -> str | None:
     """Why a checkpoint's attention score is not scale * x_j^T L x_i at distance 0, if it is not."""
-    if raw.get("quantization_config"):
+    if raw.get("quantization_config") and not attention_unconverted(layout, raw, config):
         method = raw["quantization_config"].get("quant_method", "unknown")
-        return f"quantized checkpoints ({method}) are not supported"
-    if layout.positional == "rope":
-        kinds = {r.get("rope_type", r.get("type")) for r in _rope_settings(config)} & set(SCALED_ROPE)
-        if kinds:
-            return f"rope_type '{kinds.pop()}' multiplies q and k by an attention factor"
+        module = layout.tensors.get("q", "").rsplit(".", 2)[0]
+        return (f"quantized checkpoints ({method}) are not supported unless quantization_config."
+                f"modules_to_not_convert names every layer's attention module ({module})")
     return layout.refusal(config)
 
 
@@ -91,6 +104,19 @@ def model_spec(raw: dict, options: ReadOptions = ReadOptions()) -> tuple[Layout,
             f"{architecture} uses QK-norm, so the attention score is not bilinear in x; "
             "pass --qk-norm fold to fold the norm gains into W_Q and W_K (L then acts on RMS-normalised q, k)"
         )
+    return layout, shaped_spec(layout, raw, config, architecture)
+
+
+def _whole_head_factor(rope, head_dim: int) -> float:
+    """a^2 of RoPE's attention factor a (yarn, longrope) where it rotates the whole head: q.k scaled by it at every
+    distance, so score_scale carries it; with partial rotary only the rotated rows are scaled (Layout.qk_maps)."""
+    if rope is None or rope.rotary_dims != head_dim:
+        return 1.0
+    return rope.attention_factor**2
+
+
+def shaped_spec(layout: Layout, raw: dict, config: dict, architecture: str) -> ModelSpec:
+    """The ModelSpec of a config read with an accepted layout: head counts, sizes, scale and RoPE."""
     keys = CONFIG_KEYS | (layout.config_keys or {})
     n_layers, n_heads, d_model = (_positive_int(config, keys[f]) for f in ("n_layers", "n_heads", "d_model"))
     n_kv_heads, head_dim = n_heads, None
@@ -112,17 +138,17 @@ def model_spec(raw: dict, options: ReadOptions = ReadOptions()) -> tuple[Layout,
         rope = hf_rope(_rope_settings(config), config, head_dim, recorded["rotary_fraction"], layout.rope_pairing)
     if architecture != raw.get("model_type"):
         recorded["tower"] = architecture.partition(".")[2]
-    spec = ModelSpec(
+    return ModelSpec(
         architecture=architecture,
         n_layers=n_layers,
         n_heads=n_heads,
         n_kv_heads=n_kv_heads,
         d_model=d_model,
         head_dim=head_dim,
-        score_scale=layout.scale.of(config, head_dim),
+        score_scale=layout.scale.of(config, head_dim) * _whole_head_factor(rope, head_dim),
         positional=layout.positional,
         qk_norm="folded" if layout.qk_norm else None,
         config=recorded,
         rope=rope,
+        softcap=float(config[layout.softcap]) if layout.softcap and config.get(layout.softcap) else None,
     )
-    return layout, spec

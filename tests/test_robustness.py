@@ -563,8 +563,8 @@ def _gguf_quantisation(folder: Path, tmp_path: Path) -> str:
 
 
 def _gguf_soft_capped(folder: Path, tmp_path: Path) -> str:
-    write_gguf(tmp_path / "gemma2.gguf", "gemma2")
-    return str(tmp_path / "gemma2.gguf")
+    write_gguf(tmp_path / "grok.gguf", "grok")
+    return str(tmp_path / "grok.gguf")
 
 
 def _gguf_qk_norm(folder: Path, tmp_path: Path) -> str:
@@ -618,7 +618,7 @@ HOSTILE = {  # name -> (damage(llama folder, tmp_path) -> source, pattern of the
     "GGUF architecture": (_gguf_architecture, "unsupported GGUF architecture 'mamba'; supported: llama"),
     "GGUF quantisation": (_gguf_quantisation,
                           r"cannot dequantize tensor blk\.0\.attn_q\.weight: .* does not support type Q8_K"),
-    "GGUF soft-capping": (_gguf_soft_capped, "GGUF gemma2 is refused: llama.cpp soft-caps its attention logits"),
+    "GGUF soft-capping": (_gguf_soft_capped, "GGUF grok is refused: llama.cpp soft-caps its attention logits"),
     "GGUF QK-norm": (_gguf_qk_norm, r"GGUF qwen3 file uses QK-norm .*pass --qk-norm fold"),
     "pickle that runs code": (_malicious_pickle, r"cannot read .*pytorch_model\.bin \(weights-only load refused"),
     "path that does not exist": (_nonexistent, r"no such file or folder: .*no-such-model$"),

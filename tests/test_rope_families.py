@@ -25,7 +25,7 @@ from tests import gguf_convert
 from tests import tiny_models as tm
 from tests.dense import dense_reference
 from tests.test_gguf import GGUF_CASES, _additive_mask, tiny, write_gguf  # noqa: F401  (tiny: a fixture)
-from tests.test_layouts import qk_rms
+from tests.test_layouts import qk_norm_kind, qk_rms
 from tests.test_positions import POSITIONS, dense_rotation, parity_of
 
 THETA = 2000.0  # a base that is no family's default, set in every config that lets a model choose it
@@ -36,6 +36,7 @@ DELTAS = DELTAS[DELTAS >= 0]
 REFUSED_BEYOND_ZERO = {  # sliding-window layers use another base than global ones
     "gemma3_text": "the layers use different RoPE settings (layer_types)",
     "gemma3": "the layers use different RoPE settings (layer_types)",
+    "phi3_longrope": "longrope uses its short factors up to original_max_position_embeddings tokens",
 }
 
 
@@ -101,6 +102,8 @@ def logit_error(ckpt, trace: tm.Trace, layer: int, model, rotation: Rotation, qk
         r_q = qk_rms(trace.q[layer], spec.n_heads, qk_norm_kind, spec.head_dim, eps)
         r_k = qk_rms(trace.k[layer], spec.n_kv_heads, qk_norm_kind, spec.head_dim, eps)[:, kv]
         predicted = predicted / (r_q[..., :, None] * r_k[..., None, :])
+    if spec.softcap:
+        predicted = spec.softcap * np.tanh(predicted / spec.softcap)
     probs, allowed = trace.probs[layer], trace.allowed
     assert (probs[..., allowed] > 0).all()
     logp = np.log(np.where(allowed, probs, 1.0))
@@ -149,9 +152,7 @@ def test_hf_distance_forms_reproduce_model_logits(name, tmp_path):
     if name in REFUSED_BEYOND_ZERO:
         assert REFUSED_BEYOND_ZERO[name] in ckpt.spec.rope.refusal
         return
-    kind = None
-    if ckpt.spec.qk_norm == "folded":
-        kind = LAYOUTS[ckpt.spec.architecture].for_config(ckpt.spec.config).qk_norm
+    kind = qk_norm_kind(ckpt.spec)
     if "rope_theta" in rope_overrides(name).get("rope_parameters", {}):
         assert ckpt.spec.rope.theta == THETA
     assert_forms_reproduce_logits(ckpt, model, kind)

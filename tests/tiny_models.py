@@ -63,6 +63,23 @@ TINY: dict[str, Tiny] = {
     "gemma2": Tiny("Gemma2ForCausalLM", "Gemma2Config",
                    _decoder(num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24,
                             attn_logit_softcapping=None, final_logit_softcapping=None, sliding_window=16), rope=True),
+    "gemma2_softcap": Tiny("Gemma2ForCausalLM", "Gemma2Config",  # a cap near the logits' size: tanh bends them
+                           _decoder(num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24,
+                                    attn_logit_softcapping=2.0, final_logit_softcapping=None, sliding_window=16),
+                           rope=True),
+    # rope scaling: yarn's attention factor a on cos and sin (q.k times a^2: score_scale, or the rotated rows alone
+    # with partial rotary), its frequencies beyond original_max_position_embeddings; longrope's a at distance 0
+    "qwen2_yarn": Tiny("Qwen2ForCausalLM", "Qwen2Config", _decoder(
+        num_attention_heads=4, num_key_value_heads=2, rope_parameters={
+            "rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4, "original_max_position_embeddings": 16}), rope=True),
+    "gpt_neox_yarn": Tiny("GPTNeoXForCausalLM", "GPTNeoXConfig", _decoder(
+        num_attention_heads=4, rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4,
+                                                "partial_rotary_factor": 0.5, "original_max_position_embeddings": 16}),
+        rope=True),
+    "phi3_longrope": Tiny("Phi3ForCausalLM", "Phi3Config", _decoder(
+        num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, original_max_position_embeddings=16,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0, 1.5, 2.0, 3.0],
+                         "long_factor": [1.0, 2.0, 4.0, 8.0], "original_max_position_embeddings": 16}), rope=True),
     "bert": Tiny("BertForMaskedLM", "BertConfig",  # keys under "bert."
                  dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=32, intermediate_size=64,
                       vocab_size=VOCAB, max_position_embeddings=32), causal=False),
@@ -182,6 +199,18 @@ TINY |= {
                   rope=True, discovered=True),
     "helium": Tiny("HeliumForCausalLM", "HeliumConfig",
                    _decoder(num_attention_heads=4, num_key_value_heads=2, head_dim=8), rope=True, discovered=True),
+    # QK-norms found by what the attention module does (extract.discover), folded under --qk-norm fold
+    "olmo3": Tiny("Olmo3ForCausalLM", "Olmo3Config",  # RMSNorm over the whole q/k projection
+                  _decoder(num_attention_heads=4, num_key_value_heads=2, pad_token_id=0), rope=True, discovered=True),
+    "apertus": Tiny("ApertusForCausalLM", "ApertusConfig",  # RMSNorm per head, llama3 rope scaling
+                    _decoder(num_attention_heads=4, num_key_value_heads=2, head_dim=8, pad_token_id=0), rope=True,
+                    discovered=True),
+    "gpt_oss": Tiny("GptOssForCausalLM", "GptOssConfig",  # yarn (factor 32), attention sinks, mxfp4 experts in real files
+                    _decoder(num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=2,
+                             num_experts_per_tok=1, sliding_window=16, pad_token_id=0), rope=True, discovered=True),
+    "exaone4": Tiny("Exaone4ForCausalLM", "Exaone4Config",  # RMSNorm per head
+                    _decoder(num_attention_heads=4, num_key_value_heads=2, head_dim=8, pad_token_id=0), rope=True,
+                    discovered=True),
 }
 
 

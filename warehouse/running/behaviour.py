@@ -44,6 +44,11 @@ def stored_model(con, ckpt) -> dict:
     return model
 
 
+def _capped(score: np.ndarray, cap: float | None) -> np.ndarray:
+    """The logit of a soft-capped family, cap * tanh(score / cap); the score itself without a cap."""
+    return score if not cap else cap * np.tanh(score / cap)
+
+
 def behaviour_rows(model: dict, ckpt, run, *, length: int, sequences: int, seed: int) -> pl.DataFrame:
     """One row per head of `head_behaviour`: the run's scores, the model's mean self-logit, the form's and the
     biases' parts, and the largest |model - form - bias| over positions and sequences."""
@@ -59,7 +64,8 @@ def behaviour_rows(model: dict, ckpt, run, *, length: int, sequences: int, seed:
             "self_score": taken.self_score, "previous_score": taken.previous_score,
             "induction_score": taken.induction_score, "self_logit": taken.logits.mean(axis=(0, 2)),
             "form_self_logit": form.mean(axis=(0, 2)), "bias_self_logit": bias.mean(axis=(0, 2)),
-            "reproduction_error": np.abs(taken.logits - form - bias).max(axis=(0, 2)),
+            "reproduction_error": np.abs(taken.logits - _capped(form + bias, model.get("attention_softcap")))
+            .max(axis=(0, 2)),
             "length": length, "sequences": sequences, "seed": seed}))
     return pl.concat(parts)
 

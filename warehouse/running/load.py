@@ -253,7 +253,7 @@ def _model_record(ckpt: Checkpoint, opts: LoadOptions) -> dict:
         "architecture": spec.architecture, "positional_encoding": spec.positional,
         "n_layers": spec.n_layers, "n_heads": spec.n_heads, "n_kv_heads": spec.n_kv_heads,
         "d_model": spec.d_model, "head_dim": spec.head_dim, "score_scale": spec.score_scale,
-        "qk_norm": spec.qk_norm, "fold_norm": spec.fold_norm,
+        "qk_norm": spec.qk_norm, "fold_norm": spec.fold_norm, "attention_softcap": spec.softcap,
         "distances": list(deltas(spec, opts)) if spec.rope is not None else None,
         "config": json.dumps(spec.config | ({"rope": spec.rope.describe()} if spec.rope else {}), default=str),
         "parity_tolerance": opts.parity_tolerance, "baseline_seed": opts.seed,

@@ -187,6 +187,7 @@ ALTER TABLE models ADD COLUMN IF NOT EXISTS distances INTEGER[];   -- RoPE: the 
 -- A model whose layers are all in but a later step failed (its summaries) keeps its layers, complete = false,
 -- and names the step; the same extract command finishes only that.
 ALTER TABLE models ADD COLUMN IF NOT EXISTS failed_step VARCHAR;  -- NULL, or the step that failed after the layers
+ALTER TABLE models ADD COLUMN IF NOT EXISTS attention_softcap DOUBLE;  -- logit = cap * tanh(s / cap) of the form's s
 
 -- Behaviour beside form (statistics.md section 8; `headforms behaviour`): per head, scores from the model's own
 -- forward pass over `sequences` seeded random sequences of `length` tokens, each repeated once, and its mean
