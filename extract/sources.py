@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -210,12 +211,23 @@ def _towered(name: str, tower: str | None) -> str:
     return f"{name}-{tower}" if tower else name
 
 
+def folder_name(path: Path) -> str:
+    """A folder's default model name, from the path as the user gave it: the folder's own name (a symlink's, not
+    its target's: `.` and `..` are resolved, links are not), or, for a Hugging Face cache snapshot
+    (.../models--org--name/snapshots/<commit>), the repo's name, as its hub id would be named."""
+    given = Path(os.path.abspath(path))
+    if given.parent.name == "snapshots" and given.parent.parent.name.startswith("models--"):
+        return given.parent.parent.name.split("--")[-1]
+    return given.name
+
+
 def _open_local(path: Path, *, name: str | None, source: str, options: ReadOptions) -> Checkpoint:
-    """A local model folder (config.json + weights) or GGUF file; names default to folder name / file stem."""
+    """A local model folder (config.json + weights) or GGUF file; names default to folder_name / the file's stem
+    (as given: a symlink's)."""
     if path.is_dir():
         from headforms.extract.hf import open_hf_folder  # torch and safetensors load only when a folder is opened
 
-        return open_hf_folder(path, name=name or _towered(path.resolve().name, options.tower), source=source,
+        return open_hf_folder(path, name=name or _towered(folder_name(path), options.tower), source=source,
                               options=options)
     if path.suffix == ".gguf":
         if options.tower is not None:
