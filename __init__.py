@@ -12,9 +12,22 @@ from headforms import extract as _extract
 
 # The API's names, loaded with the API on first use: a process that needs only the math and the checkpoints (a
 # `--jobs` or Ray worker, `headforms.compute` in a notebook) never imports DuckDB or polars.
-_API = ("Analysis", "Progress", "analyse", "behaviour", "cache", "connect", "heads", "plan", "report", "spectra",
-        "table")
-__all__ = sorted(_API + ("extract",))
+_API = ("Analysis", "Progress", "analyse", "behaviour", "cache", "connect", "describe", "heads", "plan", "report",
+        "spectra", "sql", "table")
+__all__ = sorted(_API + ("extract", "__version__"))
+
+
+def _version() -> str:
+    """The installed distribution's version (importlib.metadata), or 0+unknown for a checkout that is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("headforms")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+__version__ = _version()
 
 
 class _CallableExtract(types.ModuleType):

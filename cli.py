@@ -95,12 +95,9 @@ def _counted(n: int, word: str) -> str:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    import headforms
 
-    try:
-        return version("headforms")
-    except PackageNotFoundError:
-        return "0+unknown"
+    return headforms.__version__
 
 
 WAIT = click.option("--wait", type=float, default=0.0, show_default=True,
