@@ -95,9 +95,12 @@ def _counted(n: int, word: str) -> str:
 
 
 def _version() -> str:
-    import headforms
+    from importlib.metadata import PackageNotFoundError, version
 
-    return headforms.__version__
+    try:
+        return version("headforms")
+    except PackageNotFoundError:
+        return "0+unknown"
 
 
 WAIT = click.option("--wait", type=float, default=0.0, show_default=True,
