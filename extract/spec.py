@@ -2,6 +2,7 @@
 discovered from transformers (extract.discover), validated against the reading options, or refused in one line."""
 from __future__ import annotations
 
+from headforms.extract import quantized
 from headforms.extract.checkpoint import ExtractError, ModelSpec, ReadOptions
 from headforms.extract.discover import discover_layout
 from headforms.extract.layouts import LAYOUTS, REFUSED, SUPPORTED, Layout, layout_key
@@ -59,9 +60,9 @@ def _rotary_fraction(config: dict, head_dim: int) -> float:
 
 def _refusal(layout: Layout, raw: dict, config: dict) -> str | None:
     """Why a checkpoint's attention score is not scale * x_j^T L x_i at distance 0, if it is not."""
-    if raw.get("quantization_config"):
-        method = raw["quantization_config"].get("quant_method", "unknown")
-        return f"quantized checkpoints ({method}) are not supported"
+    reason = quantized.refusal(raw)  # a quantized checkpoint this cannot dequantize
+    if reason:
+        return reason
     if layout.positional == "rope":
         kinds = {r.get("rope_type", r.get("type")) for r in _rope_settings(config)} & set(SCALED_ROPE)
         if kinds:
