@@ -283,7 +283,7 @@ def refused(db: Path, source, *words) -> None:
 
 
 @pytest.mark.parametrize("config, words", [
-    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, ["bitsandbytes", "not read", "unquantized model"]),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, ["bitsandbytes", "nf4", "unquantized model"]),
     ({"quant_method": "aqlm", "in_group_size": 8}, ["AQLM", "codebook"]),
     ({"quant_method": "gptq", "bits": 4, "group_size": 32, "checkpoint_format": "marlin"}, ["marlin", "permuted"]),
     ({"quant_method": "awq", "bits": 4, "group_size": 32, "version": "gemv"}, ["gemv", "GEMM"]),
