@@ -82,6 +82,7 @@ class Checkpoint:
     revision_kind: str = "given"     # 'hub', 'hf-cache', 'digest' or 'given' (models.revision_kind)
     digest: Digest | None = field(default=None, repr=False)  # local files without a pinned revision
     options: ReadOptions = ReadOptions()  # how it was opened (a worker reopens it with the same)
+    quantization: str | None = None  # a quantized checkpoint's scheme(s) of Q/K (models.quantization), else None
 
     @property
     def revision(self) -> str:

@@ -1,6 +1,6 @@
 """Files headforms cannot read, named in the user's words.
 
-Foreign formats (CTranslate2, ONNX, MLX, GGML, TensorFlow, Flax, GPTQ/AWQ) are one table, `FOREIGN`: the
+Foreign formats (CTranslate2, ONNX, MLX, GGML, TensorFlow, Flax, GPTQ/AWQ without a quantization_config) are one table, `FOREIGN`: the
 files that carry each, the bytes such a file starts with, or what its config.json or tensor names say.
 A file whose size is not the size its header describes (a download that stopped early, or bytes after
 its last tensor) is refused with both sizes and the first missing tensor (`check_extent`).
@@ -19,12 +19,6 @@ HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_mode
 ORIGINAL = ("the original Hugging Face checkpoint (a folder or hub id with config.json and model.safetensors "
             "or pytorch_model.bin)")
 _HEAD = 64  # bytes read from the start of a file to recognise it
-
-
-def _quant_method(config: dict) -> str | None:
-    """quantization_config.quant_method of a transformers config, lower-cased."""
-    quant = config.get("quantization_config")
-    return str(quant.get("quant_method", "")).lower() if isinstance(quant, dict) else None
 
 
 def _ends(names: Iterable[str], *suffixes: str) -> bool:
@@ -60,6 +54,9 @@ _TF_OR_FLAX = ("the PyTorch weights of the same model (model.safetensors or pyto
                "transformers converts them: from_pretrained(..., from_tf=True or from_flax=True), "
                "then save_pretrained)")
 
+_QUANT_CONFIG = ("its config.json with the quantization_config it was saved with (quant_method, bits, group_size), "
+                 "or the unquantized model it was made from (its model card names the base model)")
+
 FOREIGN: tuple[Foreign, ...] = (
     # CTranslate2 (faster-whisper): model.bin starts with a uint32 format version, then the spec's name
     Foreign("CTranslate2", files=("model.bin",),
@@ -84,15 +81,11 @@ FOREIGN: tuple[Foreign, ...] = (
     # Flax: msgpack (a map first), or its shard index
     Foreign("Flax", files=("flax_model.msgpack", "flax_model-*.msgpack", "flax_model.msgpack.index.json"),
             magic=re.compile(rb"[\x80-\x8f\xde\xdf{]"), instead=_TF_OR_FLAX),
-    # quantized safetensors: the config says so, or the packed tensors do (GPTQ has g_idx, AWQ does not)
-    Foreign("GPTQ-quantized", config=lambda c: _quant_method(c) == "gptq",
-            tensors=lambda names: _ends(names, ".qweight", ".qzeros", ".g_idx"),
-            instead="the unquantized model it was made from (its model card names the base model), with "
-                    "config.json and model.safetensors or pytorch_model.bin"),
-    Foreign("AWQ-quantized", "an", config=lambda c: _quant_method(c) == "awq",
-            tensors=lambda names: _ends(names, ".qweight", ".qzeros"),
-            instead="the unquantized model it was made from (its model card names the base model), with "
-                    "config.json and model.safetensors or pytorch_model.bin"),
+    # packed GPTQ/AWQ tensors under a config.json without the quantization_config that says their bits and groups
+    # (with one, extract.quantized reads them; GPTQ has g_idx, AWQ does not)
+    Foreign("GPTQ-quantized", tensors=lambda names: _ends(names, ".qweight", ".qzeros", ".g_idx"),
+            instead=_QUANT_CONFIG),
+    Foreign("AWQ-quantized", "an", tensors=lambda names: _ends(names, ".qweight", ".qzeros"), instead=_QUANT_CONFIG),
 )
 
 

@@ -21,10 +21,11 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
+import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 
-from headforms.extract import pages
+from headforms.extract import pages, quantized
 from headforms.extract.buffers import BufferPool
 from headforms.extract.checkpoint import Checkpoint, Digest, ExtractError, ReadOptions, first_line, hf_cache_commit
 from headforms.extract.formats import IncompleteFile, extent_problem, header_cut, refuse_foreign, size_mismatch
@@ -33,11 +34,14 @@ from headforms.extract.norms import HF_NORMS, norm_for
 from headforms.extract.torch_pickle import RecordingUnpickler, TensorRef
 
 BF16_BLOCK = 1 << 17  # bfloat16 values decoded at a time (a 512 kB float32 block)
-_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}  # safetensors -> torch names
-_FLOAT_DTYPES = frozenset(_DTYPES.values())
+_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64",  # safetensors -> torch names
+           "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "I32": "int32", "I8": "int8", "U8": "uint8"}
+_FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})  # a dense weight's; quantized: extract.quantized
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,  # bytes per value of each torch dtype name
-             "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
-_NUMPY_DTYPES = {"F16": "<f2", "F32": "<f4", "F64": "<f8"}  # BF16: see span_array
+             "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+             "float8_e4m3fn": 1, "float8_e5m2": 1}
+_NUMPY_DTYPES = {"F16": "<f2", "F32": "<f4", "F64": "<f8",  # BF16: see span_array; quantized values and scales:
+                 "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2, "I32": "<i4", "I8": "i1", "U8": "u1"}
 
 
 def _safetensors_open(path: Path, framework: str = "numpy"):
@@ -499,7 +503,8 @@ def open_hf_folder(folder: Path, *, name: str, source: str, options: ReadOptions
     config = _read_config(folder)
     model_spec(config, options)  # an unsupported config is refused before the weights are read
     weights = _find_weights(folder)
-    refuse_foreign(folder, config=config, tensors=weights.meta)  # GPTQ, AWQ, MLX known by their tensors alone
+    # GPTQ, AWQ, MLX known by their tensors alone (a quantization_config says how to read them: extract.quantized)
+    refuse_foreign(folder, config=config, tensors=() if config.get("quantization_config") else weights.meta)
     commit = None if revision else hf_cache_commit(folder.absolute())
     digest = None
     if not (revision or commit):
@@ -532,19 +537,29 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
     if norm is not None:
         spec = replace(spec, fold_norm=fold_norm)
     first = next(iter(layout.tensors.values())).format(i=0)  # layer 0's Q (or fused QKV) locates the prefix
-    prefix = next((p for p in layout.prefixes if p + first in weights.where), layout.prefixes[0])
+    prefix = next((p for p in layout.prefixes if any(t in weights.where for t in
+                                                      [p + first, *quantized.candidates(config, [p + first])])),
+                  layout.prefixes[0])
 
     def tensors(layer: int) -> dict[str, str]:
         """role -> tensor name of a layer, the norm gain (role 'gain') included when folding it."""
         roles = {role: tensor for role, (tensor, _) in layout.tensors_for(spec, prefix, layer).items()}
         return roles | ({"gain": prefix + norm.tensor(layer)} if norm is not None else {})
 
-    _check_tensors(weights, [(name, shape, layer) for layer in range(spec.n_layers)
-                             for name, shape in layout.tensors_for(spec, prefix, layer).values()]
+    wanted = [(name, shape, layer) for layer in range(spec.n_layers)
+              for name, shape in layout.tensors_for(spec, prefix, layer).values()]
+    weights.describe(quantized.candidates(config, [name for name, _, _ in wanted]))
+    stored = quantized.stored(config, {name: shape for name, shape, _ in wanted}, weights.meta)  # quantized weights
+
+    def sources(names) -> list[str]:
+        """The stored tensors that make `names`: a quantized weight's values, scales ... (extract.quantized)."""
+        return [s for t in names for s in (stored[t].names.values() if t in stored else (t,))]
+
+    _check_tensors(weights, [w for w in wanted if w[0] not in stored]
                    + [(tensors(layer)["gain"], (spec.d_model,), layer) for layer in range(spec.n_layers)
                       if norm is not None])
 
-    qk = {t for layer in range(spec.n_layers) for t in tensors(layer).values()}
+    qk = set(sources(t for layer in range(spec.n_layers) for t in tensors(layer).values()))
     qk_bytes = sum(math.prod(weights.meta[t][0]) * _ITEMSIZE[weights.meta[t][1]] for t in qk)
     ahead = min(weights.ahead, max(1, weights.ahead_bytes * spec.n_layers // max(qk_bytes, 1))) if weights.ahead else 0
 
@@ -552,9 +567,10 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
         if not 0 <= layer < spec.n_layers:
             raise ExtractError(f"layer {layer} out of range: {name} has {spec.n_layers} layers")
         roles = tensors(layer)
-        arrays = weights.read(list(roles.values()))  # before the layers ahead are asked for: a first layer has the link
-        weights.prefetch(t for later in range(layer + 1, min(layer + 1 + ahead, spec.n_layers))
-                         for t in tensors(later).values())
+        arrays = weights.read(sources(roles.values()))  # before the layers ahead are asked for: a first layer has the link
+        weights.prefetch(sources(t for later in range(layer + 1, min(layer + 1 + ahead, spec.n_layers))
+                                 for t in tensors(later).values()))
+        arrays = {t: stored[t].dequantize(arrays) if t in stored else arrays[t] for t in roles.values()}
         for tensor, array in arrays.items():
             # a finite sum means every value is finite; only an overflowing sum needs the elementwise check
             if not np.isfinite(array.sum()) and not np.isfinite(array).all():
@@ -563,7 +579,7 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
         return norm.fold(w_q, w_k, arrays[roles["gain"]], fold_norm) if norm is not None else (w_q, w_k)
 
     if digest is not None:
-        digest.expect([[(weights.where[t], t) for t in tensors(layer).values()] for layer in range(spec.n_layers)],
+        digest.expect([[(weights.where[t], t) for t in sources(tensors(layer).values())] for layer in range(spec.n_layers)],
                       reader)
 
     def close() -> None:
@@ -573,4 +589,6 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
 
     return weights.checked(Checkpoint(name=name, source=source, pinned=pinned, spec=spec, reader=reader, close=close,
                                       qk_bytes=qk_bytes, checkpoint_bytes=checkpoint_bytes, meter=meter,
-                                      revision_kind=revision_kind, digest=digest, options=options))
+                                      revision_kind=revision_kind, digest=digest, options=options,
+                                      quantization="; ".join(sorted({s.scheme.describe() for s in stored.values()}))
+                                      or None))

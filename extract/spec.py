@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 
+from headforms.extract import quantized
 from headforms.extract.checkpoint import ExtractError, ModelSpec, ReadOptions
 from headforms.extract.discover import discover_layout
 from headforms.extract.layouts import LAYOUTS, REFUSED, SUPPORTED, Layout, layout_key
@@ -75,10 +76,9 @@ def attention_unconverted(layout: Layout, raw: dict, config: dict) -> bool:
 def _refusal(layout: Layout, raw: dict, config: dict) -> str | None:
     """Why a checkpoint's attention score is not scale * x_j^T L x_i at distance 0, if it is not."""
     if raw.get("quantization_config") and not attention_unconverted(layout, raw, config):
-        method = raw["quantization_config"].get("quant_method", "unknown")
-        module = layout.tensors.get("q", "").rsplit(".", 2)[0]
-        return (f"quantized checkpoints ({method}) are not supported unless quantization_config."
-                f"modules_to_not_convert names every layer's attention module ({module})")
+        reason = quantized.refusal(raw)  # a quantized checkpoint this cannot dequantize
+        if reason:
+            return reason
     return layout.refusal(config)
 
 

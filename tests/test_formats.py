@@ -488,22 +488,20 @@ def _flax(folder: Path, llama: Path) -> Path:
     return folder
 
 
-def _quantized(method: str):
-    def make(folder: Path, llama: Path) -> Path:
-        shutil.copytree(llama, folder, dirs_exist_ok=True)
-        config = json.loads((folder / "config.json").read_text())
-        (folder / "config.json").write_text(json.dumps(config | {"quantization_config": {"quant_method": method,
-                                                                                          "bits": 4}}))
-        return folder
-
-    return make
-
-
 def _gptq_tensors(folder: Path, llama: Path) -> Path:
     """GPTQ's packed tensors, with no quantization_config to say so."""
     shutil.copy(llama / "config.json", folder)
     save_file({f"model.layers.{i}.self_attn.{p}_proj.{part}": np.zeros((4, 32), np.int32)
                for i in range(2) for p in "qk" for part in ("qweight", "qzeros", "scales", "g_idx")},
+              str(folder / "model.safetensors"))
+    return folder
+
+
+def _awq_tensors(folder: Path, llama: Path) -> Path:
+    """AWQ's packed tensors (no g_idx), with no quantization_config to say so."""
+    shutil.copy(llama / "config.json", folder)
+    save_file({f"model.layers.{i}.self_attn.{p}_proj.{part}": np.zeros((4, 32), np.int32)
+               for i in range(2) for p in "qk" for part in ("qweight", "qzeros", "scales")},
               str(folder / "model.safetensors"))
     return folder
 
@@ -519,9 +517,8 @@ FOREIGN_CASES = {  # name -> (make(empty folder, llama folder) -> source, format
     "TensorFlow tf_model.h5": (_tensorflow_h5, "TensorFlow"),
     "TensorFlow SavedModel": (_saved_model, "TensorFlow"),
     "Flax msgpack": (_flax, "Flax"),
-    "GPTQ by config": (_quantized("gptq"), "GPTQ-quantized"),
-    "AWQ by config": (_quantized("awq"), "AWQ-quantized"),
     "GPTQ by tensors": (_gptq_tensors, "GPTQ-quantized"),
+    "AWQ by tensors": (_awq_tensors, "AWQ-quantized"),
 }
 
 

@@ -259,6 +259,7 @@ def _model_record(ckpt: Checkpoint, opts: LoadOptions) -> dict:
         "parity_tolerance": opts.parity_tolerance, "baseline_seed": opts.seed,
         "tool_version": tool_version(), "base_model": ckpt.base_model, "training_step": ckpt.training_step,
         "bytes_fetched": None, "checkpoint_bytes": ckpt.checkpoint_bytes,  # bytes_fetched: _record_cost
+        "quantization": ckpt.quantization,
         "extracted_at": datetime.now(timezone.utc).replace(tzinfo=None), "complete": False,
     }
 

@@ -222,3 +222,7 @@ CREATE TABLE IF NOT EXISTS behaviour_intervals (
     seed      BIGINT NOT NULL,
     PRIMARY KEY (model, parity, figure)
 );
+
+-- A quantized checkpoint (FP8, GPTQ, AWQ, compressed-tensors): its Q/K scheme (method, bits, group or block size);
+-- the statistics are those of the dequantized weights. NULL for unquantized checkpoints and GGUF files.
+ALTER TABLE models ADD COLUMN IF NOT EXISTS quantization VARCHAR;
