@@ -532,6 +532,8 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
     pinned: the revision when it needs no hashing (the hub's commit, a cache snapshot's, or given); options.qk_norm,
     options.tower: see model_spec; options.fold_norm (extract.norms) folds the pre-norm feeding attention in."""
     layout, spec = model_spec(config, options)
+    if quantized.refusal(config):  # accepted all the same: its attention is left unquantized (modules_to_not_convert)
+        config = {key: value for key, value in config.items() if key != "quantization_config"}
     fold_norm = options.fold_norm
     norm = norm_for(spec, fold_norm, HF_NORMS)
     if norm is not None:
