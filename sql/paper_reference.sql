@@ -1,5 +1,5 @@
--- The paper's published figures, as printed, with where (paper: ../shared/paper/000_*.txt;
--- Table 2's rows: 001_*.txt). Data this version ships, as a view, so any warehouse reads it.
+-- The paper's published figures, as printed, with where (paper: "On attention heads and bilinear forms", O'Desky;
+-- its Table 2's rows). Data this version ships, as a view, so any warehouse reads it.
 --   scope     'model': a figure of one model (names as in the `paper` model set);
 --             'survey': of the paper's fourteen models together
 --   figure    the name of the headforms column or statistic it compares with (see paper_comparison)
