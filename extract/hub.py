@@ -163,13 +163,16 @@ class HubRepo:
 
     @classmethod
     def _cached(cls, repo_id: str, revision: str | None, refs: Path, why: str) -> HubRepo:
+        from huggingface_hub import constants
+
         commit = revision if revision and re.fullmatch(r"[0-9a-f]{40}", revision) else None
         if commit is None and refs.is_file():
             commit = refs.read_text().strip()
         table = _repo_dir(repo_id) / (commit or "-") / "files.json"
         if commit is None or not table.is_file():
-            raise RepoNotFound(f"'{repo_id}'{f' at {revision}' if revision else ''} is not in the headforms "
-                               f"cache ({cache_root()}) and {why}")
+            looked = (f"in neither the Hugging Face cache ({constants.HF_HUB_CACHE}) nor the headforms cache "
+                      f"({cache_root()})" if constants.is_offline_mode() else f"not in the headforms cache ({cache_root()})")
+            raise RepoNotFound(f"'{repo_id}'{f' at {revision}' if revision else ''} is {looked} and {why}")
         return cls(repo_id, commit, {k: tuple(v) for k, v in json.loads(table.read_text()).items()})
 
     @functools.cached_property
@@ -400,6 +403,29 @@ class RangeReader:
         data = self.remote.read_at(self.pos, end - self.pos) if end > self.pos else b""
         self.pos += len(data)
         return data
+
+
+def hf_cache_snapshot(repo_id: str, revision: str | None) -> Path | None:
+    """The snapshot folder of a hub repo at `revision` in the Hugging Face cache, as huggingface_hub finds it
+    offline (its own lookup: the revision's ref, or a commit), else None. Offline, hub ids are read from it first."""
+    from huggingface_hub import errors, snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
+    except (errors.LocalEntryNotFoundError, errors.HFValidationError):
+        return None
+
+
+def hf_cache_file(repo_id: str, filename: str, revision: str | None) -> Path | None:
+    """A file of a hub repo at `revision` in the Hugging Face cache (huggingface_hub's try_to_load_from_cache), else
+    None."""
+    from huggingface_hub import errors, try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(repo_id, filename, revision=revision)
+    except (errors.HFValidationError, ValueError):
+        return None
+    return Path(found) if isinstance(found, str) else None
 
 
 def cache_usage():

@@ -181,8 +181,12 @@ def open_checkpoint(source: str, options: ReadOptions = ReadOptions(), *, name: 
             raise ExtractError(f"a hub file source is org/name/FILE.gguf (or hf://org/name/FILE.gguf): {source}")
         if tower is not None:
             raise ExtractError(f"{source}: --tower applies to Hugging Face checkpoints with several towers, not GGUF files")
+        from headforms.extract.hub import hf_cache_file
         from headforms.extract.remote import open_hub_gguf
 
+        if _offline() and (cached := hf_cache_file("/".join(parts[:2]), parts[2], options.revision)) is not None:
+            return open_gguf(cached, name=name or Path(parts[2]).stem, source=source,
+                             options=replace(options, revision=None))  # pinned to its snapshot's commit
         return open_hub_gguf("/".join(parts[:2]), parts[2], name=name or Path(parts[2]).stem, source=source,
                              options=options)
     if source.startswith("pkg:"):
@@ -197,8 +201,11 @@ def open_checkpoint(source: str, options: ReadOptions = ReadOptions(), *, name: 
     from headforms.extract.hub import RepoNotFound
     from headforms.extract.remote import open_hub  # torch loads only when a hub model is opened
 
+    name = name or _towered(source.rsplit("/", 1)[-1], tower)
+    if _offline() and (snapshot := _hf_cache_model(source, options.revision)) is not None:
+        return _open_local(snapshot, name=name, source=source, options=replace(options, revision=None))
     try:
-        return open_hub(source, name=name or _towered(source.rsplit("/", 1)[-1], tower), options=options)
+        return open_hub(source, name=name, options=options)
     except RepoNotFound as error:
         if "/" in source:
             raise
@@ -206,33 +213,52 @@ def open_checkpoint(source: str, options: ReadOptions = ReadOptions(), *, name: 
         raise RepoNotFound(f"{error}; nor is there a file or folder named {source} in {Path.cwd()}") from None
 
 
+def _offline() -> bool:
+    """HF_HUB_OFFLINE is set (as huggingface_hub reads it)."""
+    from huggingface_hub import constants
+
+    return constants.is_offline_mode()
+
+
+def _hf_cache_model(repo_id: str, revision: str | None) -> Path | None:
+    """A hub model's snapshot in the Hugging Face cache when it holds config.json and weights (a snapshot of
+    config or tokenizer files alone is no model: the range cache is looked in next), else None."""
+    from headforms.extract.hub import hf_cache_snapshot
+    from headforms.extract.remote import HUB_LAYOUTS
+
+    snapshot = hf_cache_snapshot(repo_id, revision)
+    if snapshot is None or not (snapshot / "config.json").is_file():
+        return None
+    return snapshot if any((snapshot / f).is_file() for layout in HUB_LAYOUTS for f in layout) else None
+
+
+def local_name(path: Path) -> str:
+    """A local model's default name: the folder's or file's (stem's) own name as given, a symlink's and not its
+    target's; a Hugging Face cache snapshot (.../models--org--name/snapshots/COMMIT) is `name`, as the hub id
+    org/name is."""
+    given = Path(os.path.abspath(path))
+    repo = given.parent.parent.name
+    if given.parent.name == "snapshots" and repo.startswith("models--") and re.fullmatch(r"[0-9a-f]{40}", given.name):
+        return repo.rsplit("--", 1)[-1]
+    return given.stem if given.suffix == ".gguf" else given.name
+
+
 def _towered(name: str, tower: str | None) -> str:
     """A default model name, with the tower when one was asked for (two towers of a folder are two models)."""
     return f"{name}-{tower}" if tower else name
 
 
-def folder_name(path: Path) -> str:
-    """A folder's default model name, from the path as the user gave it: the folder's own name (a symlink's, not
-    its target's: `.` and `..` are resolved, links are not), or, for a Hugging Face cache snapshot
-    (.../models--org--name/snapshots/<commit>), the repo's name, as its hub id would be named."""
-    given = Path(os.path.abspath(path))
-    if given.parent.name == "snapshots" and given.parent.parent.name.startswith("models--"):
-        return given.parent.parent.name.split("--")[-1]
-    return given.name
-
-
 def _open_local(path: Path, *, name: str | None, source: str, options: ReadOptions) -> Checkpoint:
-    """A local model folder (config.json + weights) or GGUF file; names default to folder_name / the file's stem
-    (as given: a symlink's)."""
+    """A local model folder (config.json + weights) or GGUF file; names default to local_name."""
     if path.is_dir():
         from headforms.extract.hf import open_hf_folder  # torch and safetensors load only when a folder is opened
 
-        return open_hf_folder(path, name=name or _towered(folder_name(path), options.tower), source=source,
+        return open_hf_folder(path, name=name or _towered(local_name(path), options.tower), source=source,
                               options=options)
     if path.suffix == ".gguf":
         if options.tower is not None:
             raise ExtractError(f"{path}: --tower applies to Hugging Face folders with several towers, not GGUF files")
-        return open_gguf(path, name=name or path.stem, source=source, options=options)
+        return open_gguf(path, name=name or local_name(path), source=source, options=options)
     refuse_foreign(path)  # an ONNX, GGML, TensorFlow, ... file is named
     raise ExtractError(f"cannot read {path}: give a model folder (config.json + weights) or a .gguf file")
 

@@ -488,7 +488,8 @@ def test_a_bare_name_found_neither_on_the_hub_nor_here_says_both(hub, tmp_path, 
     with pytest.raises(ExtractError, match=r"^no model 'org/my-modle' on the Hugging Face hub \(.*\)$"):
         open_checkpoint("org/my-modle")
     go_offline(monkeypatch)
-    with pytest.raises(ExtractError, match=r"^'my-modle' is not in the headforms cache \(.*\) and HF_HUB_OFFLINE is "
+    with pytest.raises(ExtractError, match=r"^'my-modle' is in neither the Hugging Face cache \(.*\) nor the "
+                                           r"headforms cache \(.*\) and HF_HUB_OFFLINE is "
                                            rf"set; nor is there a file or folder named my-modle in {here}$"):
         open_checkpoint("my-modle")
 
@@ -503,7 +504,8 @@ def test_offline_from_the_cache_and_the_cache_command(hub, tmp_path, monkeypatch
     second = tmp_path / "second.duckdb"
     api.extract("org/tiny", db=second)
     assert_same_values(first, second)
-    with pytest.raises(ExtractError, match=r"^'org/other' is not in the headforms cache \(.*\) and HF_HUB_OFFLINE is set$"):
+    with pytest.raises(ExtractError, match=r"^'org/other' is in neither the Hugging Face cache \(.*\) nor the "
+                                           r"headforms cache \(.*\) and HF_HUB_OFFLINE is set$"):
         open_checkpoint("org/other")
 
     cached = sum(f.stat().st_size for f in (tmp_path / "cache").rglob("*") if f.is_file() and f.parent.parent.name == "blobs")

@@ -372,11 +372,12 @@ def test_the_cache_without_a_file_table_or_revision_says_what_is_missing(hub, mo
     monkeypatch.setattr(importlib.import_module("huggingface_hub.constants"), "HF_HUB_OFFLINE", True)
     cached = HubRepo.resolve("org/r", None)
     assert (cached.commit, cached.files) == (repo.commit, repo.files)
-    with pytest.raises(ExtractError, match=r"^'org/r' at v2 is not in the headforms cache \(.+\) and HF_HUB_OFFLINE "
+    with pytest.raises(ExtractError, match=r"^'org/r' at v2 is in neither the Hugging Face cache \(.+\) nor the "
+                                           r"headforms cache \(.+\) and HF_HUB_OFFLINE "
                                            r"is set$"):
         HubRepo.resolve("org/r", "v2")
     (repo.folder / "files.json").unlink()  # the ref names a commit whose table is gone
-    with pytest.raises(ExtractError, match=r"^'org/r' is not in the headforms cache"):
+    with pytest.raises(ExtractError, match=r"^'org/r' is in neither the Hugging Face cache"):
         HubRepo.resolve("org/r", None)
 
 

@@ -655,7 +655,8 @@ def test_hub_id_offline_and_not_cached(existing, base_db, tmp_path):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "HF_HOME": str(home),
            "HF_HUB_CACHE": str(home / "hub")}
     result = headforms("extract", "some-org/some-model", "--db", db, env=env)
-    assert_one_error(result.returncode, result.stderr, r"^Error: 'some-org/some-model' is not in the headforms "
+    assert_one_error(result.returncode, result.stderr, r"^Error: 'some-org/some-model' is in neither the Hugging "
+                                                       r"Face cache \(.*\) nor the headforms "
                                                        r"cache \(.*\) and HF_HUB_OFFLINE is set$")
     assert_same(snapshot(db), before)
 
