@@ -691,7 +691,7 @@ def test_a_damaged_warehouse_is_said_to_be_one(survey, tmp_path):
     shutil.copy(serial, cut)
     os.truncate(cut, size // 2)
     damaged = [(cut, _unreadable_tables(cut))]
-    for offset in range(4096, size, size // 48):  # the first offset whose bytes a table's scan reads
+    for offset in range(4096, size, size // 192):  # the first offset whose bytes a table's scan reads
         overwritten = tmp_path / f"overwritten{offset}.duckdb"
         shutil.copy(serial, overwritten)
         with open(overwritten, "r+b") as f:
@@ -757,7 +757,7 @@ def test_check_reports_every_damaged_block(survey, tmp_path):
     traceback; --quick skips the scan."""
     _, serial = survey
     size = serial.stat().st_size
-    offsets = sorted({*range(4096, size, size // 48), 3 * size // 4})
+    offsets = sorted({*range(4096, size, size // 192), 3 * size // 4})
     damaged = 0
     for offset in offsets:
         db = tmp_path / "damaged.duckdb"
