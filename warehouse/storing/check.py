@@ -27,11 +27,13 @@ SPECTRUM_ROWS = {
 }
 PROFILE_TOLERANCE = 1e-9
 # Tables whose rows belong to a model: a row of a model not in `models` is an orphan.
-MODEL_ROW_TABLES = ("layers", "heads", "eigenvalues", "fits", "intervals", "head_types")
+MODEL_ROW_TABLES = ("layers", "heads", "eigenvalues", "fits", "intervals", "head_types",
+                    "ov_heads", "ov_eigenvalues", "ov_fits", "copying_intervals")
 ORDER_TOLERANCE = 1e-12  # relative: a value may exceed its predecessor by rounding only
 # The key of each per-head detail table beyond (model, layer, head): schema.sql declares none (no index to keep up
 # while loading), so a row's key is checked here.
-DETAIL_KEYS = {"eigenvalues": ("spectrum", "idx"), "fits": ("sample", "family"), "distance_profiles": ("delta",)}
+DETAIL_KEYS = {"eigenvalues": ("spectrum", "idx"), "fits": ("sample", "family"), "distance_profiles": ("delta",),
+               "ov_eigenvalues": ("spectrum", "idx"), "ov_fits": ("sample", "family")}
 
 
 def _values(name: str, items) -> str:

@@ -226,3 +226,107 @@ CREATE TABLE IF NOT EXISTS behaviour_intervals (
 -- A quantized checkpoint (FP8, GPTQ, AWQ, compressed-tensors): its Q/K scheme (method, bits, group or block size);
 -- the statistics are those of the dequantized weights. NULL for unquantized checkpoints and GGUF files.
 ALTER TABLE models ADD COLUMN IF NOT EXISTS quantization VARCHAR;
+
+-- The output-value circuit (statistics.md "The output-value circuit"; extract --circuits qk,ov): what each head
+-- writes, OV_h = W_O[h] W_V[kv(h)] (N x N, rank <= n), analysed exactly as the form L (same reduction, spectra,
+-- statistics and fits; no positional treatment, score_scale does not enter). A model extracted with `qk` alone
+-- has no ov_* rows.
+ALTER TABLE models ADD COLUMN IF NOT EXISTS circuits VARCHAR;  -- the circuits extracted: 'qk' or 'qk,ov' (NULL: built before, 'qk')
+
+-- One row per query head of a model extracted with the OV circuit: every column of heads, of OV_h in place of L,
+-- then its copying scores. Joined to heads by (model, layer, head).
+CREATE TABLE IF NOT EXISTS ov_heads (
+    model                    VARCHAR NOT NULL,  -- the model (models.model)
+    layer                    INTEGER NOT NULL,  -- layer, from 0
+    head                     INTEGER NOT NULL,  -- query head within the layer, from 0
+    kv_head                  INTEGER NOT NULL,  -- the value head kv(h) whose W_V the head reads (GQA)
+    frobenius                DOUBLE,    -- ||OV||
+    n_pos                    INTEGER NOT NULL,  -- eigenvalues of OV's symmetric part above the tolerance
+    n_neg                    INTEGER NOT NULL,  -- eigenvalues of OV's symmetric part below minus the tolerance
+    n_zero                   INTEGER NOT NULL,  -- the rest, in the reduced min(N, 2n) space
+    n_zero_ambient           INTEGER NOT NULL,  -- N - n_pos - n_neg
+    balanced                 BOOLEAN NOT NULL,  -- n_pos = n_neg = head_dim
+    symmetric_energy         DOUBLE,    -- ||S||^2 / ||OV||^2, S the symmetric part of OV
+    a                        DOUBLE,    -- ||T||^2 / ||OV||^2, T the antisymmetric part of OV
+    b                        DOUBLE,    -- 2 <lambda_+, lambda_-> / ||OV||^2
+    c                        DOUBLE,    -- sum of u^2 over u = lambda_+ - lambda_- > 0, over ||OV||^2
+    d                        DOUBLE,    -- sum of u^2 over u < 0, over ||OV||^2
+    b_sym                    DOUBLE,    -- b with ||S||^2 as denominator
+    c_sym                    DOUBLE,    -- c with ||S||^2 as denominator
+    d_sym                    DOUBLE,    -- d with ||S||^2 as denominator
+    parity                   VARCHAR,   -- OV's 'I+', 'II', 'I-' at the model's parity_tolerance (NULL: OV is zero)
+    pairing                  DOUBLE,    -- 1 - ||lambda_+ - lambda_-|| / ||S||
+    rho                      DOUBLE,    -- ||lambda_-|| / ||lambda_+||
+    pairing_bound            DOUBLE,    -- 1 - |1 - rho| / sqrt(1 + rho^2)
+    pairing_gap              DOUBLE,    -- pairing_bound - pairing
+    lobe_departure           DOUBLE,    -- ||lambda_- - rho lambda_+|| / ||lambda_-||
+    trace_ratio              DOUBLE,    -- |tr OV| / ||OV||
+    participation_ratio      DOUBLE,    -- (sum s^2)^2 / sum s^4 over the singular values s of OV
+    stable_rank              DOUBLE,    -- sum s^2 / s_1^2
+    leading_share            DOUBLE,    -- s_1^2 / sum s^2
+    sigma_lambda_correlation DOUBLE,    -- correlation of the sorted |eig(S)| with the sorted singular values of T
+    geometric_mean_error     DOUBLE,    -- ||sigma(T) - sqrt(lambda_+ lambda_-)|| / ||sigma(T)||
+    random_symmetric_energy  DOUBLE,    -- symmetric_energy of a seeded Gaussian head of the same shapes
+    random_pairing           DOUBLE,    -- pairing of that Gaussian head
+    theta_distance           DOUBLE,    -- distance of OV's (a, b, c, d) to Theta = {a = b, cd = 0}
+    theta_position           DOUBLE,    -- distance of the nearest point of Theta from (1/2, 1/2, 0, 0)
+    random_theta_distance    DOUBLE,    -- theta_distance of the Gaussian head
+    random_theta_position    DOUBLE,    -- theta_position of the Gaussian head
+    copying_score            DOUBLE,    -- sum(lambda) / sum(|lambda|) over the nonzero eigenvalues of W_U OV W_E^T (NULL: no unembedding)
+    residual_copying_score   DOUBLE,    -- sum(lambda) / sum(|lambda|) over the nonzero eigenvalues of OV itself
+    PRIMARY KEY (model, layer, head)
+);
+
+-- Long-form spectra of each head's OV, the codes and order of eigenvalues ('S', 'S_pos', 'S_neg', 'T_sv',
+-- 'T_sigma', 'L', 'L_sv'), S and T the symmetric and antisymmetric parts of OV and 'L' its eigenvalues.
+-- No primary key, as eigenvalues (`headforms check` verifies the key).
+CREATE TABLE IF NOT EXISTS ov_eigenvalues (
+    model    VARCHAR NOT NULL,  -- the model (models.model)
+    layer    INTEGER NOT NULL,  -- layer, from 0
+    head     INTEGER NOT NULL,  -- query head within the layer
+    spectrum VARCHAR NOT NULL,  -- 'S', 'S_pos', 'S_neg', 'T_sv', 'T_sigma', 'L' (eigenvalues of OV), 'L_sv' (singular values of OV)
+    idx      INTEGER NOT NULL,  -- from 0, decreasing (by magnitude for 'L')
+    value    DOUBLE NOT NULL,   -- the value (real part for 'L')
+    imag     DOUBLE NOT NULL    -- imaginary part ('L'), else 0; key: (model, layer, head, spectrum, idx)
+);
+
+-- Distribution fits of each head's OV samples, as fits ('L_abs' = the n largest |eig(OV)|, 'S_pos', 'S_neg', 'T'
+-- of OV's parts), same families, parametrisation and status rule. No primary key, as fits.
+CREATE TABLE IF NOT EXISTS ov_fits (
+    model          VARCHAR NOT NULL,  -- the model (models.model)
+    layer          INTEGER NOT NULL,  -- layer, from 0
+    head           INTEGER NOT NULL,  -- query head within the layer
+    sample         VARCHAR NOT NULL,  -- 'L_abs', 'S_pos', 'S_neg', 'T' of OV
+    family         VARCHAR NOT NULL,  -- 'gamma', 'lognormal', 'weibull', 'gengamma'
+    shape          DOUBLE,            -- scipy's shape (gamma k, lognormal s, weibull c, gengamma a)
+    shape2         DOUBLE,            -- gengamma's c; NULL for the others
+    scale          DOUBLE,            -- scipy's scale
+    mode           DOUBLE,            -- NULL when the density has no interior mode
+    loglik         DOUBLE,            -- log-likelihood of the sample
+    ks             DOUBLE,            -- Kolmogorov-Smirnov distance
+    hist_error     DOUBLE,            -- the paper's histogram error (unit-mean sample, 20 bins)
+    aic            DOUBLE,            -- 2 k - 2 loglik, k free parameters: 2, or 3 for gengamma
+    bic            DOUBLE,            -- k ln(n) - 2 loglik
+    n              INTEGER NOT NULL,  -- sample size
+    status         VARCHAR NOT NULL,  -- 'ok', 'boundary', 'failed'
+    prentice_mu    DOUBLE,            -- Prentice's (1974) location mu; NULL unless status = 'ok'
+    prentice_sigma DOUBLE,            -- Prentice's scale sigma; NULL unless status = 'ok'
+    prentice_q     DOUBLE,            -- Prentice's shape q; NULL unless status = 'ok'
+    limit_law      VARCHAR            -- a boundary fit's limit: 'powerlaw', 'pareto'; key: (model, layer, head, sample, family)
+);
+
+-- Per model with ov_heads rows, QK parity type of the head ('I+', 'II', 'I-', and 'I+ - I-' for the difference of
+-- those two medians) and figure: the value over the type's heads with its 95% bootstrap interval resampling layers
+-- (the resamples of intervals' method 'layer'), written when the model's last layer is in. Heads whose QK parity
+-- is undefined are in no type; a NULL copying score counts in no median.
+CREATE TABLE IF NOT EXISTS copying_intervals (
+    model     VARCHAR NOT NULL,   -- the model (models.model)
+    parity    VARCHAR NOT NULL,   -- QK parity (heads.parity), or 'I+ - I-'
+    figure    VARCHAR NOT NULL,   -- median_copying_score, median_residual_copying_score
+    estimate  DOUBLE,             -- the figure over the type's heads (copying_by_parity's value)
+    low       DOUBLE,             -- 2.5% percentile of the resampled figure (NULL: one layer, or undefined)
+    high      DOUBLE,             -- 97.5% percentile of the resampled figure
+    resamples INTEGER NOT NULL,   -- B
+    seed      BIGINT NOT NULL,    -- the model's seed (resamples drawn with (seed, 0), as intervals' layer method)
+    PRIMARY KEY (model, parity, figure)
+);
