@@ -1,5 +1,6 @@
-"""README.md: its links into docs/ name files that exist, and its tour runs as printed on a model of the user's own
-(a tiny random BERT saved where the tour's folder is), each command printing what the README shows below it."""
+"""README.md: its links into docs/ name files that exist, its tour runs as printed on a model of the user's own
+(a tiny random BERT saved where the tour's folder is), each command printing what the README shows below it, and
+its queries to start from run on that model."""
 import contextlib
 import io
 import re
@@ -15,6 +16,7 @@ from tests import tiny_models
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 TOUR = re.compile(r"<!-- tour: begin[^>]*-->(.*?)<!-- tour: end -->", re.S)
+QUERIES = re.compile(r"<!-- queries: begin[^>]*-->\s*```sh\n(.*?)^```", re.S | re.M)
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.S | re.M)
 NUMBER = re.compile(r"\d+(?:[.,]\d+)*(?:e[-+]?\d+)?")
 BOX_BORDER, BOX_ROW = tuple("┌╞├└"), "│"
@@ -126,3 +128,33 @@ def test_the_tour_runs_as_printed(own_model, monkeypatch):
             check_printed(command, expected, result.output)
             ran.append(words[1])
     assert {"extract", "sql", "describe", "export", "report"} <= set(ran) and pythons, (ran, pythons)
+
+
+def query_commands(block: str) -> list[list[str]]:
+    """The commands of a shell block, a quoted argument running on over lines, `#` comments dropped."""
+    commands, pending = [], ""
+    for line in block.splitlines():
+        pending += line + "\n"
+        if pending.count('"') % 2 == 0:
+            commands.append(shlex.split(pending, comments=True))
+            pending = ""
+    assert not pending, f"an unclosed quote in the README's queries: {pending!r}"
+    return [words for words in commands if words]
+
+
+def test_the_queries_to_start_from_run(own_model, monkeypatch):
+    """Each of the README's queries to start from runs on the tour's model and prints rows."""
+    blocks = QUERIES.findall(README.read_text())
+    assert len(blocks) == 1, "the README has no (or more than one) <!-- queries: begin --> block"
+    commands = query_commands(blocks[0])
+    assert len(commands) >= 5, commands
+    runner = CliRunner()
+    monkeypatch.setenv("HEADFORMS_DB", "mine.duckdb")
+    result = runner.invoke(cli.main, ["extract", str(next(own_model.iterdir()))])
+    assert result.exit_code == 0, result.output
+    for words in commands:
+        assert words[:2] == ["headforms", "sql"], f"a query to start from runs {words}"
+        result = runner.invoke(cli.main, words[1:])
+        assert result.exit_code == 0, f"{words}: exit {result.exit_code}:\n{result.output}"
+        assert re.search(r"^\d+ rows?", result.output, re.M) or "--format" in words, f"{words}: {result.output}"
+        assert not re.search(r"^0 rows", result.output, re.M) and len(result.output.splitlines()) > 1, f"{words}: {result.output}"
