@@ -1,8 +1,9 @@
-"""`headforms architectures`: generated from the layout tables, equal to the README's table, and every
+"""`headforms architectures`: generated from the layout tables, equal to docs/architectures.md's table, and every
 Hugging Face family it lists proven by a tiny model in the logit test."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import transformers
@@ -10,14 +11,17 @@ from click.testing import CliRunner
 
 from headforms import cli
 from headforms.extract import gguf_file
-from headforms.extract.architectures import README, architectures, markdown, readme_block
+from headforms.extract.architectures import architectures, markdown, readme_block
 from headforms.extract.layouts import LAYOUTS, REFUSED, layout_key
 from tests import tiny_models as tm
 
 
-def test_readme_table_is_the_generated_one():
-    assert readme_block(README.read_text()) == markdown(discovered=False), (
-        "README's architectures table is stale: run `python -m headforms.extract.architectures --readme`")
+DOC = Path(__file__).resolve().parent.parent / "docs" / "architectures.md"
+
+
+def test_docs_table_is_the_generated_one():
+    assert readme_block(DOC.read_text()) == markdown(discovered=False), (
+        "docs/architectures.md's table is stale: regenerate it with headforms.extract.architectures.write_readme(DOC)")
 
 
 def test_every_listed_family_is_proven_by_a_tiny_model():

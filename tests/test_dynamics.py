@@ -286,8 +286,8 @@ def test_older_warehouse_opens_and_is_upgraded(dynamics_db, revision_hub, tmp_pa
 
 
 def test_readme_set_file_example(tmp_path):
-    """The README's example set file reads as it says."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    """docs/commands.md's example set file reads as it says."""
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "commands.md").read_text()
     example = readme.split("```text\n# survey.txt\n", 1)[1].split("```", 1)[0]
     (tmp_path / "survey.txt").write_text(example)
     targets = read_set_file(tmp_path / "survey.txt")
