@@ -1,6 +1,6 @@
 """The supported architectures of both formats, generated from the layout tables (`headforms architectures`).
 
-The README's table is this module's `markdown()`; `python -m headforms.extract.architectures --readme`
+docs/architectures.md's table is this module's `markdown()`; `python -m headforms.extract.architectures --write`
 rewrites it there, and a test keeps the two equal.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from headforms.extract.discover import discovered_families
 from headforms.extract.layouts import LAYOUTS, REFUSED, Layout, _no_refusal
 
 COLUMNS = ("format", "family", "positional", "packing", "score_scale", "notes")
-README = Path(__file__).resolve().parent.parent / "README.md"
+TABLE_FILE = Path(__file__).resolve().parent.parent / "docs" / "architectures.md"
 _BEGIN, _END = "<!-- architectures: begin (generated) -->", "<!-- architectures: end -->"
 
 
@@ -56,28 +56,28 @@ def architectures(discovered: bool = True) -> list[dict]:
 
 
 def markdown(discovered: bool = True) -> str:
-    """The architectures as a Markdown table (the README's: without the families discovered on this machine)."""
+    """The architectures as a Markdown table (docs/architectures.md's: without the families discovered here)."""
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(row[c].replace("|", "\\|") for c in COLUMNS) + " |"
               for row in architectures(discovered)]
     return "\n".join(lines) + "\n"
 
 
-def readme_block(text: str) -> str:
-    """The generated table as it stands in a README text (between its markers)."""
+def table_block(text: str) -> str:
+    """The generated table as it stands in a document's text (between its markers)."""
     start, end = text.index(_BEGIN) + len(_BEGIN), text.index(_END)
     return text[start:end].strip("\n") + "\n"
 
 
-def write_readme(path: Path = README) -> None:
-    """Replace the README's table by a freshly generated one."""
+def write_table(path: Path = TABLE_FILE) -> None:
+    """Replace the document's table by a freshly generated one."""
     text = path.read_text()
     start, end = text.index(_BEGIN) + len(_BEGIN), text.index(_END)
     path.write_text(text[:start] + "\n" + markdown(discovered=False) + text[end:])
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--readme"]:
-        write_readme()
+    if sys.argv[1:] == ["--write"]:
+        write_table()
     else:
         sys.stdout.write(markdown())

@@ -1,7 +1,7 @@
 """Array buffers reused from layer to layer: a layer's float64 maps come in the same sizes every layer, and a fresh
 array of that size costs the kernel zeroing its pages (and, on a virtual machine that hands freed memory back to
-its host, the host faulting them in again): 6% of the CPU of a 24B-shaped extraction before (the README,
-Performance, has the profiles).
+its host, the host faulting them in again): 6% of the CPU of a 24B-shaped extraction before (docs/performance.md
+has the profiles).
 A buffer goes back to its pool when the last array that views it is freed, so no array ever shares its memory with
 another one in use. Its arrays start on a page (PAGE), so that a hub range can be written to its file straight from
 them (pages.write_once).

@@ -5,7 +5,7 @@ those pages come off the disk. A hub range is written to the range cache once an
 run (the layers fetched ahead are held in memory), so its file is flushed and its pages given back at once:
 the cache does not grow the page cache by the checkpoint's Q/K bytes (2.1 GB for a 24B model). Its whole blocks go
 straight from the range's buffer to the disk (O_DIRECT), with no copy into the page cache at all, where the buffer
-starts on a page and the file system allows it (measured in the README, Performance).
+starts on a page and the file system allows it (measured in docs/performance.md).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The GPU checks of the README's Performance section as one script, for a machine lent with a GPU and torch but
+# The GPU checks of docs/performance.md as one script, for a machine lent with a GPU and torch but
 # not the package's other dependencies and no network (what this project is lent): `bash tests/gpu_machine.sh`.
 #   .gpu/site.tar.xz   optional: the runtime packages that machine lacks (polars, duckdb, gguf), their wheels
 #                      unpacked into one folder and packed with `tar -cJf` (put on PYTHONPATH, not installed)

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from headforms import cli
 from headforms.extract import gguf_file
-from headforms.extract.architectures import architectures, markdown, readme_block
+from headforms.extract.architectures import architectures, markdown, table_block
 from headforms.extract.layouts import LAYOUTS, REFUSED, layout_key
 from tests import tiny_models as tm
 
@@ -20,8 +20,8 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "architectures.md"
 
 
 def test_docs_table_is_the_generated_one():
-    assert readme_block(DOC.read_text()) == markdown(discovered=False), (
-        "docs/architectures.md's table is stale: regenerate it with headforms.extract.architectures.write_readme(DOC)")
+    assert table_block(DOC.read_text()) == markdown(discovered=False), (
+        "docs/architectures.md's table is stale: regenerate it with python -m headforms.extract.architectures --write")
 
 
 def test_every_listed_family_is_proven_by_a_tiny_model():
