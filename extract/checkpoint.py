@@ -1,4 +1,4 @@
-"""The contract between extract/ and the rest: a model's shape and a per-layer Q/K reader."""
+"""The contract between extract/ and the rest: a model's shape and a per-layer reader of its heads' circuits."""
 from __future__ import annotations
 
 import hashlib
@@ -62,27 +62,38 @@ class ReadOptions:
     qk_norm: str = "refuse"      # "refuse" QK-norm models, or "fold" their gains into W_Q, W_K
     tower: str | None = None     # which tower of a multi-tower model (clip, siglip, whisper); None: the first
     fold_norm: str = "none"      # "none", "gain" or "center": fold the pre-attention norm in (extract.norms)
+    circuits: tuple[str, ...] = ("qk",)  # the circuits read per layer: "qk" (W_Q, W_K) and/or "ov" (W_V, W_O)
+
+    def __post_init__(self):
+        circuits = (self.circuits,) if isinstance(self.circuits, str) else tuple(self.circuits)
+        if not circuits or not set(circuits) <= set(CIRCUITS):
+            raise ValueError(f"circuits must be a non-empty subset of {', '.join(CIRCUITS)}; got {circuits!r}")
+        object.__setattr__(self, "circuits", tuple(c for c in CIRCUITS if c in circuits))
+
+
+CIRCUITS = ("qk", "ov")  # a head's query-key form L = W_K^T W_Q and output-value map OV = W_O W_V
 
 
 @dataclass
 class Checkpoint:
-    """A resolved checkpoint: provenance plus a reader of one layer's Q/K maps at a time."""
+    """A resolved checkpoint: provenance plus a reader of one layer's circuits at a time."""
 
     name: str                  # default model name in the warehouse
     source: str                # what the user asked for
     pinned: str | None         # the revision when it needs no hashing: hub or HF-cache commit, or given; else None
     spec: ModelSpec
-    reader: Callable[[int], tuple[np.ndarray, np.ndarray]] = field(repr=False)
+    reader: Callable[[int], dict[str, tuple[np.ndarray, np.ndarray]]] = field(repr=False)  # see read_circuits
     close: Callable[[], None] = field(default=lambda: None, repr=False)
     base_model: str | None = None     # a training checkpoint: the model it is a revision of
     training_step: int | None = None  # a training checkpoint's step, from its revision's name
-    qk_bytes: int | None = None          # bytes of the Q/K tensors (and gains) the reader reads
+    qk_bytes: int | None = None          # bytes of the tensors the reader reads (Q/K, V/O with "ov", gains)
     checkpoint_bytes: int | None = None  # bytes of the weight files
     meter: object = field(default=None, repr=False)  # hub sources: a Meter of the bytes fetched over the network
     revision_kind: str = "given"     # 'hub', 'hf-cache', 'digest' or 'given' (models.revision_kind)
     digest: Digest | None = field(default=None, repr=False)  # local files without a pinned revision
     options: ReadOptions = ReadOptions()  # how it was opened (a worker reopens it with the same)
     quantization: str | None = None  # a quantized checkpoint's scheme(s) of Q/K (models.quantization), else None
+    embeddings: Callable[[], tuple[np.ndarray | None, np.ndarray | None]] | None = field(default=None, repr=False)
 
     @property
     def revision(self) -> str:
@@ -98,12 +109,37 @@ class Checkpoint:
         """Bytes this checkpoint fetched over the network so far (None for local files)."""
         return None if self.meter is None else self.meter.bytes
 
+    def read_circuits(self, layer: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """The circuits of options.circuits of a layer, every tensor read in one go, as float64 arrays:
+        "qk": (W_Q (n_heads, n, N), W_K (n_kv_heads, n, N)); "ov": (W_V (n_kv_heads, n, N), W_O (n_heads, N, n)),
+        so head h adds W_O[h] @ W_V[kv_index[h]] @ sum_j A_ij x_j to the attention output (before its bias).
+
+        Biases are not read: a V bias adds the constant W_O[h] b_V to a head's output (each row of A sums to 1),
+        an O bias one constant per layer. Raises ExtractError naming the layer and tensor if a weight is not finite.
+        """
+        return self.reader(layer)
+
     def read_layer(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """(W_Q, W_K) of a layer: float64 arrays of shape (n_heads, n, N) and (n_kv_heads, n, N).
 
         Raises ExtractError naming the layer and tensor if a weight is not finite.
         """
-        return self.reader(layer)
+        circuits = self.reader(layer)
+        if "qk" not in circuits:
+            raise ExtractError(f"{self.name} was opened for the circuits {', '.join(self.options.circuits)}: "
+                               "its W_Q, W_K are not read")
+        return circuits["qk"]
+
+    def read_embeddings(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """(W_E (vocab, N), W_U (vocab, N) or None) as float64, read once per model: the token embedding and the
+        unembedding (the LM head, or W_E where the embeddings are tied) with the final norm's gain folded in,
+        W_U diag(offset + g) (Gemma's offset 1). The final norm's bias, LayerNorm's centring and its per-token
+        1/rms are not folded, nor a family's scalar logit multipliers. W_U is None where the checkpoint has no
+        linear unembedding of the residual stream (a sentence encoder, an MLM head's transform, a tower), and
+        W_E is None too where the model reads no tokens (vision and audio towers)."""
+        if self.embeddings is None:
+            raise ExtractError(f"{self.name} was opened without the ov circuit: its embeddings are not read")
+        return self.embeddings()
 
 
 DIGEST_FORMAT = b"headforms revision digest 1\n"  # changes when what the digest covers changes
@@ -136,6 +172,7 @@ class Digest:
         self.layers: list[list[tuple[Path, str]]] = []  # per layer, the (file, tensor) its reader reads
         self.read_layer: Callable[[int], object] = lambda layer: None  # the checkpoint's own reader
         self.tensors: dict[tuple[Path, str], str] = {}  # sha256 of each tensor hashed so far (or cached)
+        self.covered: set[tuple[Path, str]] = set()  # the (file, tensor) of every layer
         self.deferred = False
         self._lock = threading.Lock()
         for path in headers:
@@ -144,8 +181,10 @@ class Digest:
                 self.tensors |= {(path, name): hexdigest for name, hexdigest in cached.get("tensors", {}).items()}
 
     def expect(self, layers: list[list[tuple[Path, str]]], read_layer: Callable[[int], object]) -> None:
-        """The tensors each layer's reader reads (what the digest covers), and that reader (it hashes them)."""
+        """The tensors each layer's reader reads (what the digest covers: the Q/K circuit's, so a model's revision
+        does not depend on the circuits read), and that reader (it hashes them)."""
         self.layers, self.read_layer = layers, read_layer
+        self.covered = {key for layer in layers for key in layer}
 
     def settle(self) -> str:
         """Hash the tensors not hashed yet by reading their layers, cache them; the digest."""
@@ -155,8 +194,9 @@ class Digest:
         return self.value
 
     def update(self, path: Path, name: str, data) -> None:
-        """A tensor's bytes as the reader read them (hashed unless already known for this size and mtime)."""
-        if (path, name) not in self.tensors:
+        """A tensor's bytes as the reader read them (hashed unless already known for this size and mtime, or not
+        covered by the digest: V, O and the embeddings)."""
+        if (path, name) not in self.tensors and (path, name) in self.covered:
             hexdigest = hashlib.sha256(data).hexdigest()
             with self._lock:
                 self.tensors[(path, name)] = hexdigest

@@ -326,6 +326,8 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
     as in extract.norms. (A GGUF file holds one tower: options.tower is refused before this.)
     """
     qk_norm, fold_norm = options.qk_norm, options.fold_norm
+    if "ov" in options.circuits:
+        raise ExtractError(f"{path}: reading the ov circuit of GGUF files is not implemented yet")
     if qk_norm not in ("refuse", "fold"):
         raise ExtractError(f"unknown qk-norm option '{qk_norm}'; expected 'refuse' or 'fold'")
     meta = {key: field.contents() for key, field in reader.fields.items()
@@ -410,8 +412,8 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
             arrays |= {"q": qkv[:q_rows], "k": qkv[q_rows:]}
         w_q, w_k = fold.qk_maps(arrays, spec)
         if norm is None:
-            return w_q, w_k
-        return norm.fold(w_q, w_k, _weight(gains[layer], fetched[-1], layer), fold_norm)
+            return {"qk": (w_q, w_k)}
+        return {"qk": norm.fold(w_q, w_k, _weight(gains[layer], fetched[-1], layer), fold_norm)}
 
     if digest is not None:
         digest.expect([[(path, t.name) for t in [*layer.values(), *gains[i:i + 1]]] for i, layer in enumerate(layers)],

@@ -1,6 +1,7 @@
 """Open a Hugging Face checkpoint folder (config.json + safetensors or .bin weights) without transformers.
 
-Only a layer's query/key tensors (and QK-norm gains when folding) are ever read. Safetensors headers
+Only a layer's query/key tensors (and QK-norm gains when folding) are ever read, and with the ov circuit its
+value/output tensors and the model's embeddings. Safetensors headers
 are validated by the safetensors library; tensor bytes are then read with positioned reads at the
 header's offsets, readahead off, so exactly those bytes come off the disk (a mapping's page faults
 would read the device's readahead window around each page: 977 MB for 419 MB of Q/K measured with
@@ -491,6 +492,44 @@ def _check_tensors(weights: Weights, wanted: list[tuple[str, tuple[int, ...], in
             raise ExtractError(f"tensor '{name}' has dtype {dtype}; supported: {', '.join(sorted(_FLOAT_DTYPES))}")
 
 
+def _check_finite(array: np.ndarray, what: str) -> None:
+    """Refuse an array with a NaN or an infinity, naming it (`what`)."""
+    # a finite sum means every value is finite; only an overflowing sum needs the elementwise check
+    if not np.isfinite(array.sum()) and not np.isfinite(array).all():
+        raise ExtractError(f"{what} has non-finite values")
+
+
+def _embedding_names(layout, config: dict, prefix: str, weights: Weights, spec) -> dict[str, str]:
+    """role ('token', 'unembedding', 'final_norm') -> tensor name of the model's embeddings (Checkpoint.read_embeddings),
+    checked up front: W_E and W_U (vocab, N) and the final norm's gain (N,), each of a float dtype. The unembedding is
+    the LM head when the file has one and the config does not tie it, else W_E; none where the family has no linear
+    unembedding. A final norm the file lacks is none (OPT with do_layer_norm_before=false has none)."""
+    found = layout.embeddings
+    names = {"token": prefix + found.token} if found.token else {}
+    if found.token and found.unembedding is not None:
+        head = next((t for t in found.unembedding if t in weights.where), None)
+        names["unembedding"] = names["token"] if head is None or config.get("tie_word_embeddings") is True else head
+        if found.final_norm and prefix + found.final_norm in weights.where:
+            names["final_norm"] = prefix + found.final_norm
+    weights.describe(names.values())
+    for role, tensor in names.items():
+        if tensor not in weights.meta:
+            raise ExtractError(f"missing tensor '{tensor}' (the token embedding, read for the ov circuit) in "
+                               f"{weights.origin}")
+        shape, dtype = weights.meta[tensor]
+        expected = (spec.d_model,) if role == "final_norm" else (shape[0] if shape else 0, spec.d_model)
+        if shape != expected:
+            raise ExtractError(f"tensor '{tensor}' has shape {shape}, expected {expected} from config.json (its "
+                               f"{role.replace('_', ' ')}, read for the ov circuit)")
+        if dtype not in _FLOAT_DTYPES:
+            raise ExtractError(f"tensor '{tensor}' has dtype {dtype} (its {role.replace('_', ' ')}, read for the ov "
+                               f"circuit); supported: {', '.join(sorted(_FLOAT_DTYPES))}")
+    if "unembedding" in names and weights.meta[names["unembedding"]][0] != weights.meta[names["token"]][0]:
+        raise ExtractError(f"tensor '{names['unembedding']}' has shape {weights.meta[names['unembedding']][0]}, "
+                           f"expected {weights.meta[names['token']][0]} as the token embedding's")
+    return names
+
+
 def open_hf_folder(folder: Path, *, name: str, source: str, options: ReadOptions = ReadOptions()) -> Checkpoint:
     """A Checkpoint over a local Hugging Face folder; validates config and every layer's Q/K tensors up front.
 
@@ -538,18 +577,21 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
     norm = norm_for(spec, fold_norm, HF_NORMS)
     if norm is not None:
         spec = replace(spec, fold_norm=fold_norm)
+    circuits = options.circuits
+    if "ov" in circuits and layout.ov_refusal():
+        raise ExtractError(f"{spec.architecture}: the ov circuit is refused: {layout.ov_refusal()}")
     first = next(iter(layout.tensors.values())).format(i=0)  # layer 0's Q (or fused QKV) locates the prefix
     prefix = next((p for p in layout.prefixes if any(t in weights.where for t in
                                                       [p + first, *quantized.candidates(config, [p + first])])),
                   layout.prefixes[0])
 
-    def tensors(layer: int) -> dict[str, str]:
-        """role -> tensor name of a layer, the norm gain (role 'gain') included when folding it."""
-        roles = {role: tensor for role, (tensor, _) in layout.tensors_for(spec, prefix, layer).items()}
+    def tensors(layer: int, circuits: tuple[str, ...] = circuits) -> dict[str, str]:
+        """role -> tensor name of a layer's circuits, the norm gain (role 'gain') included when folding it."""
+        roles = {role: tensor for role, (tensor, _) in layout.tensors_for(spec, prefix, layer, circuits).items()}
         return roles | ({"gain": prefix + norm.tensor(layer)} if norm is not None else {})
 
     wanted = [(name, shape, layer) for layer in range(spec.n_layers)
-              for name, shape in layout.tensors_for(spec, prefix, layer).values()]
+              for name, shape in layout.tensors_for(spec, prefix, layer, circuits).values()]
     weights.describe(quantized.candidates(config, [name for name, _, _ in wanted]))
     stored = quantized.stored(config, {name: shape for name, shape, _ in wanted}, weights.meta)  # quantized weights
 
@@ -561,35 +603,56 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
                    + [(tensors(layer)["gain"], (spec.d_model,), layer) for layer in range(spec.n_layers)
                       if norm is not None])
 
-    qk = set(sources(t for layer in range(spec.n_layers) for t in tensors(layer).values()))
-    qk_bytes = sum(math.prod(weights.meta[t][0]) * _ITEMSIZE[weights.meta[t][1]] for t in qk)
+    embeddings = _embedding_names(layout, config, prefix, weights, spec) if "ov" in circuits else {}
+    read = set(sources(t for layer in range(spec.n_layers) for t in tensors(layer).values()))
+    qk_bytes = sum(math.prod(weights.meta[t][0]) * _ITEMSIZE[weights.meta[t][1]] for t in read)
     ahead = min(weights.ahead, max(1, weights.ahead_bytes * spec.n_layers // max(qk_bytes, 1))) if weights.ahead else 0
 
-    def reader(layer: int) -> tuple[np.ndarray, np.ndarray]:
+    def read_circuits(layer: int, circuits: tuple[str, ...] = circuits) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """The layer's circuits, all their tensors (a fused QKV once) in one read."""
         if not 0 <= layer < spec.n_layers:
             raise ExtractError(f"layer {layer} out of range: {name} has {spec.n_layers} layers")
-        roles = tensors(layer)
+        roles = tensors(layer, circuits)
         arrays = weights.read(sources(roles.values()))  # before the layers ahead are asked for: a first layer has the link
         weights.prefetch(sources(t for later in range(layer + 1, min(layer + 1 + ahead, spec.n_layers))
-                                 for t in tensors(later).values()))
+                                 for t in tensors(later, circuits).values()))
         arrays = {t: stored[t].dequantize(arrays) if t in stored else arrays[t] for t in roles.values()}
         for tensor, array in arrays.items():
-            # a finite sum means every value is finite; only an overflowing sum needs the elementwise check
-            if not np.isfinite(array.sum()) and not np.isfinite(array).all():
-                raise ExtractError(f"layer {layer}: tensor '{tensor}' has non-finite values")
-        w_q, w_k = layout.qk_maps({role: arrays[tensor] for role, tensor in roles.items() if role != "gain"}, spec)
-        return norm.fold(w_q, w_k, arrays[roles["gain"]], fold_norm) if norm is not None else (w_q, w_k)
+            _check_finite(array, f"layer {layer}: tensor '{tensor}'")
+        raw = {role: arrays[tensor] for role, tensor in roles.items() if role != "gain"}
+        out = {}
+        if "qk" in circuits:
+            w_q, w_k = layout.qk_maps(raw, spec)
+            out["qk"] = norm.fold(w_q, w_k, arrays[roles["gain"]], fold_norm) if norm is not None else (w_q, w_k)
+        if "ov" in circuits:
+            w_v, w_o = layout.ov_maps(raw, spec)
+            out["ov"] = (norm.fold_map(w_v, arrays[roles["gain"]], fold_norm) if norm is not None else w_v, w_o)
+        return out
 
-    if digest is not None:
-        digest.expect([[(weights.where[t], t) for t in sources(tensors(layer).values())] for layer in range(spec.n_layers)],
-                      reader)
+    def read_embeddings() -> tuple[np.ndarray | None, np.ndarray | None]:
+        """W_E and W_U diag(offset + g) (Checkpoint.read_embeddings), in one read."""
+        arrays = weights.read(list(dict.fromkeys(embeddings.values())))
+        for tensor, array in arrays.items():
+            _check_finite(array, f"tensor '{tensor}'")
+        w_e = arrays[embeddings["token"]] if "token" in embeddings else None
+        if "unembedding" not in embeddings:
+            return w_e, None
+        w_u = arrays[embeddings["unembedding"]]
+        if "final_norm" in embeddings:
+            w_u = w_u * (layout.embeddings.norm_offset + arrays[embeddings["final_norm"]])
+        return w_e, w_u
+
+    if digest is not None:  # the Q/K circuit's tensors only, so a model's revision does not depend on --circuits
+        digest.expect([[(weights.where[t], t) for t in sources(tensors(layer, ("qk",)).values())]
+                       for layer in range(spec.n_layers)], partial(read_circuits, circuits=("qk",)))
 
     def close() -> None:
         weights.close()
         if digest is not None:
             digest.save()
 
-    return weights.checked(Checkpoint(name=name, source=source, pinned=pinned, spec=spec, reader=reader, close=close,
+    return weights.checked(Checkpoint(name=name, source=source, pinned=pinned, spec=spec, reader=read_circuits,
+                                      close=close, embeddings=read_embeddings if "ov" in circuits else None,
                                       qk_bytes=qk_bytes, checkpoint_bytes=checkpoint_bytes, meter=meter,
                                       revision_kind=revision_kind, digest=digest, options=options,
                                       quantization="; ".join(sorted({s.scheme.describe() for s in stored.values()}))

@@ -1,8 +1,10 @@
-"""Where each Hugging Face architecture keeps its attention Q/K weights, and how to split them per head.
+"""Where each Hugging Face architecture keeps its attention Q/K/V/O weights, and how to split them per head.
 
 A `Layout` is description plus array code: config.json -> `ModelSpec`, layer -> tensor names with the
-shapes the config implies, raw tensors -> W_Q (H, n, N) and W_K (Hkv, n, N). File access lives in
-extract.hf, so this module stays testable on plain dicts.
+shapes the config implies, raw tensors -> W_Q (H, n, N) and W_K (Hkv, n, N), and for the output-value circuit
+W_V (Hkv, n, N) and W_O (H, N, n). File access lives in extract.hf, so this module stays testable on plain dicts.
+Biases are never read: a V bias adds a constant W_O b_V to each head's output (each row of the attention sums
+to 1), and an O bias one constant per layer, so neither is part of a head's map.
 """
 from __future__ import annotations
 
@@ -15,11 +17,13 @@ from headforms.extract.checkpoint import ExtractError, ModelSpec
 
 @dataclass(frozen=True)
 class Packing:
-    """How a family stores one layer's Q and K: tensor roles, their shapes, and the split into heads."""
+    """How a family stores one layer's Q and K (and V and O): tensor roles, their shapes, and the split into heads."""
 
     name: str  # as `headforms architectures` lists it
     shapes: Callable[[ModelSpec], dict[str, tuple[int, ...]]]
     split: Callable[[dict[str, np.ndarray], ModelSpec], tuple[np.ndarray, np.ndarray]]
+    ov_shapes: Callable[[ModelSpec], dict[str, tuple[int, ...]]]  # the roles of V and O (a fused V: its QKV)
+    ov_split: Callable[[dict[str, np.ndarray], ModelSpec], tuple[np.ndarray, np.ndarray]]  # W_V, W_O (H, N, n)
 
 
 def _heads(w: np.ndarray, heads: int, s: ModelSpec) -> np.ndarray:
@@ -43,28 +47,55 @@ def _grouped_split(t: dict[str, np.ndarray], s: ModelSpec) -> tuple[np.ndarray, 
     return groups[:, :-2].reshape(s.n_heads, s.head_dim, s.d_model), groups[:, -2]
 
 
+def _out_columns(s: ModelSpec) -> tuple[int, ...]:
+    """An nn.Linear output projection [N, H n]: head h's columns h n .. (h+1) n write the residual stream."""
+    return (s.d_model, s.n_heads * s.head_dim)
+
+
+def _w_o(w: np.ndarray, s: ModelSpec) -> np.ndarray:
+    """Columns of an (N, H*n) output projection as (H, N, n)."""
+    return w.reshape(s.d_model, s.n_heads, s.head_dim).transpose(1, 0, 2)
+
+
+def _fused_ov(v: Callable[[np.ndarray, ModelSpec], np.ndarray]) -> tuple[Callable, Callable]:
+    """(ov_shapes, ov_split) of a fused QKV projection whose V block `v` takes from the same tensor, and a Linear O."""
+    return (lambda s: _fused_rows(s) | {"o": _out_columns(s)},
+            lambda t, s: (v(t["qkv"], s), _w_o(t["o"], s)))
+
+
 # q_proj/k_proj as separate nn.Linear weights [H*n, N] and [Hkv*n, N] (llama family, OPT, BERT).
 SEPARATE = Packing(
     name="separate Q, K",
     shapes=lambda s: {"q": (s.n_heads * s.head_dim, s.d_model), "k": (s.n_kv_heads * s.head_dim, s.d_model)},
     split=lambda t, s: (_heads(t["q"], s.n_heads, s), _heads(t["k"], s.n_kv_heads, s)),
+    ov_shapes=lambda s: {"v": (s.n_kv_heads * s.head_dim, s.d_model), "o": _out_columns(s)},
+    ov_split=lambda t, s: (_heads(t["v"], s.n_kv_heads, s), _w_o(t["o"], s)),
 )
-# GPT-2 Conv1D c_attn [N, 3N]: its transpose stacks the Q | K | V row blocks.
+# GPT-2 Conv1D c_attn [N, 3N]: its transpose stacks the Q | K | V row blocks; Conv1D c_proj is [N_in = H n, N_out].
 CONV1D_QKV = Packing(
     name="Conv1D [Q|K|V]",
     shapes=lambda s: {"qkv": (s.d_model, 3 * s.d_model)},
     split=lambda t, s: tuple(t["qkv"].T.reshape(3, s.n_heads, s.head_dim, s.d_model)[:2]),
+    ov_shapes=lambda s: {"qkv": (s.d_model, 3 * s.d_model), "o": (s.n_heads * s.head_dim, s.d_model)},
+    ov_split=lambda t, s: (t["qkv"].T.reshape(3, s.n_heads, s.head_dim, s.d_model)[2], _w_o(t["o"].T, s)),
 )
 # Bloom / GPT-NeoX query_key_value [3N, N], interleaved per head as (heads, 3, n, N).
 INTERLEAVED_QKV = Packing(
     name="fused, per head (q,k,v)",
     shapes=lambda s: {"qkv": (3 * s.d_model, s.d_model)},
     split=lambda t, s: tuple(np.moveaxis(t["qkv"].reshape(s.n_heads, 3, s.head_dim, s.d_model), 1, 0)[:2]),
+    ov_shapes=lambda s: {"qkv": (3 * s.d_model, s.d_model), "o": _out_columns(s)},
+    ov_split=lambda t, s: (t["qkv"].reshape(s.n_heads, 3, s.head_dim, s.d_model)[:, 2], _w_o(t["o"], s)),
 )
 # Phi-3 qkv_proj, MPT Wqkv, multi-query Falcon and GPT-BigCode: row blocks Q (H n) | K (Hkv n) | V (Hkv n).
-STACKED_QKV = Packing(name="fused [Q|K|V] blocks", shapes=_fused_rows, split=_stacked_split)
+STACKED_QKV = Packing("fused [Q|K|V] blocks", _fused_rows, _stacked_split, *_fused_ov(
+    lambda w, s: _heads(w[(s.n_heads + s.n_kv_heads) * s.head_dim:], s.n_kv_heads, s)))
 # Falcon's new decoder architecture: per key/value group, its H/Hkv query heads then one K and one V head.
-GROUPED_QKV = Packing(name="fused, per group (q..q,k,v)", shapes=_fused_rows, split=_grouped_split)
+GROUPED_QKV = Packing("fused, per group (q..q,k,v)", _fused_rows, _grouped_split, *_fused_ov(
+    lambda w, s: w.reshape(s.n_kv_heads, s.n_heads // s.n_kv_heads + 2, s.head_dim, s.d_model)[:, -1]))
+
+
+_SHAPE_PROBE = ModelSpec("probe", 1, 1, 1, 1, 1, 1.0, "learned")  # a spec to list a packing's roles with
 
 
 @dataclass(frozen=True)
@@ -148,6 +179,17 @@ class Variant:
     fields: dict
 
 
+@dataclass(frozen=True)
+class Embeddings:
+    """Where a family keeps its token embedding W_E (under the layout's prefix), its unembedding W_U (full names, the
+    first present wins; absent or tie_word_embeddings: W_E) and the final norm whose gain folds into W_U."""
+
+    token: str | None                  # W_E (vocab, N); None: the model reads no tokens (a vision or audio tower)
+    unembedding: tuple[str, ...] | None = ("lm_head.weight",)  # None: no linear unembedding of the residual stream
+    final_norm: str | None = None      # its gain (N,), under the prefix; None: no norm (or one without a gain)
+    norm_offset: float = 0.0           # the final norm multiplies by (offset + weight): Gemma's 1
+
+
 def _gains(tensors: dict[str, np.ndarray], role: str, heads: int) -> np.ndarray:
     """A QK-norm's gains: one tensor, or one per head's norm module (role.0, role.1, ...) stacked."""
     return tensors[role] if role in tensors else np.stack([tensors[f"{role}.{h}"] for h in range(heads)])
@@ -173,12 +215,23 @@ class Layout:
     norm_offset: float = 0.0      # the norm multiplies by (offset + weight); gemma3 stores weight - 1
     rope_pairing: str = "split-half"  # RoPE's pairs of each head's rows: rotate_half, or GPT-J's rotate_every_two
     softcap: str | None = None    # the config key of a soft cap: the logit is cap * tanh(s / cap), the form gives s
+    embeddings: Embeddings | None = None  # W_E, W_U and the final norm (read for the ov circuit's copying scores)
 
-    def tensors_for(self, spec: ModelSpec, prefix: str, layer: int) -> dict[str, tuple[str, tuple[int, ...]]]:
-        """role -> (tensor name, expected shape) of one layer; norm gains only when folding."""
-        shapes = self.packing.shapes(spec)
+    def ov_refusal(self) -> str | None:
+        """Why this layout cannot read the ov circuit (its V and O tensors are not described), or None."""
+        missing = [role for role in self.packing.ov_shapes(_SHAPE_PROBE) if role not in self.tensors]
+        if missing or self.embeddings is None:
+            return "its V and O tensors are not described (layouts found on the meta device are proven for Q/K only)"
+        return None
+
+    def tensors_for(self, spec: ModelSpec, prefix: str, layer: int,
+                    circuits: tuple[str, ...] = ("qk",)) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """role -> (tensor name, expected shape) of one layer for the circuits; QK-norm gains only when folding."""
+        shapes = self.packing.shapes(spec) if "qk" in circuits else {}
+        if "ov" in circuits:
+            shapes |= self.packing.ov_shapes(spec)
         per_module = {}  # one norm module per head (stablelm): role.h -> its gain of size n
-        if spec.qk_norm == "folded":
+        if spec.qk_norm == "folded" and "qk" in circuits:
             gains = {"head": lambda heads: (spec.head_dim,), "projection": lambda heads: (heads * spec.head_dim,),
                      "centred": lambda heads: (heads, spec.head_dim)}[self.qk_norm]
             for role, heads in (("q_norm", spec.n_heads), ("k_norm", spec.n_kv_heads)):
@@ -210,6 +263,12 @@ class Layout:
             w_k[:, :rope.rotary_dims] *= rope.attention_factor
         return np.ascontiguousarray(w_q), np.ascontiguousarray(w_k)
 
+    def ov_maps(self, tensors: dict[str, np.ndarray], spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
+        """W_V (Hkv, n, N) and W_O (H, N, n) from a layer's raw tensors: head h writes W_O[h] W_V[kv_index[h]] x_j
+        weighted by its attention A_ij. QK-norms and RoPE act on q, k only, so nothing of them applies here."""
+        w_v, w_o = self.packing.ov_split(tensors, spec)
+        return np.ascontiguousarray(w_v), np.ascontiguousarray(w_o)
+
     def for_config(self, config: dict) -> Layout:
         """This layout with the fields of every variant the config selects."""
         layout = self
@@ -224,7 +283,22 @@ _LLAMA_TENSORS = {
     "k": "layers.{i}.self_attn.k_proj.weight",
     "q_norm": "layers.{i}.self_attn.q_norm.weight",
     "k_norm": "layers.{i}.self_attn.k_norm.weight",
+    "v": "layers.{i}.self_attn.v_proj.weight",
+    "o": "layers.{i}.self_attn.o_proj.weight",
 }
+# W_E, W_U and the final norm: the llama family's (Gemma's norm multiplies by 1 + weight); a multimodal model's
+# LM head may sit under its language model.
+_LLAMA_EMBEDDINGS = Embeddings("embed_tokens.weight", ("lm_head.weight", "language_model.lm_head.weight"), "norm.weight")
+_GEMMA_EMBEDDINGS = replace(_LLAMA_EMBEDDINGS, norm_offset=1.0)
+_ENCODER = Embeddings(None, None)  # a tower or encoder: no tokens read, or no linear unembedding (see _text_encoder)
+
+
+def _text_encoder(token: str) -> Embeddings:
+    """A text encoder: token embeddings, no linear unembedding (an MLM head's dense, GELU and LayerNorm come before its
+    decoder; a sentence encoder or a CLIP text tower has none)."""
+    return Embeddings(token, None)
+
+
 _LLAMA_PREFIXES = ("model.", "")
 # StableLM's qk_layernorm: one bias-free LayerNorm module per head, h = head.
 _STABLELM_TENSORS = _LLAMA_TENSORS | {"q_norm": "layers.{i}.self_attn.q_layernorm.norms.{h}.weight",
@@ -243,7 +317,7 @@ _GEMMA3_DEFAULTS = {"num_attention_heads": 8, "num_key_value_heads": 4, "head_di
 def _llama_like(prefixes: tuple[str, ...] = _LLAMA_PREFIXES, **kw) -> Layout:
     """The q_proj/k_proj rotary decoders (llama, mistral, qwen, gemma, olmo2)."""
     return Layout(**{"positional": "rope", "prefixes": prefixes, "tensors": _LLAMA_TENSORS, "packing": SEPARATE,
-                      "grouped": True} | kw)
+                      "grouped": True, "embeddings": _LLAMA_EMBEDDINGS} | kw)
 
 
 def _named_qk(template: str, q: str, k: str) -> dict[str, str]:
@@ -254,28 +328,37 @@ def _named_qk(template: str, q: str, k: str) -> dict[str, str]:
 def _bert_like(prefix: str) -> Layout:
     """BERT's encoder layout under another base-model prefix (RoBERTa, ELECTRA, XLM-R, CamemBERT)."""
     return Layout(positional="absolute", prefixes=(prefix, ""),
-                  tensors=_named_qk("encoder.layer.{i}.attention.self.{proj}.weight", "query", "key"),
-                  packing=SEPARATE, refusal=_bert_refusal)
+                  tensors=_named_qk("encoder.layer.{i}.attention.self.{proj}.weight", "query", "key")
+                  | {"v": "encoder.layer.{i}.attention.self.value.weight",
+                     "o": "encoder.layer.{i}.attention.output.dense.weight"},
+                  packing=SEPARATE, refusal=_bert_refusal, embeddings=_text_encoder("embeddings.word_embeddings.weight"))
 
 
 def _vit_like(prefix: str) -> Layout:
     """ViT-style image encoders: patch tokens plus learned position embeddings, query/key Linear layers."""
     return Layout(positional="absolute", prefixes=(prefix, ""),
-                  tensors=_named_qk("encoder.layer.{i}.attention.attention.{proj}.weight", "query", "key"),
-                  packing=SEPARATE)
+                  tensors=_named_qk("encoder.layer.{i}.attention.attention.{proj}.weight", "query", "key")
+                  | {"v": "encoder.layer.{i}.attention.attention.value.weight",
+                     "o": "encoder.layer.{i}.attention.output.dense.weight"},
+                  packing=SEPARATE, embeddings=_ENCODER)
 
 
 def _tower(prefixes: tuple[str, ...], sub_config: str | None = None, **kw) -> Layout:
     """A CLIP/SigLIP text or vision tower: encoder.layers.{i}.self_attn.q_proj/k_proj under its prefix."""
     return Layout(positional="absolute", prefixes=prefixes, sub_config=sub_config,
-                  tensors=_named_qk("encoder.layers.{i}.self_attn.{proj}.weight", "q_proj", "k_proj"),
-                  packing=SEPARATE, **kw)
+                  tensors=_named_qk("encoder.layers.{i}.self_attn.{proj}.weight", "q_proj", "k_proj")
+                  | {"v": "encoder.layers.{i}.self_attn.v_proj.weight", "o": "encoder.layers.{i}.self_attn.out_proj.weight"},
+                  packing=SEPARATE, embeddings=_text_encoder("embeddings.token_embedding.weight")
+                  if "text" in prefixes[0] else _ENCODER, **kw)
 
 
 def _whisper(stack: str) -> Layout:
     """Whisper's encoder or decoder self-attention (the decoder's cross-attention, encoder_attn, is not read)."""
     return Layout(positional="absolute", prefixes=(f"model.{stack}.", f"{stack}."),
-                  tensors=_named_qk("layers.{i}.self_attn.{proj}.weight", "q_proj", "k_proj"), packing=SEPARATE,
+                  tensors=_named_qk("layers.{i}.self_attn.{proj}.weight", "q_proj", "k_proj")
+                  | {"v": "layers.{i}.self_attn.v_proj.weight", "o": "layers.{i}.self_attn.out_proj.weight"},
+                  packing=SEPARATE, embeddings=Embeddings("embed_tokens.weight", ("proj_out.weight",), "layer_norm.weight")
+                  if stack == "decoder" else _ENCODER,
                   config_keys={"n_layers": (f"{stack}_layers",), "n_heads": (f"{stack}_attention_heads",),
                                "d_model": ("d_model",)})
 # pragma: no mutate end
@@ -293,67 +376,84 @@ _GPT_BIGCODE_VARIANTS = (_MULTI_QUERY,)
 
 LAYOUTS: dict[str, Layout] = {
     "gpt2": Layout(positional="learned", prefixes=("transformer.", ""),
-                   tensors={"qkv": "h.{i}.attn.c_attn.weight"}, packing=CONV1D_QKV,
-                   defaults={"scale_attn_weights": True}, scale=GPT2_SCALE, refusal=_gpt2_refusal),
+                   tensors={"qkv": "h.{i}.attn.c_attn.weight", "o": "h.{i}.attn.c_proj.weight"}, packing=CONV1D_QKV,
+                   defaults={"scale_attn_weights": True}, scale=GPT2_SCALE, refusal=_gpt2_refusal,
+                   embeddings=Embeddings("wte.weight", final_norm="ln_f.weight")),
     "opt": Layout(positional="learned", prefixes=("model.decoder.", "decoder."),
-                  tensors={"q": "layers.{i}.self_attn.q_proj.weight", "k": "layers.{i}.self_attn.k_proj.weight"},
-                  packing=SEPARATE),
+                  tensors={"q": "layers.{i}.self_attn.q_proj.weight", "k": "layers.{i}.self_attn.k_proj.weight",
+                           "v": "layers.{i}.self_attn.v_proj.weight", "o": "layers.{i}.self_attn.out_proj.weight"},
+                  packing=SEPARATE, embeddings=Embeddings("embed_tokens.weight", final_norm="final_layer_norm.weight")),
     "bloom": Layout(positional="alibi", prefixes=("transformer.", ""),
-                    tensors={"qkv": "h.{i}.self_attention.query_key_value.weight"}, packing=INTERLEAVED_QKV),
+                    tensors={"qkv": "h.{i}.self_attention.query_key_value.weight", "o": "h.{i}.self_attention.dense.weight"},
+                    packing=INTERLEAVED_QKV, embeddings=Embeddings("word_embeddings.weight", final_norm="ln_f.weight")),
     "gpt_neox": Layout(positional="rope", prefixes=("gpt_neox.", ""),
-                       tensors={"qkv": "layers.{i}.attention.query_key_value.weight"}, packing=INTERLEAVED_QKV),
+                       tensors={"qkv": "layers.{i}.attention.query_key_value.weight",
+                                "o": "layers.{i}.attention.dense.weight"}, packing=INTERLEAVED_QKV,
+                       embeddings=Embeddings("embed_in.weight", ("embed_out.weight",), "final_layer_norm.weight")),
     "bert": _bert_like("bert."),
     "llama": _llama_like(),
     "mistral": _llama_like(),
     "qwen2": _llama_like(),
-    "gemma": _llama_like(defaults={"head_dim": 256}),
-    "gemma2": _llama_like(defaults=_GEMMA2_DEFAULTS, scale=QUERY_PRE_ATTN_SCALE, softcap=_SOFTCAP),
+    "gemma": _llama_like(defaults={"head_dim": 256}, embeddings=_GEMMA_EMBEDDINGS),
+    "gemma2": _llama_like(defaults=_GEMMA2_DEFAULTS, scale=QUERY_PRE_ATTN_SCALE, softcap=_SOFTCAP,
+                          embeddings=_GEMMA_EMBEDDINGS),
     "qwen3": _llama_like(defaults={"head_dim": 128}, qk_norm="head"),
     "olmo2": _llama_like(qk_norm="projection"),
     "gemma3_text": _llama_like(defaults=_GEMMA3_DEFAULTS, scale=QUERY_PRE_ATTN_SCALE, softcap=_SOFTCAP,
-                               qk_norm="head", norm_offset=1.0),
+                               qk_norm="head", norm_offset=1.0, embeddings=_GEMMA_EMBEDDINGS),
     "gemma3": _llama_like(("language_model.model.", "model.language_model."), defaults=_GEMMA3_DEFAULTS,
                           sub_config="text_config", scale=QUERY_PRE_ATTN_SCALE, softcap=_SOFTCAP,
-                          qk_norm="head", norm_offset=1.0),
+                          qk_norm="head", norm_offset=1.0, embeddings=_GEMMA_EMBEDDINGS),
     # rotary decoders with q_proj/k_proj
     "mixtral": _llama_like(),
     "starcoder2": _llama_like(),
     "qwen2_moe": _llama_like(),
     "qwen3_moe": _llama_like(qk_norm="head"),
     "granite": _llama_like(scale=ATTENTION_MULTIPLIER),
-    "olmo": _llama_like(refusal=FlagRefusal("clip_qkv", _CLIPPED)),
+    "olmo": _llama_like(refusal=FlagRefusal("clip_qkv", _CLIPPED),  # its LayerNorms have no gain
+                        embeddings=replace(_LLAMA_EMBEDDINGS, final_norm=None)),
     "cohere": _llama_like(rope_pairing="interleaved",
                           variants=(Variant("use_qk_norm", lambda c: c.get("use_qk_norm"), {"qk_norm": "centred"}),)),
-    "phi": _llama_like(refusal=FlagRefusal("qk_layernorm", _QK_LAYERNORM + " with a bias")),
+    "phi": _llama_like(refusal=FlagRefusal("qk_layernorm", _QK_LAYERNORM + " with a bias"),
+                       tensors=_LLAMA_TENSORS | {"o": "layers.{i}.self_attn.dense.weight"},
+                       embeddings=replace(_LLAMA_EMBEDDINGS, final_norm="final_layernorm.weight")),
     "stablelm": _llama_like(defaults={"partial_rotary_factor": 0.25}, variants=(
         Variant("qk_layernorm", lambda c: c.get("qk_layernorm"), {"qk_norm": "centred", "tensors": _STABLELM_TENSORS}),)),
-    "phi3": _llama_like(tensors={"qkv": "layers.{i}.self_attn.qkv_proj.weight"}, packing=STACKED_QKV),
+    "phi3": _llama_like(tensors={"qkv": "layers.{i}.self_attn.qkv_proj.weight", "o": "layers.{i}.self_attn.o_proj.weight"},
+                        packing=STACKED_QKV),
     "gptj": Layout(positional="rope", prefixes=("transformer.", ""),
-                   tensors=_named_qk("h.{i}.attn.{proj}.weight", "q_proj", "k_proj"), packing=SEPARATE,
-                   rope_pairing="interleaved"),
+                   tensors=_named_qk("h.{i}.attn.{proj}.weight", "q_proj", "k_proj")
+                   | {"v": "h.{i}.attn.v_proj.weight", "o": "h.{i}.attn.out_proj.weight"}, packing=SEPARATE,
+                   rope_pairing="interleaved", embeddings=Embeddings("wte.weight", final_norm="ln_f.weight")),
     "gpt_neo": Layout(positional="learned", prefixes=("transformer.", ""),
-                      tensors=_named_qk("h.{i}.attn.attention.{proj}.weight", "q_proj", "k_proj"),
-                      packing=SEPARATE, scale=UNSCALED),
+                      tensors=_named_qk("h.{i}.attn.attention.{proj}.weight", "q_proj", "k_proj")
+                      | {"v": "h.{i}.attn.attention.v_proj.weight", "o": "h.{i}.attn.attention.out_proj.weight"},
+                      packing=SEPARATE, scale=UNSCALED, embeddings=Embeddings("wte.weight", final_norm="ln_f.weight")),
     # fused QKV whose packing the config switches
     "falcon": Layout(positional="rope", prefixes=("transformer.", ""),
-                     tensors={"qkv": "h.{i}.self_attention.query_key_value.weight"}, packing=INTERLEAVED_QKV,
+                     tensors={"qkv": "h.{i}.self_attention.query_key_value.weight", "o": "h.{i}.self_attention.dense.weight"},
+                     packing=INTERLEAVED_QKV,
                      defaults={"multi_query": True, "new_decoder_architecture": False, "alibi": False},
-                     variants=_FALCON_VARIANTS),
+                     variants=_FALCON_VARIANTS, embeddings=Embeddings("word_embeddings.weight", final_norm="ln_f.weight")),
     "gpt_bigcode": Layout(positional="learned", prefixes=("transformer.", ""),
-                          tensors={"qkv": "h.{i}.attn.c_attn.weight"}, packing=INTERLEAVED_QKV,
-                          defaults={"multi_query": True, "scale_attn_weights": True},
-                          variants=_GPT_BIGCODE_VARIANTS, scale=GPT2_SCALE),
-    "mpt": Layout(positional="alibi", prefixes=("transformer.", ""), tensors={"qkv": "blocks.{i}.attn.Wqkv.weight"},
+                          tensors={"qkv": "h.{i}.attn.c_attn.weight", "o": "h.{i}.attn.c_proj.weight"},
+                          packing=INTERLEAVED_QKV, defaults={"multi_query": True, "scale_attn_weights": True},
+                          variants=_GPT_BIGCODE_VARIANTS, scale=GPT2_SCALE,
+                          embeddings=Embeddings("wte.weight", final_norm="ln_f.weight")),
+    "mpt": Layout(positional="alibi", prefixes=("transformer.", ""),
+                  tensors={"qkv": "blocks.{i}.attn.Wqkv.weight", "o": "blocks.{i}.attn.out_proj.weight"},
                   packing=STACKED_QKV, defaults={"attn_config": {}}, scale=MPT_SCALE,
-                  refusal=_mpt_refusal),
+                  refusal=_mpt_refusal, embeddings=Embeddings("wte.weight", final_norm="norm_f.weight")),
     # encoders
     "roberta": _bert_like("roberta."),
     "xlm-roberta": _bert_like("roberta."),
     "camembert": _bert_like("roberta."),
     "electra": _bert_like("electra."),
     "distilbert": Layout(positional="absolute", prefixes=("distilbert.", ""),
-                         tensors=_named_qk("transformer.layer.{i}.attention.{proj}.weight", "q_lin", "k_lin"),
-                         packing=SEPARATE),
+                         tensors=_named_qk("transformer.layer.{i}.attention.{proj}.weight", "q_lin", "k_lin")
+                         | {"v": "transformer.layer.{i}.attention.v_lin.weight",
+                            "o": "transformer.layer.{i}.attention.out_lin.weight"},
+                         packing=SEPARATE, embeddings=_text_encoder("embeddings.word_embeddings.weight")),
     "vit": _vit_like("vit."),
     "deit": _vit_like("deit."),
     "dinov2": _vit_like("dinov2."),

@@ -1,5 +1,6 @@
 """The norm whose output feeds each layer's attention, per architecture: its tensor and kind, for
---fold-norm (fold its gain, and LayerNorm's centering, into W_Q and W_K; statistics.md section 7).
+--fold-norm (fold its gain, and LayerNorm's centering, into W_Q and W_K, and W_V for the ov circuit;
+statistics.md section 7).
 
 A separate table keyed by model_type (and GGUF architecture), beside extract.layouts' LAYOUTS.
 Architectures where no norm precedes Q and K, or not listed here, are refused with a reason.
@@ -28,8 +29,11 @@ class Norm:
 
     def fold(self, w_q: np.ndarray, w_k: np.ndarray, gain: np.ndarray, mode: str) -> tuple[np.ndarray, np.ndarray]:
         """W_Q and W_K with the gain (and with mode 'center' the centering) folded in."""
-        g = self.offset + gain
-        return fold_gain(w_q, g, mode == "center"), fold_gain(w_k, g, mode == "center")
+        return self.fold_map(w_q, gain, mode), self.fold_map(w_k, gain, mode)
+
+    def fold_map(self, w: np.ndarray, gain: np.ndarray, mode: str) -> np.ndarray:
+        """One map reading the norm's output (W_Q, W_K, or the ov circuit's W_V) with the gain (and centering) folded."""
+        return fold_gain(w, self.offset + gain, mode == "center")
 
 
 def _named(template: str) -> Callable[[int], str]:
