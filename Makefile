@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $@
 
 warehouse: $(STAMP) $(BEHAVIOUR)
-	$(BIN)/headforms extract demo --db $(DB)
+	$(BIN)/headforms extract demo --circuits qk,ov --db $(DB)
 	$(BIN)/headforms behaviour demo --db $(DB)
 
 # `headforms behaviour` runs the models with transformers: the optional extra 'behaviour'.

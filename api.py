@@ -54,15 +54,16 @@ def connect(db: str | Path | None = None, *, read_only: bool = True, wait: float
 def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progress: Progress | None = None,
             name: str | None = None, revision: str | None = None, qk_norm: str = "refuse",
             wait: float = 0.0, tower: str | None = None, revisions: str | list[str] | None = None,
-            set_file: str | Path | None = None, fold_norm: str = "none", jobs: int = 1, executor: str = "local",
-            ray_address: str | None = None, **options):
+            set_file: str | Path | None = None, fold_norm: str = "none", circuits: str | Iterable[str] = "qk",
+            jobs: int = 1, executor: str = "local", ray_address: str | None = None, **options):
     """Extract sources (hub ids, folders, .gguf files, pkg:NAME, model sets) into the warehouse.
 
     `revisions` ('step0,step1000' or a list) extracts each source's training checkpoints, one model
     per revision (named model@revision); `set_file` adds the models of a set file (one
     `source [revision] [name]` a line); `tower` picks the tower of clip/siglip/whisper checkpoints
     (default text/encoder); `fold_norm` ("none", "gain", "center") folds the norm feeding attention
-    into W_Q, W_K (recorded in models.fold_norm). `options` are the fields of
+    into W_Q, W_K (recorded in models.fold_norm); `circuits` ("qk", or "qk,ov" for the output-value circuits too:
+    ov_heads, ov_eigenvalues, ov_fits, recorded in models.circuits). `options` are the fields of
     `headforms.warehouse.running.load.LoadOptions` (parity_tolerance, seed, device, force, resamples,
     distances). Layers are read and analysed in this process, in `jobs` worker processes, or as Ray
     tasks (executor="ray", on the cluster at `ray_address`, else a local one); one writer commits
@@ -81,7 +82,7 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     if unknown:
         raise TypeError(f"extract() got unknown options: {', '.join(sorted(unknown))}")
     opts = LoadOptions(**options)
-    read = ReadOptions(qk_norm=qk_norm, tower=tower, fold_norm=fold_norm)
+    read = ReadOptions(qk_norm=qk_norm, tower=tower, fold_norm=fold_norm, circuits=circuit_names(circuits))
     progress = progress or Progress()
     db = Path(db or default_db())
     targets = plan_targets(sources, name=name, revision=revision, revisions=revisions, set_file=set_file)
@@ -139,6 +140,15 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     return pl.DataFrame(rows, schema_overrides={"seconds": pl.Float64})
 
 
+def circuit_names(circuits: str | Iterable[str]) -> tuple[str, ...]:
+    """'qk,ov' or ['qk', 'ov'] as ReadOptions takes them: 'qk' and optionally 'ov', in that order."""
+    names = [name.strip() for name in (circuits.split(",") if isinstance(circuits, str) else circuits)]
+    if not names or set(names) - {"qk", "ov"} or "qk" not in names:
+        raise ExtractError(f"circuits are qk or qk,ov (the query-key forms, and the output-value circuits beside "
+                           f"them), not {','.join(names)!r}")
+    return tuple(name for name in ("qk", "ov") if name in names)
+
+
 def _summary(rows: list, ckpt, result) -> None:
     """extract's row for one model."""
     spec = ckpt.spec
@@ -151,7 +161,7 @@ def _summary(rows: list, ckpt, result) -> None:
 
 def plan(sources: str | Iterable[str], *, name: str | None = None, revision: str | None = None,
          revisions: str | list[str] | None = None, set_file: str | Path | None = None, qk_norm: str = "refuse",
-         tower: str | None = None, fold_norm: str = "none"):
+         tower: str | None = None, fold_norm: str = "none", circuits: str | Iterable[str] = "qk"):
     """What extracting `sources` (with extract's options) would read, from headers alone (nothing else is
     fetched): per model, heads, the bytes of its Q/K tensors and of its weight files. `warning` says why
     extract would refuse a model whose header was read whole (a file cut short or too long, a name an earlier
@@ -161,7 +171,7 @@ def plan(sources: str | Iterable[str], *, name: str | None = None, revision: str
     from headforms.extract.formats import IncompleteFile
     from headforms.extract.sources import open_target
 
-    read, rows = ReadOptions(qk_norm=qk_norm, tower=tower, fold_norm=fold_norm), []
+    read, rows = ReadOptions(qk_norm=qk_norm, tower=tower, fold_norm=fold_norm, circuits=circuit_names(circuits)), []
     targets = plan_targets(sources, name=name, revision=revision, revisions=revisions, set_file=set_file)
     for target in targets:
         try:

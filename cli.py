@@ -147,6 +147,9 @@ def main(debug):
 @click.option("--fold-norm", type=click.Choice(["none", "gain", "center"]), default="none", show_default=True,
               help="Fold the norm feeding attention into W_Q, W_K: its gain (diag(g) L diag(g)), or for "
                    "LayerNorm also its centering (P diag(g) L diag(g) P); recorded in models.fold_norm.")
+@click.option("--circuits", default="qk", show_default=True,
+              help="Which circuits of every head: qk (the query-key forms), or qk,ov for the output-value circuits "
+                   "W_O W_V too (ov_heads, ov_eigenvalues, ov_fits, with copying scores).")
 @click.option("--distances", callback=lambda ctx, param, value: _distances(value),
               help="RoPE models: relative distances of distance_profiles, comma-separated "
                    "[default: 0,1,2,4,...,4096].")
@@ -155,7 +158,7 @@ def main(debug):
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random baseline heads.")
 @click.option("--device", default="cpu", show_default=True,
               help="torch device for the linear algebra: cpu or cuda[:N] (an H200 ran the 24B shape 5x slower than "
-                   "16 CPU cores: README, Performance).")
+                   "16 CPU cores: docs/performance.md).")
 @click.option("--resamples", type=click.IntRange(min=1), default=2000, show_default=True,
               help="B, the bootstrap resamples of the per-model intervals (seeded by --seed).")
 @click.option("--plan", is_flag=True, help="Print per model its heads, Q/K bytes and checkpoint size "
@@ -166,7 +169,7 @@ def main(debug):
               help="local: this machine (--jobs); ray: Ray tasks (pip install 'headforms[ray]').")
 @click.option("--ray-address", help="Address of an existing Ray cluster (default: $RAY_ADDRESS, else start one here).")
 @WAIT
-def extract(sources, db, name, revision, revisions, set_file, force, qk_norm, tower, fold_norm, distances,
+def extract(sources, db, name, revision, revisions, set_file, force, qk_norm, tower, fold_norm, circuits, distances,
             parity_tolerance, seed, device, resamples, plan, jobs, executor, ray_address, wait):
     """Extract SOURCES into the warehouse: hub ids, local folders, .gguf files, pkg:NAME, or a model set.
 
@@ -177,7 +180,7 @@ def extract(sources, db, name, revision, revisions, set_file, force, qk_norm, to
     if plan:
         try:
             frame = api.plan(sources, name=name, revision=revision, revisions=revisions, set_file=set_file,
-                             qk_norm=qk_norm, tower=tower, fold_norm=fold_norm)
+                             qk_norm=qk_norm, tower=tower, fold_norm=fold_norm, circuits=circuits)
         except api.ArgumentError as exc:
             raise click.UsageError(str(exc)) from None
         _print(frame, "table", None)  # every model the run would touch
@@ -190,8 +193,8 @@ def extract(sources, db, name, revision, revisions, set_file, force, qk_norm, to
             summary = api.extract(sources, db=db, progress=progress, name=name, revision=revision,
                                   qk_norm=qk_norm, tower=tower, wait=wait, parity_tolerance=parity_tolerance,
                                   seed=seed, device=device, force=force, resamples=resamples, revisions=revisions,
-                                  set_file=set_file, fold_norm=fold_norm, distances=distances, jobs=jobs,
-                                  executor=executor, ray_address=ray_address)
+                                  set_file=set_file, fold_norm=fold_norm, circuits=circuits, distances=distances,
+                                  jobs=jobs, executor=executor, ray_address=ray_address)
     except api.ArgumentError as exc:
         raise click.UsageError(str(exc)) from None
     except KeyboardInterrupt:

@@ -434,7 +434,7 @@ def demo_floor_parts(model_layers: dict, quiet: bool = False) -> tuple[dict[str,
         if not quiet:
             print(f"{name:<20} {spec.n_layers} x {spec.n_heads} heads ({spec.n_kv_heads} kv), N={spec.d_model}, "
                   f"n={spec.head_dim}, {len(distances)} distances: "
-                  + ", ".join(f"{p} {model[p]:.3f}" for p in floor.PARTS) + " s at one thread")
+                  + ", ".join(f"{p} {model.get(p, 0.0):.3f}" for p in floor.PARTS) + " s at one thread")
     return parts, qk_bytes, spans
 
 
@@ -463,7 +463,7 @@ def demo_floor(model_layers: dict, cli: dict, start: float, before: dict[str, fl
 
     header("2b. the floor of the demo: its unavoidable linear algebra on the same weights (tests/floor.py)")
     after, qk_bytes, spans = demo_floor_parts(model_layers)
-    parts = {p: (before[p] + after[p]) / 2 for p in floor.PARTS}
+    parts = {p: (before.get(p, 0.0) + after.get(p, 0.0)) / 2 for p in floor.PARTS}
     print(f"the floor's linear algebra at one thread, measured before the CLI runs {sum(before.values()):.2f} s, "
           f"after them {sum(after.values()):.2f} s: their mean is used (the host's speed drifts)")
     spec, layers = model_layers[DEMO[0][0]]
@@ -491,6 +491,57 @@ def demo_floor(model_layers: dict, cli: dict, start: float, before: dict[str, fl
               f"{least / result.total:.2f}x the floor, what this build could reach with its linear algebra at the "
               f"floor's (information)")
     return result
+
+
+# ---------------------------------------------------------------------------------------------
+# 2c. both circuits
+
+def ov_floor_parts() -> tuple[dict[str, float], float, int]:
+    """The floor of the demo's output-value circuits at one thread: every layer's OV analysed as the QK forms are
+    (tests/floor.py on W_O^T, W_V, no RoPE distances) plus its copying scores and each model's W_E^T W_U; with the
+    bytes of the V and O tensors the readers add."""
+    from headforms.extract import ReadOptions, open_checkpoint
+
+    parts, copying, ov_bytes = {}, 0.0, 0
+    for name, source in DEMO:
+        qk_only = open_checkpoint(source)
+        ckpt = open_checkpoint(source, ReadOptions(circuits=("qk", "ov")))
+        ov_bytes += ckpt.qk_bytes - qk_only.qk_bytes
+        qk_only.close()
+        w_e, w_u = ckpt.read_embeddings()
+        gram = None if w_u is None else w_e.T @ w_u
+        copying += floor.gram_floor(w_e, w_u)
+        del w_e, w_u
+        for i in range(ckpt.spec.n_layers):
+            w_v, w_o = ckpt.read_circuits(i)["ov"]
+            parts = floor.add_parts(parts, floor.layer_floor(w_o.transpose(0, 2, 1), w_v, ckpt.spec.kv_index, layer=i))
+            copying += floor.copying_floor(w_v, w_o, ckpt.spec.kv_index, gram)
+        ckpt.close()
+    return parts, copying, ov_bytes
+
+
+def both_circuits(tmp: Path, qk_floor: floor.Floor, qk_cli: dict) -> dict:
+    """`headforms extract demo --circuits qk,ov` as a whole process (best of REPEATS) against its floor: the demo's
+    floor (section 2b) plus its OV circuits' (ov_floor_parts); the target is the qk run's ratio to its own."""
+    walls, busy = [], []
+    for i in range(REPEATS):
+        res = run_cli(["extract", "demo", "--circuits", "qk,ov", "--db", str(tmp / f"demo_ov_{i}.duckdb")])
+        walls.append(res["wall"])
+        busy.append(res["cpu"] / res["wall"])
+    parts, copying, ov_bytes = in_fresh_process(ov_floor_parts)
+    header("2c. both circuits: headforms extract demo --circuits qk,ov against its floor")
+    parts["copying"] = copying
+    both = floor.Floor(floor.add_parts(qk_floor.parts, parts), qk_floor.cores, qk_floor.start,
+                       qk_floor.qk_bytes + ov_bytes, qk_floor.read_gbps,
+                       [f"the OV circuits' part of it: {sum(parts.values()):.2f} s of reduction and spectra and "
+                        f"{copying:.2f} s of copying scores (W_E^T W_U once per model, W_V G per key/value group, the "
+                        f"heads' n x n eigenvalues) at one thread, and {ov_bytes / 1e6:.1f} MB of V and O"])
+    print(both.describe())
+    wall, qk_wall = min(walls), min(qk_cli["walls"])
+    ratio, qk_ratio = wall / both.total, qk_wall / qk_floor.total
+    print(f"--circuits qk,ov: {spread(walls)}; {wall / both.total:.2f}x its floor, {busy[walls.index(wall)]:.2f} of "
+          f"{both.cores} cores busy; qk alone (section 2): {qk_wall:.2f} s = {qk_ratio:.2f}x its floor")
+    return {"walls": walls, "ratio": ratio, "qk_ratio": qk_ratio, "floor": both}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -858,7 +909,7 @@ def shape_floor(spec, layer: tuple[np.ndarray, np.ndarray], info: dict, folder: 
     wq, wk = layer
     after = floor.layer_floor(wq, wk, spec.kv_index, rope=spec.rope, deltas=deltas(spec, LoadOptions()) or ())
     after = {p: v * spec.n_layers for p, v in after.items()}
-    parts = {p: (before[p] + after[p]) / 2 for p in floor.PARTS}
+    parts = {p: (before.get(p, 0.0) + after.get(p, 0.0)) / 2 for p in floor.PARTS}
     print(f"the floor's linear algebra at one thread, measured before the extractions {sum(before.values()):.2f} s, "
           f"after them {sum(after.values()):.2f} s: their mean is used (the host's speed drifts)")
     share = floor.parallel_share(wq, wk, spec.kv_index, rope=spec.rope, deltas=deltas(spec, LoadOptions()) or ())
@@ -1529,6 +1580,10 @@ def targets_table(r: dict) -> bool:
             f"<= {TARGETS['floor_demo']}x", demo <= TARGETS["floor_demo"] * r["floor"].total)
         add("demo warehouse, cores busy (CPU / wall, best run)", f"{r['cli']['busy']:.2f}",
             f">= {TARGETS['busy_share']} x {cores}", r["cli"]["busy"] >= TARGETS["busy_share"] * cores)
+    if "ov" in r:
+        ov = r["ov"]
+        add("demo --circuits qk,ov, CLI wall / floor", f"{ov['ratio']:.2f}x",
+            f"<= 1.1 x qk's {ov['qk_ratio']:.2f}x", ov["ratio"] <= 1.1 * ov["qk_ratio"])
     if "straightforward" in r:
         sf = r["straightforward"]
         add("speed-up over the straightforward computation", f"{sf['ratio']:.0f}x", "information", None)
@@ -1586,8 +1641,8 @@ def main() -> int:
     parser.add_argument("--skip-24b", action="store_true", help="leave out the synthetic 24B-shaped checkpoint")
     parser.add_argument("--hub-only", action="store_true", help="run only section 8 (hub by range)")
     parser.add_argument("--only", choices=["24b", "demo", "paper", "executors", "device"],
-                        help="run only this section (24b: 5 and its targets; demo: 2 and 2b; paper: 6; executors: 8; "
-                             "device: 5d)")
+                        help="run only this section (24b: 5 and its targets; demo: 2, 2b and 2c; paper: 6; "
+                             "executors: 8; device: 5d)")
     parser.add_argument("--device", default="cuda", help="torch device of --only device (default: %(default)s)")
     parser.add_argument("--workers", type=int, default=2, metavar="K",
                         help="workers of section 8's --jobs and Ray runs (default: %(default)s)")
@@ -1626,6 +1681,7 @@ def main() -> int:
             results["cli"] = demo_cli(tmp)
             model_layers = {name: read_model(source, name) for name, source in DEMO}
             results["floor"] = demo_floor(model_layers, results["cli"], start, before)
+            results["ov"] = both_circuits(tmp, results["floor"], results["cli"])
         else:
             demo = demo_in_process(tmp)
             split = print_demo_in_process(demo)
@@ -1633,6 +1689,7 @@ def main() -> int:
             results["cli"] = demo_cli(tmp)
             model_layers = {name: read_model(source, name) for name, source in DEMO}
             results["floor"] = demo_floor(model_layers, results["cli"], start, before, split)
+            results["ov"] = both_circuits(tmp, results["floor"], results["cli"])
             spec, layers = model_layers["SmolLM2-135M"]
             results["fits"] = fits_smollm2(layers, spec)
             results["straightforward"] = straightforward(model_layers, demo["db"], args.full, split)

@@ -25,10 +25,18 @@ if LOG_FOLDER is not None:
     os.environ["HEADFORMS_LOG"] = str(LOG_FOLDER / "errors.log")
 
 
+# Likewise the caches a run writes (hub ranges, discovery's verdicts on new families) go to a temporary folder, not
+# the user's Hugging Face cache.
+CACHE_FOLDER = None if "HEADFORMS_CACHE" in os.environ else Path(tempfile.mkdtemp(prefix="headforms-cache-"))
+if CACHE_FOLDER is not None:
+    os.environ["HEADFORMS_CACHE"] = str(CACHE_FOLDER)
+
+
 def pytest_sessionfinish(session, exitstatus):
-    """The session's temporary log folder goes with it."""
-    if LOG_FOLDER is not None:
-        shutil.rmtree(LOG_FOLDER, ignore_errors=True)
+    """The session's temporary log and cache folders go with it."""
+    for folder in (LOG_FOLDER, CACHE_FOLDER):
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items):
@@ -46,14 +54,15 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def demo_db(tmp_path_factory):
-    """Path of a warehouse holding the demo set (SmolLM2-135M and all-MiniLM-L6-v2). Do not modify it.
+    """Path of a warehouse holding the demo set (SmolLM2-135M and all-MiniLM-L6-v2), both circuits, as `make
+    warehouse` builds it. Do not modify it.
 
     $HEADFORMS_TEST_DEMO_DB names a prebuilt one to copy instead (tests/mutate.py reuses one that way)."""
     path = tmp_path_factory.mktemp("demo") / "demo.duckdb"
     if os.environ.get("HEADFORMS_TEST_DEMO_DB"):
         shutil.copy(os.environ["HEADFORMS_TEST_DEMO_DB"], path)
         return path
-    result = CliRunner().invoke(cli.main, ["extract", "demo", "--db", str(path)])
+    result = CliRunner().invoke(cli.main, ["extract", "demo", "--circuits", "qk,ov", "--db", str(path)])
     assert result.exit_code == 0, result.output
     return path
 

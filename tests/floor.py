@@ -10,7 +10,9 @@ Single-threaded LAPACK through numpy, one batched call per layer and part, best 
   distances  one symmetric eigenvalue problem S_delta (2n x 2n) per head and RoPE distance, delta = 0 left
              out (S_0 is the S of spectra);
   baseline   the random baseline's reduced forms (Bartlett's factor, compute/baseline.py) and their S's
-             eigenvalues.
+             eigenvalues;
+  copying    with the output-value circuits (--circuits qk,ov): the copying scores' products and n x n
+             eigenvalues (copying_floor) and each model's W_E^T W_U (gram_floor); 0 for the QK forms.
 The products that form l and l_delta from the R factors are not timed. The seconds are divided by the
 cores (full thread use), and the floor adds the start (the interpreter and the extraction path's imports, as a
 whole process: EXTRACTION_IMPORTS) and reading the Q/K bytes at a measured throughput.
@@ -30,7 +32,7 @@ from threadpoolctl import threadpool_limits
 from headforms.warehouse.running.executors import WORKER_IMPORTS
 
 REPEATS = 3
-PARTS = ("qr", "spectra", "distances", "baseline")
+PARTS = ("qr", "spectra", "distances", "baseline", "copying")
 # What `headforms extract` imports: the command line, the writer and what a worker imports (the executors, the
 # readers of both checkpoint formats); the API imports them only when a command extracts (the writer's half, DuckDB
 # and polars, once a new warehouse's first layers have started). The floor counts all of it as a one-core start.
@@ -160,6 +162,26 @@ def layer_floor(wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray, *, rope=No
     return out
 
 
+def copying_floor(w_v: np.ndarray, w_o: np.ndarray, kv_index: np.ndarray, gram: np.ndarray | None,
+                  repeats: int = REPEATS) -> float:
+    """Single-threaded seconds of one layer's copying scores: each key/value group's W_V G (n x N by N x N), each
+    head's n x n product with its W_O and the eigenvalues of those and of W_V W_O (the residual score)."""
+    v, o, kv = np.asarray(w_v, np.float64), np.asarray(w_o, np.float64), np.asarray(kv_index)
+    with threadpool_limits(limits=1):
+        seconds = best(lambda: np.linalg.eigvals(v[kv] @ o), repeats)[0]
+        if gram is not None:
+            seconds += best(lambda: np.linalg.eigvals((v @ gram)[kv] @ o), repeats)[0]
+    return seconds
+
+
+def gram_floor(w_e: np.ndarray, w_u: np.ndarray | None, repeats: int = REPEATS) -> float:
+    """Single-threaded seconds of a model's W_E^T W_U (N x vocab by vocab x N), once per model; 0 without W_U."""
+    if w_u is None:
+        return 0.0
+    with threadpool_limits(limits=1):
+        return best(lambda: w_e.T @ w_u, repeats)[0]
+
+
 def parallel_share(wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray, *, rope=None, deltas=(),
                    repeats: int = REPEATS) -> float:
     """How much of `cores()` times one thread's speed the machine gives when every core runs these calls at once:
@@ -250,7 +272,7 @@ class Floor:
         return self.start + self.compute + self.reading
 
     def describe(self) -> str:
-        parts = ", ".join(f"{p} {self.parts[p]:.2f}" for p in PARTS)
+        parts = ", ".join(f"{p} {self.parts.get(p, 0.0):.2f}" for p in PARTS)
         return (f"floor {self.total:.2f} s = start {self.start:.2f} s (interpreter and imports) + linear algebra "
                 f"{sum(self.parts.values()):.2f} s at one thread / {self.cores} cores = {self.compute:.2f} s "
                 f"({parts} s) + reading {self.qk_bytes / 1e6:.1f} MB of Q/K at {self.read_gbps:.2f} GB/s = "

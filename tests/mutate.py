@@ -149,7 +149,7 @@ def demo_warehouse() -> dict:
     STAGE.mkdir(parents=True, exist_ok=True)
     demo = STAGE / "demo.duckdb"
     demo.unlink(missing_ok=True)
-    subprocess.run([str(BIN / "headforms"), "extract", "demo", "--db", str(demo)], check=True, capture_output=True)
+    subprocess.run([str(BIN / "headforms"), "extract", "demo", "--circuits", "qk,ov", "--db", str(demo)], check=True, capture_output=True)
     return {**os.environ, "HEADFORMS_TEST_DEMO_DB": str(demo)}
 
 

@@ -106,8 +106,21 @@ def test_layer_floor_times_every_part(layer):
     wq, wk, kv, _, _ = layer
     with_rope = floor.layer_floor(wq, wk, kv, rope=rope(10000.0, 6, "interleaved"), deltas=(0, 1, 2), repeats=1)
     without = floor.layer_floor(wq, wk, kv, repeats=1)
-    assert set(with_rope) == set(floor.PARTS) and all(v > 0 for v in with_rope.values())
+    assert set(with_rope) == set(floor.PARTS) - {"copying"} and all(v > 0 for v in with_rope.values())
     assert without["distances"] == 0.0 and all(without[p] > 0 for p in ("qr", "spectra", "baseline"))
+
+
+def test_the_copying_floor_times_the_products_a_model_without_unembedding_skips(layer):
+    """The output-value circuits' extra part: the Gram once per model (none without W_U), and a layer's products
+    and eigenvalues, more of them where there is a Gram."""
+    wq, wk, kv, _, _ = layer
+    rng = np.random.default_rng(1)
+    w_e, w_u = rng.normal(size=(50, wq.shape[2])), rng.normal(size=(50, wq.shape[2]))
+    assert floor.gram_floor(w_e, None) == 0.0 and floor.gram_floor(w_e, w_u, repeats=1) > 0
+    w_o = wq.transpose(0, 2, 1)
+    assert floor.copying_floor(wk, w_o, kv, w_e.T @ w_u, repeats=1) > 0
+    assert floor.copying_floor(wk, w_o, kv, None, repeats=1) > 0
+    assert "copying 0.00" in floor.Floor({"qr": 1.0}, cores=1, start=0.0, qk_bytes=0, read_gbps=1.0).describe()
 
 
 def test_parallel_share_is_a_share_of_the_ideal_and_the_floor_says_it(layer):

@@ -3,6 +3,7 @@ settings the stored numbers depend on (`LoadOptions`). No warehouse access here:
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable
@@ -10,6 +11,7 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
+from headforms.compute import copying
 from headforms.compute.analysis import LayerAnalysis, start_layer
 from headforms.compute.bootstrap import RESAMPLES
 from headforms.compute.reduction import device_problem
@@ -68,21 +70,39 @@ def deltas(spec, opts: LoadOptions) -> tuple[int, ...] | None:
 
 @dataclass
 class Weights:
-    """One layer's Q/K maps as read (float64), with the seconds and the network bytes the read took."""
+    """One layer's maps as read (float64): Q/K, and V/O when the output-value circuit is asked for, with the
+    seconds and the network bytes the read took."""
 
     wq: np.ndarray
     wk: np.ndarray
     seconds: float
     bytes_fetched: int
+    ov: tuple[np.ndarray, np.ndarray] | None = None  # (W_V (Hkv, n, N), W_O (H, N, n))
 
 
 def read_weights(ckpt: Checkpoint, layer: int) -> Weights:
-    """Read one layer's Q/K maps: the first half of `layer_rows`, which an executor may run ahead in its own
+    """Read one layer's maps: the first half of `layer_rows`, which an executor may run ahead in its own
     thread (a layer is read while the one before it is analysed)."""
     t0, fetched = time.perf_counter(), ckpt.bytes_fetched or 0
     with stage("read", ckpt.name, layer):
-        wq, wk = ckpt.read_layer(layer)
-    return Weights(wq, wk, time.perf_counter() - t0, (ckpt.bytes_fetched or 0) - fetched)
+        circuits = ckpt.read_circuits(layer)
+    return Weights(*circuits["qk"], time.perf_counter() - t0, (ckpt.bytes_fetched or 0) - fetched, circuits.get("ov"))
+
+
+_GRAMS: dict[int, tuple[weakref.ref, np.ndarray | None]] = {}
+
+
+def unembedding_gram(ckpt: Checkpoint) -> np.ndarray | None:
+    """The checkpoint's W_E^T W_U, read and formed once per checkpoint object in this process (None: it has no
+    unembedding); the copying scores of every layer use it."""
+    ref, gram = _GRAMS.get(id(ckpt), (None, None))
+    if ref is None or ref() is not ckpt:
+        with stage("read", ckpt.name, "embeddings"):
+            w_e, w_u = ckpt.read_embeddings()
+        gram = None if w_u is None else copying.unembedding_gram(w_e, w_u)
+        _GRAMS.clear()  # one model at a time: an executor's worker moves on to the next model's layers
+        _GRAMS[id(ckpt)] = (weakref.ref(ckpt), gram)
+    return gram
 
 
 def layer_rows(ckpt: Checkpoint, opts: LoadOptions, layer: int, weights: Weights | None = None) -> LayerRows:
@@ -105,10 +125,23 @@ def start_rows(ckpt: Checkpoint, opts: LoadOptions, layer: int, weights: Weights
         later = start_layer(pool, weights.wq, weights.wk, spec.kv_index, layer=layer, seed=opts.seed,
                             parity_tolerance=opts.parity_tolerance, device=opts.device, rotation=rotation,
                             deltas=deltas(spec, opts))
+        ov_later = None
+        if weights.ov is not None:
+            # OV_h = W_O[h] W_V[g] is analysed as its transpose W_V[g]^T W_O[h]^T, the L of "queries" W_O[h]^T and
+            # the shared "key" W_V[g]: the same spectra and statistics, and a group's heads share W_V's QR
+            w_v, w_o = weights.ov
+            ov_later = start_layer(pool, w_o.transpose(0, 2, 1), w_v, spec.kv_index, layer=layer, seed=opts.seed,
+                                   parity_tolerance=opts.parity_tolerance, device=opts.device)
+            scores = copying.copying_scores(w_v, w_o, spec.kv_index, unembedding_gram(ckpt))
 
     def collect() -> LayerRows:
         with stage("compute", ckpt.name, layer):
             tables = layer_tables(ckpt.name, layer, spec.kv_index, spec.head_dim, later())
+            if ov_later is not None:
+                ov = layer_tables(ckpt.name, layer, spec.kv_index, spec.head_dim, ov_later())
+                ov["heads"] = ov["heads"].append_column("copying_score", pa.array(scores[0], from_pandas=True)) \
+                    .append_column("residual_copying_score", pa.array(scores[1], from_pandas=True))
+                tables |= {f"ov_{table}": rows for table, rows in ov.items()}
         tables["layers"] = pa.table({
             "model": [ckpt.name], "layer": [layer], "heads": [spec.n_heads],
             "seconds": [read_seconds + time.perf_counter() - t0],

@@ -56,8 +56,9 @@ COMMIT_SECONDS = 2.0
 
 # The columns a stored model's numbers depend on: a source that differs in any of them is another model.
 IDENTITY = ("revision", "architecture", "n_layers", "n_heads", "n_kv_heads", "d_model", "head_dim", "qk_norm",
-            "parity_tolerance", "baseline_seed", "fold_norm", "distances")
-TABLES = ("heads", "eigenvalues", "fits", "distance_profiles", "layers")  # per-layer rows of a model
+            "parity_tolerance", "baseline_seed", "fold_norm", "distances", "circuits")
+# per-layer rows of a model
+TABLES = ("heads", "eigenvalues", "fits", "distance_profiles", "ov_heads", "ov_eigenvalues", "ov_fits", "layers")
 MODEL_TABLES = ("intervals", "head_types")  # per-model rows, written when a model completes
 
 
@@ -116,7 +117,8 @@ def _plan(con, ckpt: Checkpoint, opts: LoadOptions) -> _Plan:
     name, n_layers = ckpt.name, ckpt.spec.n_layers
     deltas(ckpt.spec, opts)  # refuses distances a RoPE model's conventions do not allow, before any write
     record = _model_record(ckpt, opts)
-    old = query(con, f"SELECT {', '.join(IDENTITY)}, complete FROM models WHERE model = ?", [name])
+    columns = ", ".join("coalesce(circuits, 'qk') AS circuits" if key == "circuits" else key for key in IDENTITY)
+    old = query(con, f"SELECT {columns}, complete FROM models WHERE model = ?", [name])  # models before: qk
     if old.height:
         prev = old.row(0, named=True)
         changed = [f"{key} {prev[key]} -> {record[key]}" for key in IDENTITY if prev[key] != record[key]]
@@ -259,7 +261,7 @@ def _model_record(ckpt: Checkpoint, opts: LoadOptions) -> dict:
         "parity_tolerance": opts.parity_tolerance, "baseline_seed": opts.seed,
         "tool_version": tool_version(), "base_model": ckpt.base_model, "training_step": ckpt.training_step,
         "bytes_fetched": None, "checkpoint_bytes": ckpt.checkpoint_bytes,  # bytes_fetched: _record_cost
-        "quantization": ckpt.quantization,
+        "quantization": ckpt.quantization, "circuits": ",".join(ckpt.options.circuits),
         "extracted_at": datetime.now(timezone.utc).replace(tzinfo=None), "complete": False,
     }
 
