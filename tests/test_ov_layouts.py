@@ -12,9 +12,10 @@ import torch
 from safetensors.torch import load_file
 
 from headforms.extract.checkpoint import ExtractError, ReadOptions
+from headforms.extract.gguf_file import open_gguf
 from headforms.extract.hf import open_hf_folder
 from headforms.extract.layouts import LAYOUTS
-from tests import tiny_models as tm
+from tests import gguf_convert, tiny_models as tm
 
 LAYOUT_MODELS = [name for name, tiny in tm.TINY.items() if not tiny.discovered]
 DISCOVERED = [name for name, tiny in tm.TINY.items() if tiny.discovered]
@@ -221,3 +222,83 @@ def test_fold_norm_folds_into_w_v(name, mode, norm, tmp_path):
                                rtol=1e-12, atol=1e-12)
     np.testing.assert_array_equal(w_o_folded, w_o)
     assert not np.allclose(w_v_folded, w_v)
+
+
+def _out_projection_module(attention):
+    """An attention module's output projection, and whether it is GPT-2's Conv1D (stored [H n, N])."""
+    module = next(getattr(attention, n) for n in ("o_proj", "c_proj", "dense", "out_proj") if hasattr(attention, n))
+    return module, type(module).__name__ == "Conv1D"
+
+
+def write_gguf_with_ov(model, arch: str, path, skip: str | None = None):
+    """The tiny model as llama.cpp's converter writes it, with V and O: gguf_convert's Q/K (permuted for llama, fused
+    attn_qkv regrouped Q|K|V), attn_v unpermuted, attn_output (a Conv1D transposed), token_embd, output where the
+    model does not tie it, output_norm (Gemma's stored as 1 + w); `skip`: a tensor left out."""
+    import gguf
+
+    config = model.config.get_text_config()
+    heads, width = config.num_attention_heads, config.hidden_size
+    head_dim = getattr(config, "head_dim", None) or width // heads
+    attentions = tm._attention_modules(model)
+    kv_heads = getattr(attentions[0], "num_kv_heads", None) or getattr(config, "num_key_value_heads", None) or heads
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_embedding_length(width)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(gguf_convert.rope_theta(config))
+    for i, attention in enumerate(attentions):
+        tensors = gguf_convert._attention_tensors(arch, attention, heads, kv_heads, head_dim, False)
+        if "attn_q" in tensors:
+            tensors["attn_v"] = gguf_convert._array(attention.v_proj)
+        module, conv1d = _out_projection_module(attention)
+        tensors["attn_output"] = gguf_convert._array(module).T if conv1d else gguf_convert._array(module)
+        for stem, array in tensors.items():
+            if f"blk.{i}.{stem}.weight" != skip:
+                writer.add_tensor(f"blk.{i}.{stem}.weight", array.astype(np.float32))
+    embedding = model.get_input_embeddings().weight.detach().double().numpy()
+    writer.add_tensor("token_embd.weight", embedding.astype(np.float32))
+    head = model.get_output_embeddings().weight
+    if head.data_ptr() != model.get_input_embeddings().weight.data_ptr():
+        writer.add_tensor("output.weight", head.detach().numpy().astype(np.float32))
+    norm = next(m for n, m in model.named_modules() if n.endswith(("model.norm", "ln_f", "transformer.ln_f")))
+    gain = norm.weight.detach().double().numpy() + (1.0 if arch.startswith("gemma") else 0.0)
+    writer.add_tensor("output_norm.weight", gain.astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+GGUF_OV_CASES = [("llama", "llama_gqa"), ("qwen2", "qwen2"), ("gemma", "gemma"), ("gpt2", "distilgpt2"),
+                 ("bloom", "bloom"), ("falcon", "falcon_gqa"), ("phi3", "phi3")]
+
+
+@pytest.mark.parametrize(("arch", "name"), GGUF_OV_CASES, ids=[c[1] for c in GGUF_OV_CASES])
+def test_gguf_ov_equals_the_models(arch, name, tmp_path):
+    """A GGUF file's W_V, W_O and embeddings are the Hugging Face folder's (proven against the model above), to the
+    float32 the file stores; llama.cpp's Q/K permutation leaves V alone."""
+    model = tm.build(name)
+    path = write_gguf_with_ov(model, arch, tmp_path / "m.gguf")
+    folder = open_folder(tm.save(model, tmp_path / "hf"), name)
+    ckpt = open_gguf(path, name=name, source=str(path), options=ReadOptions(circuits=("qk", "ov")))
+    assert ckpt.spec.n_kv_heads == folder.spec.n_kv_heads
+    for layer in range(ckpt.spec.n_layers):
+        for got, expected in zip(ckpt.read_circuits(layer)["ov"], folder.read_circuits(layer)["ov"]):
+            np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+    for got, expected in zip(ckpt.read_embeddings(), folder.read_embeddings()):
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+    qk_only = open_gguf(path, name=name, source=str(path), options=ReadOptions())
+    np.testing.assert_array_equal(qk_only.read_layer(1)[1], ckpt.read_layer(1)[1])
+    assert qk_only.revision == ckpt.revision and qk_only.qk_bytes < ckpt.qk_bytes
+
+
+def test_gguf_missing_v_refused_only_for_ov(tmp_path):
+    path = write_gguf_with_ov(tm.build("llama_gqa"), "llama", tmp_path / "m.gguf", skip="blk.1.attn_v.weight")
+    assert open_gguf(path, name="m", source=str(path)).read_layer(1)
+    with pytest.raises(ExtractError, match=f"GGUF file {path} has no tensor blk.1.attn_v.weight"):
+        open_gguf(path, name="m", source=str(path), options=ReadOptions(circuits=("qk", "ov")))
