@@ -1,8 +1,10 @@
-"""GGUF files (llama.cpp): a layer's Q/K maps dequantized with the `gguf` package on demand.
+"""GGUF files (llama.cpp): a layer's Q/K maps (and V/O maps) dequantized with the `gguf` package on demand.
 
 What each architecture's file holds is data, `GGUF_ARCHITECTURES`: where Q and K live (separate
 attn_q / attn_k, or one fused attn_qkv), how RoPE pairs the rows as stored, which QK-norm gains
-come with it, and the score-scale rule llama.cpp applies.
+come with it, and the score-scale rule llama.cpp applies. The ov circuit reads attn_v (or the V rows of attn_qkv;
+llama.cpp permutes Q and K rows only) and attn_output, and the model's token_embd, output (else token_embd: tied)
+and output_norm (its gain, stored as llama.cpp applies it: Gemma's 1 + w).
 """
 from __future__ import annotations
 
@@ -260,9 +262,9 @@ def dequantizable(qtype: GGMLQuantizationType) -> bool:
     return True
 
 
-def _weight(tensor, data: np.ndarray, layer: int, rows: int | None = None) -> np.ndarray:
+def _weight(tensor, data: np.ndarray, layer: int | None, rows: int | None = None) -> np.ndarray:
     """The first `rows` rows (all by default) of a tensor's raw data dequantized to float64 (rows, in);
-    refuses non-finite values. GGML blocks never span rows, so a fused attn_qkv's V rows are left undecoded.
+    refuses non-finite values (naming the layer, unless None: the embeddings). GGML blocks never span rows, so a fused attn_qkv's V rows are left undecoded.
     """
     shape = tuple(int(d) for d in tensor.shape[::-1])
     data = np.asarray(data if rows is None else data[:rows])  # a plain view of a memmap: its slices cost no Python
@@ -271,7 +273,7 @@ def _weight(tensor, data: np.ndarray, layer: int, rows: int | None = None) -> np
     else:
         w = np.asarray(gguf.quants.dequantize(data, tensor.tensor_type), dtype=np.float64)
     if not np.isfinite(w).all():
-        raise ExtractError(f"layer {layer}: tensor '{tensor.name}' has non-finite values")
+        raise ExtractError(("" if layer is None else f"layer {layer}: ") + f"tensor '{tensor.name}' has non-finite values")
     return w.reshape((rows or shape[0],) + shape[1:])
 
 
@@ -283,6 +285,26 @@ def _norm_tensor(tensors: dict, name: str, d_model: int, path: Path):
     if tuple(int(d) for d in tensor.shape) != (d_model,):
         raise ExtractError(f"GGUF tensor {name} has shape {tuple(tensor.shape)}, expected ({d_model},)")
     return tensor
+
+
+def _embeddings(tensors: dict, d_model: int, path) -> dict:
+    """role -> tensor of the model's embeddings (token_embd; output, else token_embd; output_norm when present),
+    checked: (vocab, N) and a gain (N,)."""
+    if "token_embd.weight" not in tensors:
+        raise ExtractError(f"GGUF file {path} has no tensor token_embd.weight (read for the ov circuit)")
+    found = {"token": tensors["token_embd.weight"], "unembedding": tensors.get("output.weight",
+                                                                              tensors["token_embd.weight"])}
+    if "output_norm.weight" in tensors:
+        found["final_norm"] = tensors["output_norm.weight"]
+    vocab = int(found["token"].shape[-1])
+    for role, tensor in found.items():
+        actual, shape = tuple(int(d) for d in tensor.shape[::-1]), (d_model,) if role == "final_norm" else (vocab, d_model)
+        if actual != shape:
+            raise ExtractError(f"GGUF tensor {tensor.name} has shape {actual}, expected {shape}")
+        if not dequantizable(tensor.tensor_type):
+            raise ExtractError(f"cannot dequantize tensor {tensor.name}: the gguf package does not support "
+                               f"type {tensor.tensor_type.name}")
+    return found
 
 
 def _qk_norm_refusal(arch: str, layout: GGUFArchitecture) -> str:
@@ -326,8 +348,6 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
     as in extract.norms. (A GGUF file holds one tower: options.tower is refused before this.)
     """
     qk_norm, fold_norm = options.qk_norm, options.fold_norm
-    if "ov" in options.circuits:
-        raise ExtractError(f"{path}: reading the ov circuit of GGUF files is not implemented yet")
     if qk_norm not in ("refuse", "fold"):
         raise ExtractError(f"unknown qk-norm option '{qk_norm}'; expected 'refuse' or 'fold'")
     meta = {key: field.contents() for key, field in reader.fields.items()
@@ -358,8 +378,11 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
     first = {"separate": "blk.0.attn_q.weight", "fused": "blk.0.attn_qkv.weight"}
     packing = next((p for p in layout.packings if first[p] in tensors), layout.packings[0])
     q_rows, k_rows = n_heads * head_dim, n_kv_heads * head_dim
+    circuits = options.circuits
     roles = ({"q": ("attn_q", (q_rows, d_model)), "k": ("attn_k", (k_rows, d_model))} if packing == "separate"
              else {"qkv": ("attn_qkv", (q_rows + k_rows + n_kv_heads * value_dim, d_model))})
+    ov_roles = ({"v": ("attn_v", (n_kv_heads * value_dim, d_model))} if packing == "separate" else {}) | {
+        "o": ("attn_output", (d_model, n_heads * value_dim))}
     if layout.qk_norm and "blk.0.attn_q_norm.weight" in tensors:
         if qk_norm == "refuse" or layout.qk_norm == "layer":
             raise ExtractError(_qk_norm_refusal(arch, layout))
@@ -367,6 +390,9 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
         roles |= {"q_norm": ("attn_q_norm", (head_dim if per_head else q_rows,)),
                   "k_norm": ("attn_k_norm", (head_dim if per_head else k_rows,))}
 
+    qk_roles = list(roles)
+    roles = (roles if "qk" in circuits else {role: roles[role] for role in ("qkv",) if role in roles}) | (
+        ov_roles if "ov" in circuits else {})  # the tensors read (a fused attn_qkv once for both circuits)
     layers = []
     for i in range(n_layers):
         layer = {}
@@ -400,24 +426,43 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
     fold = Layout(positional=layout.positional, prefixes=("",), tensors={}, packing=SEPARATE,
                   qk_norm=layout.qk_norm, norm_offset=layout.norm_offset)
 
-    def read(layer: int) -> tuple[np.ndarray, np.ndarray]:
+    def read(layer: int, circuits: tuple[str, ...] = circuits) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """The layer's circuits (Checkpoint.read_circuits), every tensor fetched in one go."""
         if not 0 <= layer < n_layers:
             raise ExtractError(f"layer {layer} out of range: {name} has {n_layers} layers")
-        tensors = layers[layer]
+        tensors = {role: t for role, t in layers[layer].items()
+                   if role in ({*qk_roles} if "qk" in circuits else set()) | ({"qkv", *ov_roles} if "ov" in circuits
+                                                                             else set())}
         fetched = data_of([*tensors.values(), *([gains[layer]] if norm is not None else [])])
-        arrays = {role: _weight(tensor, data, layer, q_rows + k_rows if role == "qkv" else None)
-                  for (role, tensor), data in zip(tensors.items(), fetched)}
+        arrays = {role: _weight(tensor, data, layer, q_rows + k_rows if role == "qkv" and "ov" not in circuits
+                                else None) for (role, tensor), data in zip(tensors.items(), fetched)}
         if "qkv" in arrays:
             qkv = arrays.pop("qkv")
-            arrays |= {"q": qkv[:q_rows], "k": qkv[q_rows:]}
-        w_q, w_k = fold.qk_maps(arrays, spec)
-        if norm is None:
-            return {"qk": (w_q, w_k)}
-        return {"qk": norm.fold(w_q, w_k, _weight(gains[layer], fetched[-1], layer), fold_norm)}
+            arrays |= {"q": qkv[:q_rows], "k": qkv[q_rows:q_rows + k_rows], "v": qkv[q_rows + k_rows:]}
+        gain = _weight(gains[layer], fetched[-1], layer) if norm is not None else None
+        out = {}
+        if "qk" in circuits:
+            w_q, w_k = fold.qk_maps(arrays, spec)
+            out["qk"] = (w_q, w_k) if norm is None else norm.fold(w_q, w_k, gain, fold_norm)
+        if "ov" in circuits:
+            w_v = arrays["v"].reshape(n_kv_heads, value_dim, d_model)
+            w_o = np.ascontiguousarray(arrays["o"].reshape(d_model, n_heads, value_dim).transpose(1, 0, 2))
+            out["ov"] = (w_v if norm is None else norm.fold_map(w_v, gain, fold_norm), w_o)
+        return out
 
-    if digest is not None:
-        digest.expect([[(path, t.name) for t in [*layer.values(), *gains[i:i + 1]]] for i, layer in enumerate(layers)],
-                      read)
+    embeddings = _embeddings(tensors, d_model, path) if "ov" in circuits else {}
+
+    def read_embeddings() -> tuple[np.ndarray, np.ndarray]:
+        """W_E, and W_U diag(g) of the output (or tied token_embd) and output_norm (Checkpoint.read_embeddings)."""
+        unique = list({t.name: t for t in embeddings.values()}.values())
+        arrays = {t.name: _weight(t, data, None) for t, data in zip(unique, data_of(unique))}
+        w_e, w_u = arrays[embeddings["token"].name], arrays[embeddings["unembedding"].name]
+        return w_e, (w_u * arrays[embeddings["final_norm"].name] if "final_norm" in embeddings else w_u)
+
+    if digest is not None:  # the Q/K circuit's tensors only, so a model's revision does not depend on the circuits
+        digest.expect([[(path, t.name) for role, t in layer.items() if role in qk_roles] + [
+            (path, t.name) for t in gains[i:i + 1]] for i, layer in enumerate(layers)],
+            lambda layer: read(layer, ("qk",)))
 
     def close() -> None:
         if digest is not None:
@@ -425,6 +470,7 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
         layers.clear()
 
     checkpoint = Checkpoint(name=name, source=source, pinned=pinned, spec=spec, reader=read, close=close,
+                            embeddings=read_embeddings if "ov" in circuits else None,
                             qk_bytes=sum(int(t.n_bytes) for layer in layers for t in [*layer.values()])
                             + sum(int(t.n_bytes) for t in gains),
                             checkpoint_bytes=checkpoint_bytes, meter=meter, revision_kind=revision_kind,

@@ -716,3 +716,31 @@ def test_a_range_body_read_in_pieces_is_the_same_tensor(hub, tmp_path, monkeypat
     api.extract("org/tiny", db=tmp_path / "hub.duckdb", name="m")
     api.extract(str(folder), db=tmp_path / "local.duckdb", name="m")
     assert_same_values(tmp_path / "hub.duckdb", tmp_path / "local.duckdb")
+
+
+def test_hub_reads_the_ov_circuit_and_embeddings_by_range(hub, tmp_path):
+    """--circuits qk,ov from the hub: every layer's Q/K/V/O maps and the embeddings equal the folder's, fetched by
+    range (Q, K, V, O and the embeddings' bytes plus headers, not the MLP's); the revision is the hub commit either
+    way."""
+    folder = llama(tmp_path, "sharded")
+    serve(hub, "org/tiny", folder)
+    options = ReadOptions(circuits=("qk", "ov"))
+    local, remote = open_checkpoint(str(folder), options), open_checkpoint("org/tiny", options)
+    for layer in range(local.spec.n_layers):
+        for circuit, maps in local.read_circuits(layer).items():
+            for got, expected in zip(remote.read_circuits(layer)[circuit], maps):
+                np.testing.assert_array_equal(got, expected)
+    for got, expected in zip(remote.read_embeddings(), local.read_embeddings()):
+        np.testing.assert_array_equal(got, expected)
+    remote.close()
+    read = re.compile(r"(\.(q_proj|k_proj|v_proj|o_proj)\.weight|embed_tokens\.weight|lm_head\.weight|model\.norm\.weight)$")
+    index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    needed, headers = 0, 0
+    for shard in {shard for name, shard in index.items() if read.search(name)}:
+        with safe_open(str(folder / shard), framework="pt") as f:
+            needed += sum(f.get_tensor(n).nbytes for n in f.keys() if read.search(n))
+        headers += header_bytes(folder / shard)
+    assert needed > qk_bytes(folder) and remote.qk_bytes < needed  # qk_bytes: the layers' tensors, not the embeddings
+    assert weight_bytes_served(hub) <= 1.02 * needed + headers
+    assert weight_bytes_served(hub) < sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    assert remote.revision == COMMIT

@@ -12,9 +12,10 @@ import torch
 from safetensors.torch import load_file
 
 from headforms.extract.checkpoint import ExtractError, ReadOptions
+from headforms.extract.gguf_file import open_gguf
 from headforms.extract.hf import open_hf_folder
 from headforms.extract.layouts import LAYOUTS
-from tests import tiny_models as tm
+from tests import gguf_convert, tiny_models as tm
 
 LAYOUT_MODELS = [name for name, tiny in tm.TINY.items() if not tiny.discovered]
 DISCOVERED = [name for name, tiny in tm.TINY.items() if tiny.discovered]
@@ -86,3 +87,218 @@ def test_ov_reproduces_attention_output(name, tmp_path):
         for read, alone in zip(ckpt.read_circuits(layer)["qk"], qk_only.read_layer(layer)):
             np.testing.assert_array_equal(read, alone)
     assert set(qk_only.read_circuits(0)) == {"qk"} and ckpt.revision == qk_only.revision
+
+
+# Families whose residual stream has no linear unembedding: encoders (an MLM head's dense, GELU and LayerNorm come
+# before its decoder), towers; and those that read no tokens at all (vision, audio).
+NO_UNEMBEDDING = {"bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert", "clip.text", "siglip.text",
+                  "clip_text_model", "siglip_text_model", "whisper.encoder", "vit", "deit", "dinov2", "clip.vision",
+                  "siglip.vision", "clip_vision_model", "siglip_vision_model"}
+NO_TOKENS = {"whisper.encoder", "vit", "deit", "dinov2", "clip.vision", "siglip.vision", "clip_vision_model",
+             "siglip_vision_model"}
+
+
+def final_norm_gain(model, name: str) -> np.ndarray:
+    """The effective gain of the norm whose output the model unembeds (its LM head's input, or the last hidden state
+    of the stack run alone), measured by feeding it c (1, -1, 1, ...): zero mean, RMS c, so a zero-bias RMSNorm or LayerNorm returns
+    gain * (1, -1, ...) up to eps / c^2 (Gemma's (1 + weight) included)."""
+    head = model.get_output_embeddings()
+    seen, into = [], []
+    norms = [m for m in model.modules() if "norm" in type(m).__name__.lower() and isinstance(m, torch.nn.Module)
+             and len(list(m.children())) == 0]
+    hooks = [m.register_forward_hook(lambda m, a, out: seen.append((m, out))) for m in norms]
+    hooks.append(head.register_forward_pre_hook(lambda m, args: into.append(args[0])))
+    run = tm.TINY[name].run
+    if run:  # a stack run alone (whisper's decoder): its last hidden state is what the head would read
+        hooks.append(model.get_submodule(run).register_forward_hook(
+            lambda m, a, out: into.append(out.last_hidden_state)))
+    try:
+        tm.trace(name, model)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert into, "the tiny model should run its LM head"
+    final = [m for m, out in seen if isinstance(out, torch.Tensor) and out.shape == into[-1].shape
+             and torch.equal(out, into[-1])]
+    assert len(final) == 1
+    n = into[-1].shape[-1]
+    signs = torch.tensor([(-1.0) ** k for k in range(n)], dtype=torch.float64)
+    with torch.no_grad():
+        return (final[0](1e4 * signs[None, None]) / signs).reshape(-1).double().numpy()
+
+
+@pytest.mark.parametrize("name", LAYOUT_MODELS)
+def test_read_embeddings(name, tmp_path):
+    model = tm.build(name)
+    ckpt = open_folder(tm.save(model, tmp_path), name)
+    w_e, w_u = ckpt.read_embeddings()
+    architecture = ckpt.spec.architecture
+    if architecture in NO_TOKENS:
+        assert w_e is None and w_u is None
+        return
+    embedded = model.get_submodule(tm.TINY[name].run) if tm.TINY[name].run else model
+    np.testing.assert_array_equal(w_e, embedded.get_input_embeddings().weight.detach().numpy())
+    if architecture in NO_UNEMBEDDING:
+        assert w_u is None
+        return
+    head = model.get_output_embeddings()
+    if head is None:  # a base model (GPT2Model, OPTModel) without a head: its embedding is the unembedding
+        return
+    assert w_e.dtype == w_u.dtype == np.float64 and w_u.shape == w_e.shape
+    tied = head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    assert tied == (model.config.get_text_config().tie_word_embeddings is not False)
+    np.testing.assert_allclose(w_u, head.weight.detach().numpy() * final_norm_gain(model, name),
+                               rtol=1e-6)  # Gemma and Cohere norm in float32 even in a float64 model
+
+
+def test_circuits_option_is_validated():
+    assert ReadOptions().circuits == ("qk",)
+    assert ReadOptions(circuits=("ov", "qk")).circuits == ("qk", "ov")  # normalised to the order qk, ov
+    for bad in ((), ("qk", "vo"), ("OV",)):
+        with pytest.raises(ValueError, match="qk, ov"):
+            ReadOptions(circuits=bad)
+
+
+@pytest.mark.parametrize("name", DISCOVERED[:1])
+def test_discovered_layouts_refuse_ov(name, tmp_path):
+    folder = tm.save(tm.build(name), tmp_path)
+    assert open_folder(folder, name, circuits=("qk",)).read_layer(0)[0].shape[0] == 4
+    with pytest.raises(ExtractError, match="ov circuit is refused: its V and O tensors are not described"):
+        open_folder(folder, name)
+
+
+def rewritten(folder, change):
+    """The folder's safetensors with `change(tensors)` applied."""
+    from safetensors.torch import save_file
+
+    tensors = load_file(folder / "model.safetensors")
+    change(tensors)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+def test_missing_or_misshapen_v_o_refused_up_front(tmp_path):
+    folder = tm.save(tm.build("llama_gqa"), tmp_path / "m")
+    rewritten(folder, lambda t: t.pop("model.layers.1.self_attn.v_proj.weight"))
+    assert open_folder(folder, "llama_gqa", circuits=("qk",)).read_layer(1)  # qk alone never reads V
+    with pytest.raises(ExtractError, match=r"missing tensor 'model.layers.1.self_attn.v_proj.weight' \(layer 1\)"):
+        open_folder(folder, "llama_gqa")
+    folder = tm.save(tm.build("llama_gqa"), tmp_path / "o")
+    rewritten(folder, lambda t: t.update({"model.layers.0.self_attn.o_proj.weight":
+                                          t["model.layers.0.self_attn.o_proj.weight"][:, :16].contiguous()}))
+    with pytest.raises(ExtractError, match=r"'model.layers.0.self_attn.o_proj.weight' has shape \(32, 16\), "
+                                           r"expected \(32, 32\)"):
+        open_folder(folder, "llama_gqa")
+
+
+def test_non_finite_v_refused(tmp_path):
+    folder = tm.save(tm.build("gpt2"), tmp_path)
+
+    def spoil(t):
+        t["h.1.attn.c_attn.weight"][3, 70] = float("nan")  # column 70 of c_attn: a V row (V is columns 64..95)
+    rewritten(folder, spoil)
+    ckpt = open_folder(folder, "gpt2")
+    with pytest.raises(ExtractError, match="layer 1: tensor 'h.1.attn.c_attn.weight' has non-finite values"):
+        ckpt.read_circuits(1)
+    folder = tm.save(tm.build("llama"), tmp_path / "o")
+    rewritten(folder, lambda t: t["model.layers.0.self_attn.o_proj.weight"].__setitem__((0, 0), float("inf")))
+    with pytest.raises(ExtractError, match="layer 0: tensor 'model.layers.0.self_attn.o_proj.weight' has non-finite"):
+        open_folder(folder, "llama").read_circuits(0)
+
+
+@pytest.mark.parametrize("name, mode, norm", [("llama_gqa", "gain", "input_layernorm"), ("gpt2", "center", "ln_1")])
+def test_fold_norm_folds_into_w_v(name, mode, norm, tmp_path):
+    """With the norm folded, W_V reads the norm's normalised input z: W_V' z = W_V (g * z) (centred: z has zero mean,
+    so W_V' = W_V diag(g) P gives the same on it)."""
+    model = tm.build(name)
+    folder = tm.save(model, tmp_path)
+    plain, folded = open_folder(folder, name), open_folder(folder, name, fold_norm=mode)
+    gain = next(p for n, p in model.named_parameters() if n.endswith(f"0.{norm}.weight")).detach().numpy()
+    z = np.random.default_rng(0).standard_normal((5, plain.spec.d_model))
+    z -= z.mean(axis=1, keepdims=True)
+    w_v, w_o = plain.read_circuits(0)["ov"]
+    w_v_folded, w_o_folded = folded.read_circuits(0)["ov"]
+    np.testing.assert_allclose(np.einsum("kva,ta->tkv", w_v_folded, z), np.einsum("kva,ta->tkv", w_v, gain * z),
+                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(w_o_folded, w_o)
+    assert not np.allclose(w_v_folded, w_v)
+
+
+def _out_projection_module(attention):
+    """An attention module's output projection, and whether it is GPT-2's Conv1D (stored [H n, N])."""
+    module = next(getattr(attention, n) for n in ("o_proj", "c_proj", "dense", "out_proj") if hasattr(attention, n))
+    return module, type(module).__name__ == "Conv1D"
+
+
+def write_gguf_with_ov(model, arch: str, path, skip: str | None = None):
+    """The tiny model as llama.cpp's converter writes it, with V and O: gguf_convert's Q/K (permuted for llama, fused
+    attn_qkv regrouped Q|K|V), attn_v unpermuted, attn_output (a Conv1D transposed), token_embd, output where the
+    model does not tie it, output_norm (Gemma's stored as 1 + w); `skip`: a tensor left out."""
+    import gguf
+
+    config = model.config.get_text_config()
+    heads, width = config.num_attention_heads, config.hidden_size
+    head_dim = getattr(config, "head_dim", None) or width // heads
+    attentions = tm._attention_modules(model)
+    kv_heads = getattr(attentions[0], "num_kv_heads", None) or getattr(config, "num_key_value_heads", None) or heads
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_embedding_length(width)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(gguf_convert.rope_theta(config))
+    for i, attention in enumerate(attentions):
+        tensors = gguf_convert._attention_tensors(arch, attention, heads, kv_heads, head_dim, False)
+        if "attn_q" in tensors:
+            tensors["attn_v"] = gguf_convert._array(attention.v_proj)
+        module, conv1d = _out_projection_module(attention)
+        tensors["attn_output"] = gguf_convert._array(module).T if conv1d else gguf_convert._array(module)
+        for stem, array in tensors.items():
+            if f"blk.{i}.{stem}.weight" != skip:
+                writer.add_tensor(f"blk.{i}.{stem}.weight", array.astype(np.float32))
+    embedding = model.get_input_embeddings().weight.detach().double().numpy()
+    writer.add_tensor("token_embd.weight", embedding.astype(np.float32))
+    head = model.get_output_embeddings().weight
+    if head.data_ptr() != model.get_input_embeddings().weight.data_ptr():
+        writer.add_tensor("output.weight", head.detach().numpy().astype(np.float32))
+    norm = next(m for n, m in model.named_modules() if n.endswith(("model.norm", "ln_f", "transformer.ln_f")))
+    gain = norm.weight.detach().double().numpy() + (1.0 if arch.startswith("gemma") else 0.0)
+    writer.add_tensor("output_norm.weight", gain.astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+GGUF_OV_CASES = [("llama", "llama_gqa"), ("qwen2", "qwen2"), ("gemma", "gemma"), ("gpt2", "distilgpt2"),
+                 ("bloom", "bloom"), ("falcon", "falcon_gqa"), ("phi3", "phi3")]
+
+
+@pytest.mark.parametrize(("arch", "name"), GGUF_OV_CASES, ids=[c[1] for c in GGUF_OV_CASES])
+def test_gguf_ov_equals_the_models(arch, name, tmp_path):
+    """A GGUF file's W_V, W_O and embeddings are the Hugging Face folder's (proven against the model above), to the
+    float32 the file stores; llama.cpp's Q/K permutation leaves V alone."""
+    model = tm.build(name)
+    path = write_gguf_with_ov(model, arch, tmp_path / "m.gguf")
+    folder = open_folder(tm.save(model, tmp_path / "hf"), name)
+    ckpt = open_gguf(path, name=name, source=str(path), options=ReadOptions(circuits=("qk", "ov")))
+    assert ckpt.spec.n_kv_heads == folder.spec.n_kv_heads
+    for layer in range(ckpt.spec.n_layers):
+        for got, expected in zip(ckpt.read_circuits(layer)["ov"], folder.read_circuits(layer)["ov"]):
+            np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+    for got, expected in zip(ckpt.read_embeddings(), folder.read_embeddings()):
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+    qk_only = open_gguf(path, name=name, source=str(path), options=ReadOptions())
+    np.testing.assert_array_equal(qk_only.read_layer(1)[1], ckpt.read_layer(1)[1])
+    assert qk_only.revision == ckpt.revision and qk_only.qk_bytes < ckpt.qk_bytes
+
+
+def test_gguf_missing_v_refused_only_for_ov(tmp_path):
+    path = write_gguf_with_ov(tm.build("llama_gqa"), "llama", tmp_path / "m.gguf", skip="blk.1.attn_v.weight")
+    assert open_gguf(path, name="m", source=str(path)).read_layer(1)
+    with pytest.raises(ExtractError, match=f"GGUF file {path} has no tensor blk.1.attn_v.weight"):
+        open_gguf(path, name="m", source=str(path), options=ReadOptions(circuits=("qk", "ov")))
