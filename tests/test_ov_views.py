@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 from datetime import datetime
+from pathlib import Path
 
 import duckdb
 import numpy as np
@@ -259,3 +260,126 @@ def test_behaviour_views_carry_the_ov_columns(ro):
             assert row[f"median_{column}"] == (pytest.approx(want) if want is not None else None), (row, column)
     assert by_parity.filter(pl.col("model") == "qkonly")["median_residual_copying_score"].null_count() \
         == by_parity.filter(pl.col("model") == "qkonly").height > 0
+
+
+@pytest.fixture(scope="module")
+def published_db(tiny_rope_db, tmp_path_factory):
+    """The tiny extracted model with OV rows made from its heads rows (the profile's c and d swapped, so OV's parity
+    is the form's mirrored, and copying scores of a pattern over layer and head), beside a copy of it named qk-only
+    without OV rows; summaries' copying intervals of the first."""
+    path = tmp_path_factory.mktemp("published") / "published.duckdb"
+    shutil.copy(tiny_rope_db, path)
+    with duckdb.connect(str(path)) as con:
+        [(model,)] = con.execute("SELECT model FROM models").fetchall()
+        for table, in con.execute("SELECT DISTINCT table_name FROM duckdb_columns() WHERE column_name = 'model' "
+                                  "AND database_name = current_database() AND schema_name = 'main' AND table_name IN "
+                                  "(SELECT table_name FROM duckdb_tables())").fetchall():
+            con.execute(f"INSERT INTO {table} SELECT * REPLACE ('qk-only' AS model) FROM {table}")
+        con.execute("""INSERT INTO ov_heads SELECT * REPLACE (d AS c, c AS d, d_sym AS c_sym, c_sym AS d_sym,
+                           CASE parity WHEN 'I+' THEN 'I-' WHEN 'I-' THEN 'I+' ELSE parity END AS parity),
+                           cos(layer + 2 * head), 0.8 * sin(3 * layer - head)
+                       FROM heads WHERE model = ?""", [model])
+        with transaction(con):
+            insert(con, "copying_intervals", summaries.copying_intervals(con, model, 50, 3))
+    return path, model
+
+
+OV_FIGURES = ("ov_figure09_profiles.png", "ov_figure12_parity_by_layer.png", "ov_copying_scores.png")
+
+
+def test_export_draws_the_ov_figures_of_the_models_with_ov_rows(published_db, tmp_path):
+    """export: the OV tables and figures, real images, indexed; each figure's panels are the OV model's alone."""
+    from matplotlib import image
+
+    from headforms.warehouse.publishing import export, figures
+
+    path, model = published_db
+    with connect(path, read_only=True) as con:
+        written = {p.name for p in export.export(con, tmp_path / "out")}
+        built = []
+        with pytest.MonkeyPatch.context() as patch:  # the figures as built, to read their panels' titles
+            patch.setattr(figures, "_save", lambda fig, p: built.append(fig) or p)
+            for name in OV_FIGURES:
+                figures.FIGURES[name][0](con, tmp_path / name)
+        qk_profiles = con.sql("SELECT c_sym, d_sym, parity FROM heads WHERE model = ? ORDER BY layer, head",
+                              params=[model]).fetchall()
+        ov_profiles = con.sql("SELECT d_sym, c_sym, CASE parity WHEN 'I+' THEN 'I-' WHEN 'I-' THEN 'I+' ELSE parity "
+                              "END FROM ov_heads WHERE model = ? ORDER BY layer, head", params=[model]).fetchall()
+    assert qk_profiles == ov_profiles  # what the fixture made: OV's profile is the form's mirrored
+    assert set(OV_FIGURES) <= written
+    for name in OV_FIGURES:  # a real image: not blank, not one flat colour (a model of 3 layers: a small one)
+        pixels = image.imread(tmp_path / "out" / name)[..., :3]
+        assert min(pixels.shape[:2]) >= 250 and pixels.var() > 0 and (pixels.min(axis=2) < 0.9).mean() > 0.02
+    index = pl.read_csv(tmp_path / "out" / "index.csv")
+    described = dict(index.select("file", "description").iter_rows())
+    assert all(not described[name].startswith(export.NOT_WRITTEN) and "ov_heads" in described[name]
+               for name in OV_FIGURES)
+    assert pl.read_csv(tmp_path / "out" / "ov_circuit_parity.csv")["model"].unique().to_list() == [model]
+    assert pl.read_csv(tmp_path / "out" / "ov_copying_by_parity.csv")["model"].unique().to_list() == [model]
+    for fig in built:
+        titles = [ax.get_title(loc) for ax in fig.axes for loc in ("left", "center") if ax.get_title(loc)]
+        assert titles and all(title.startswith(model) for title in titles), titles  # no panel of qk-only
+    assert "output-value" in built[0].get_suptitle() and "output-value" in built[1].get_suptitle()
+
+
+def test_export_without_ov_rows_says_why_no_ov_figure(tiny_rope_db, tmp_path):
+    from headforms.warehouse.publishing import export
+
+    with connect(tiny_rope_db, read_only=True) as con:
+        written = {p.name for p in export.export(con, tmp_path / "out")}
+    assert not written & set(OV_FIGURES) and not set(OV_FIGURES) & {p.name for p in (tmp_path / "out").iterdir()}
+    described = dict(pl.read_csv(tmp_path / "out" / "index.csv").select("file", "description").iter_rows())
+    for name in OV_FIGURES:
+        assert described[name].startswith(export.NOT_WRITTEN + "no output-value circuit in this warehouse: extract "
+                                                               "with --circuits qk,ov")
+
+
+def test_report_model_page_draws_the_ov_circuit(published_db):
+    """The OV model's page: its OV simplex at the barycentric points of ov_heads' profiles, OV parity by layer as the
+    parity_by_layer view computes it over ov_heads, and both copying maps equal to the stored columns; the page of
+    a model without OV rows has none of these."""
+    from headforms.warehouse.publishing import report
+    from tests.test_report import _page_figures
+
+    path, model = published_db
+    drawn, heads = _page_figures(path, model)
+    plain, _ = _page_figures(path, "qk-only")
+    assert {"ov-simplex", "ov-parity-by-layer", "ov-copying"} <= set(drawn)
+    assert not {"ov-simplex", "ov-parity-by-layer", "ov-copying"} & set(plain)
+    with duckdb.connect(str(path), read_only=True) as con:
+        ov = con.sql("SELECT * FROM ov_heads WHERE model = ? ORDER BY layer, head", params=[model]).pl()
+    points = [t for t in drawn["ov-simplex"].data if t.meta == "heads"]
+    assert sum(len(t.x) for t in points) == ov.filter(pl.col("a").is_not_null()).height
+    for trace in points:
+        parity = trace.name.removeprefix("parity ")
+        group = ov.filter(pl.col("parity").eq_missing(None if parity == "undefined" else parity)
+                          & pl.col("a").is_not_null())
+        np.testing.assert_allclose(np.c_[trace.x, trace.y, trace.z], report.simplex_points(group))
+    bars = {t.name: list(t.y) for t in drawn["ov-parity-by-layer"].data}
+    for name, parity in (("I+", "I+"), ("II", "II"), ("I-", "I-")):
+        share = ov.group_by("layer").agg(((pl.col("parity") == parity).sum() * 100 / pl.len()).round(1)
+                                         .alias("pct")).sort("layer")["pct"].to_list()
+        assert bars[name] == pytest.approx(share)
+    for trace, column in zip(drawn["ov-copying"].data, ("copying_score", "residual_copying_score")):
+        layers, heads_per_layer = ov["layer"].max() + 1, ov["head"].max() + 1
+        np.testing.assert_allclose(np.array(trace.z, dtype=float),
+                                   ov[column].to_numpy().reshape(layers, heads_per_layer))
+
+
+def test_ov_figures_keep_their_text_on_the_canvas(published_db):
+    """As tests/test_figure_layout.py checks every figure: each OV figure's text lies on its canvas."""
+    from headforms.warehouse.publishing import figures
+    from tests.test_figure_layout import _drawn_text
+
+    path, _ = published_db
+    built = []
+    with connect(path, read_only=True) as con, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(figures, "_save", lambda fig, p: built.append(fig) or p)
+        for name in OV_FIGURES:
+            figures.FIGURES[name][0](con, Path(name))
+    for fig in built:
+        canvas = fig.bbox
+        outside = [extent for _, extent in _drawn_text(fig)
+                   if extent.x0 < canvas.x0 - 1 or extent.y0 < canvas.y0 - 1
+                   or extent.x1 > canvas.x1 + 1 or extent.y1 > canvas.y1 + 1]
+        assert not outside
