@@ -383,3 +383,61 @@ def test_ov_figures_keep_their_text_on_the_canvas(published_db):
                    if extent.x0 < canvas.x0 - 1 or extent.y0 < canvas.y0 - 1
                    or extent.x1 > canvas.x1 + 1 or extent.y1 > canvas.y1 + 1]
         assert not outside
+
+
+@pytest.fixture(scope="module")
+def checked_db(tiny_rope_db, tmp_path_factory):
+    """The tiny model extracted with its QK rows copied as its OV rows (a consistent warehouse, circuits 'qk,ov')."""
+    path = tmp_path_factory.mktemp("checked") / "checked.duckdb"
+    shutil.copy(tiny_rope_db, path)
+    with duckdb.connect(str(path)) as con:
+        con.execute("UPDATE models SET circuits = 'qk,ov'")
+        con.execute("INSERT INTO ov_heads SELECT *, 0.5, -0.5 FROM heads")
+        con.execute("INSERT INTO ov_eigenvalues SELECT * FROM eigenvalues")
+        con.execute("INSERT INTO ov_fits SELECT * FROM fits")
+    return path
+
+
+# damage -> the findings expected, (check, layer, head) of the tiny model
+OV_DAMAGE = {
+    "a head missing from OV": ([f"DELETE FROM {table} WHERE layer = 1 AND head = 2"
+                                for table in ("ov_heads", "ov_eigenvalues", "ov_fits")], {("ov_rows", 1, 2)}),
+    "orphan OV eigenvalues and fits": (["INSERT INTO ov_eigenvalues SELECT * REPLACE (99 AS head) FROM ov_eigenvalues "
+                                        "WHERE layer = 0 AND head = 0",
+                                        "INSERT INTO ov_fits SELECT * REPLACE (98 AS head) FROM ov_fits "
+                                        "WHERE layer = 0 AND head = 0"], {("ov_rows", 0, 99), ("ov_rows", 0, 98)}),
+    "ov rows of a qk model": (["UPDATE models SET circuits = 'qk'"], {("ov_rows", None, None)}),
+    "ov rows of a model from before circuits": (["UPDATE models SET circuits = NULL"], {("ov_rows", None, None)}),
+    "ov row without heads row": (["DELETE FROM heads WHERE layer = 2 AND head = 0"],
+                                 {("missing_head", 2, 0), ("orphan_rows", 2, 0), ("distance_profiles", 2, 0),
+                                  ("ov_rows", 2, 0)}),
+    "change an OV n_zero": (["UPDATE ov_heads SET n_zero = n_zero + 1 WHERE layer = 0 AND head = 3"],
+                            {("ov_signature", 0, 3)}),
+    "break an OV profile": (["UPDATE ov_heads SET c = c + 1e-6 WHERE layer = 2 AND head = 5"], {("ov_profile", 2, 5)}),
+    "wrong OV kv_head": (["UPDATE ov_heads SET kv_head = 2 WHERE layer = 0 AND head = 0"], {("ov_kv_head", 0, 0)}),
+    "delete an OV eigenvalue": (["DELETE FROM ov_eigenvalues WHERE layer = 1 AND head = 1 AND spectrum = 'S' "
+                                 "AND idx = 0"], {("ov_eigenvalue_rows", 1, 1)}),
+    "delete an OV fit": (["DELETE FROM ov_fits WHERE layer = 0 AND head = 4 AND sample = 'T' AND family = 'gamma'"],
+                         {("ov_fits", 0, 4)}),
+    "duplicate an OV fit": (["INSERT INTO ov_fits SELECT * FROM ov_fits WHERE layer = 0 AND head = 4 AND sample = 'T' "
+                             "AND family = 'gamma'"], {("duplicate_rows", 0, 4)}),
+}
+
+
+def test_check_passes_a_warehouse_with_ov_rows_and_reports_their_damage(checked_db):
+    from headforms.warehouse.storing.check import check_warehouse
+
+    con = duckdb.connect(str(checked_db))
+    try:
+        assert check_warehouse(con) == []
+        for damage, (statements, expected) in OV_DAMAGE.items():
+            con.execute("BEGIN")
+            try:
+                for statement in statements:
+                    con.execute(statement)
+                found = {(f.check, f.layer, f.head) for f in check_warehouse(con, full=False)}
+            finally:
+                con.execute("ROLLBACK")
+            assert found == expected, damage
+    finally:
+        con.close()
