@@ -1,22 +1,29 @@
 -- Behaviour beside form (statistics.md section 8): per model and parity type, the heads' median self, previous-token
 -- and induction scores and self-logit, each with its 95% interval resampling layers (behaviour_intervals). The row
 -- 'I+ - I-' is the difference of those two types' medians: does an I+ head attend to itself more than an I- head?
--- Heads of undefined parity (a zero form) are in no type; a model without behaviour rows has no row.
+-- Heads of undefined parity (a zero form) are in no type; a model without behaviour rows has no row. The output-value
+-- circuit's columns (statistics.md "The output-value circuit"): the type's median copying_score and
+-- residual_copying_score (ov_heads), NULL for a model extracted without OV (and copying_score for one without
+-- unembedding); their intervals are copying_by_parity's.
 WITH typed AS (
-    SELECT b.model, h.parity, b.self_score, b.previous_score, b.induction_score, b.self_logit
-    FROM head_behaviour b JOIN heads h USING (model, layer, head)
+    SELECT b.model, h.parity, b.self_score, b.previous_score, b.induction_score, b.self_logit,
+           o.copying_score, o.residual_copying_score
+    FROM head_behaviour b JOIN heads h USING (model, layer, head) LEFT JOIN ov_heads o USING (model, layer, head)
     WHERE h.parity IS NOT NULL
 ), medians AS (
     SELECT model, parity, count(*) AS heads,
            median(self_score) AS median_self_score, median(previous_score) AS median_previous_score,
-           median(induction_score) AS median_induction_score, median(self_logit) AS median_self_logit
+           median(induction_score) AS median_induction_score, median(self_logit) AS median_self_logit,
+           median(copying_score) AS median_copying_score,
+           median(residual_copying_score) AS median_residual_copying_score
     FROM typed GROUP BY model, parity
 ), rows AS (
     SELECT * FROM medians
     UNION ALL
     SELECT p.model, 'I+ - I-', NULL, p.median_self_score - n.median_self_score,
            p.median_previous_score - n.median_previous_score, p.median_induction_score - n.median_induction_score,
-           p.median_self_logit - n.median_self_logit
+           p.median_self_logit - n.median_self_logit, p.median_copying_score - n.median_copying_score,
+           p.median_residual_copying_score - n.median_residual_copying_score
     FROM medians p JOIN medians n ON n.model = p.model AND p.parity = 'I+' AND n.parity = 'I-'
 ), bounds AS (
     SELECT model, parity,
@@ -36,6 +43,6 @@ SELECT r.model, r.parity, r.heads,
        r.median_previous_score, b.previous_score_low, b.previous_score_high,
        r.median_induction_score, b.induction_score_low, b.induction_score_high,
        r.median_self_logit, b.self_logit_low, b.self_logit_high,
-       b.resamples
+       b.resamples, r.median_copying_score, r.median_residual_copying_score
 FROM rows r LEFT JOIN bounds b USING (model, parity)
 ORDER BY r.model, CASE r.parity WHEN 'I+' THEN 0 WHEN 'II' THEN 1 WHEN 'I-' THEN 2 ELSE 3 END

@@ -2,15 +2,27 @@
 -- and self-logit with its form's c_sym - d_sym, symmetric_energy and pairing, over the heads where both are
 -- defined (`heads`); ties take their average rank. NULL where fewer than three heads or a constant column. Pearson's
 -- formula on the ranks from integer sums (exact, whatever order DuckDB's threads add them in): the same value on every
--- query (DuckDB's corr over the doubles differed in the last bits from one query to the next).
+-- query (DuckDB's corr over the doubles differed in the last bits from one query to the next). The output-value
+-- circuit (statistics.md "The output-value circuit"): the self, previous-token and induction scores against each
+-- head's copying_score and residual_copying_score (ov_heads); a statistic no head of a model defines (a model
+-- extracted without OV, or copying_score of one without unembedding) has no row.
 WITH joined AS (
     SELECT b.model, b.layer, b.head, b.self_score, b.self_logit,
-           h.c_sym - h.d_sym AS c_sym_minus_d_sym, h.symmetric_energy, h.pairing
-    FROM head_behaviour b JOIN heads h USING (model, layer, head)
-), scores AS (
-    UNPIVOT joined ON self_score, self_logit INTO NAME score VALUE x
+           b.previous_score, b.induction_score,
+           h.c_sym - h.d_sym AS c_sym_minus_d_sym, h.symmetric_energy, h.pairing,
+           o.copying_score, o.residual_copying_score
+    FROM head_behaviour b JOIN heads h USING (model, layer, head) LEFT JOIN ov_heads o USING (model, layer, head)
+), form_scores AS (
+    UNPIVOT (SELECT model, self_score, self_logit, c_sym_minus_d_sym, symmetric_energy, pairing FROM joined)
+    ON self_score, self_logit INTO NAME score VALUE x
+), ov_scores AS (
+    UNPIVOT (SELECT model, self_score, previous_score, induction_score, copying_score, residual_copying_score
+             FROM joined)
+    ON self_score, previous_score, induction_score INTO NAME score VALUE x
 ), pairs AS (
-    UNPIVOT scores ON c_sym_minus_d_sym, symmetric_energy, pairing INTO NAME statistic VALUE y
+    SELECT * FROM (UNPIVOT form_scores ON c_sym_minus_d_sym, symmetric_energy, pairing INTO NAME statistic VALUE y)
+    UNION ALL
+    SELECT * FROM (UNPIVOT ov_scores ON copying_score, residual_copying_score INTO NAME statistic VALUE y)
 ), ranked AS (  -- twice each average rank, an integer, so that the sums below are exact in any order
     SELECT model, score, statistic,
            2 * rank() OVER (PARTITION BY model, score, statistic ORDER BY x)

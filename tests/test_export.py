@@ -16,8 +16,11 @@ from headforms.warehouse.publishing.figures import FIGURES
 
 # Exported empty from the demo warehouse, which holds no training checkpoints; tests/test_dynamics.py exports them
 # from checkpoints. The demo fixture runs extract only, not behaviour (tests/test_behaviour.py fills and checks these).
-EMPTY_ON_DEMO = {"training_dynamics", "behaviour_by_parity", "behaviour_correlations"}
-NOT_DRAWN_ON_DEMO = {"training_dynamics.png", "behaviour_self_score.png"}  # no placeholder image: nothing is written
+# Nor with the output-value circuit (extract --circuits qk,ov; tests/test_ov_views.py exports a warehouse with it).
+EMPTY_ON_DEMO = {"training_dynamics", "behaviour_by_parity", "behaviour_correlations", "ov_circuit_parity",
+                 "ov_copying_by_parity"}
+NOT_DRAWN_ON_DEMO = {"training_dynamics.png", "behaviour_self_score.png",  # no placeholder image: nothing is written
+                     "ov_figure09_profiles.png", "ov_figure12_parity_by_layer.png", "ov_copying_scores.png"}
 EXPECTED = ({f"{stem}.{ext}" for stem in TABLES for ext in ("csv", "parquet")} | set(FIGURES) | {"index.csv"}) \
     - NOT_DRAWN_ON_DEMO
 

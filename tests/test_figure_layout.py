@@ -17,8 +17,10 @@ from headforms.warehouse.publishing import figures
 from headforms.warehouse.storing.store import connect
 from tests.reviewed import reviewed_file
 
-# The tiny warehouse has no behaviour: its figure is not drawn (tests/test_behaviour.py draws it from behaviour rows).
-WITHOUT_DATA = {"behaviour_self_score.png"}
+# The tiny warehouse has no behaviour: its figure is not drawn (tests/test_behaviour.py draws it from behaviour rows);
+# nor the output-value circuit (tests/test_ov_views.py draws its figures from ov_heads rows).
+WITHOUT_DATA = {"behaviour_self_score.png", "ov_figure09_profiles.png", "ov_figure12_parity_by_layer.png",
+                "ov_copying_scores.png"}
 DRAWN = [name for name in figures.FIGURES if name not in WITHOUT_DATA]
 # Long names, as the hub's are: a title must wrap or make room, not run off the canvas.
 NAMES = {1: ["Qwen2.5-Coder-7B-Instruct"],

@@ -70,7 +70,15 @@ TABLES: dict[str, tuple[str, str]] = {
                                "induction scores and self-logit with 95% layer-bootstrap intervals, and I+ minus I-"),
     "behaviour_correlations": (
         "behaviour_correlations", "Behaviour beside form: Spearman correlations of each head's self-score and "
-                                  "self-logit with c_sym - d_sym, symmetric energy and pairing"),
+                                  "self-logit with c_sym - d_sym, symmetric energy and pairing, and of its self, "
+                                  "previous-token and induction scores with its copying scores"),
+    "ov_circuit_parity": (
+        "circuit_parity", "The output-value circuit beside the query-key form: per model, heads by QK parity and "
+                          "OV parity (counts and shares)"),
+    "ov_copying_by_parity": (
+        "copying_by_parity", "The output-value circuit: per model and QK parity type, the median copying score and "
+                             "residual copying score with 95% layer-bootstrap intervals, the share of heads that "
+                             "copy, and I+ minus I-"),
 }
 # Paper-format file -> (view of sql/, row order after the model): the survey files of the paper's
 # published code (aodesky/attention-bilinear-forms, scripts/survey_results/), same names, columns and
@@ -102,6 +110,8 @@ LATEX_INTERVALS: dict[str, list[tuple[str, str | None, str, str]]] = {
     "observations7to9_survey_ranges": [("range", None, "low", "high")],
     "behaviour_by_parity": [(f"median_{score} [interval]", f"median_{score}", f"{score}_low", f"{score}_high")
                             for score in ("self_score", "previous_score", "induction_score", "self_logit")],
+    "ov_copying_by_parity": [(f"median_{score} [interval]", f"median_{score}", f"{score}_low", f"{score}_high")
+                             for score in ("copying_score", "residual_copying_score")],
 }
 # Per table, the columns whose rows are one quantity each (a column's digits are chosen within them).
 LATEX_DIGITS_BY = {"bootstrap_intervals": ["view", "figure"], "paper_comparison": ["figure"],

@@ -18,6 +18,7 @@ from matplotlib.font_manager import FontProperties
 from matplotlib.textpath import text_to_path
 
 from headforms.warehouse.publishing import numbers
+from headforms.warehouse.storing.store import VIEWS
 
 SQRT3_2 = np.sqrt(3) / 2
 DPI = 150
@@ -28,6 +29,9 @@ PARITY = {
     "I-": ("_", "tab:blue", r"Type $\mathrm{I}_{-}$"),
 }
 PARITY_COLUMNS = ["pct_type_I_plus", "pct_type_II", "pct_type_I_minus"]  # PARITY's types as view columns
+# A table of per-head rows -> how a figure's title names its circuit (ov_heads: statistics.md "The output-value
+# circuit").
+CIRCUIT = {"heads": "", "ov_heads": " of the output-value circuits $OV = W_O W_V$"}
 
 
 def _frame(con: duckdb.DuckDBPyConnection, sql: str) -> pl.DataFrame:
@@ -136,11 +140,12 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
-def profiles(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
-    """Figure 9: each head's symmetric profile (b_S, c_S, d_S) on the face Delta, marked by parity type."""
-    data = _frame(con, """
+def profiles(con: duckdb.DuckDBPyConnection, path: Path, table: str = "heads") -> Path:
+    """Figure 9: each head's symmetric profile (b_S, c_S, d_S) on the face Delta, marked by parity type; of the
+    rows of `table` (ov_heads: the output-value circuit's, see ov_profiles)."""
+    data = _frame(con, f"""
         SELECT model, parity, c_sym + b_sym / 2 AS x, b_sym * sqrt(3) / 2 AS y
-        FROM heads WHERE parity IS NOT NULL ORDER BY model, layer, head""")
+        FROM {table} WHERE parity IS NOT NULL ORDER BY model, layer, head""")
     models = _by_model(data)
     fig, axes = _panel_grid(len(models), 3, (5.0, 4.9))
     corners = np.array([[0.0, 0.0], [1.0, 0.0], [0.5, SQRT3_2]])  # d = 1, c = 1, b = 1
@@ -160,14 +165,29 @@ def profiles(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
         ax.set_aspect("equal")
         ax.axis("off")
         ax.legend(loc="upper left", fontsize=8, frameon=False, handletextpad=0.3)
-    _suptitle(fig, "Profiles of the symmetric parts on $\\Delta$\n"
+    _suptitle(fig, f"Profiles of the symmetric parts{CIRCUIT[table]} on $\\Delta$\n"
                    "($H$: spectrum symmetric about zero, $P$: positive semidefinite)", 11)
     return _save(fig, path)
 
 
-def parity_by_layer(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
-    """Figure 12: percent of each layer's heads of each parity type (view parity_by_layer), white 0% to black 100%."""
-    data = _frame(con, "SELECT * FROM parity_by_layer ORDER BY model, layer")
+def ov_profiles(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
+    """Figure 9 of the output-value circuit: each head's OV profile on Delta (ov_heads), by OV parity."""
+    return profiles(con, path, "ov_heads")
+
+
+def view_over(view: str, table: str) -> str:
+    """The SELECT of a view of sql/ reading `table` in place of heads (ov_heads has heads' columns): the same
+    figures of the output-value circuit."""
+    text = (VIEWS / f"{view}.sql").read_text()
+    assert text.count("FROM heads\n") == 1, view  # the view reads heads once, by that name
+    return text.replace("FROM heads\n", f"FROM {table}\n")
+
+
+def parity_by_layer(con: duckdb.DuckDBPyConnection, path: Path, table: str = "heads") -> Path:
+    """Figure 12: percent of each layer's heads of each parity type (view parity_by_layer), white 0% to black 100%;
+    of the rows of `table` (ov_heads: the view's query over the output-value circuit's rows)."""
+    source = "parity_by_layer" if table == "heads" else f"({view_over('parity_by_layer', table)})"
+    data = _frame(con, f"SELECT * FROM {source} ORDER BY model, layer")
     models = _by_model(data)
     columns = PARITY_COLUMNS
     widest = max(rows.height for _, rows in models)
@@ -184,19 +204,30 @@ def parity_by_layer(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
         ax.set_xlabel("layer", fontsize=8)
         _title(ax, f"{model} ({rows['heads'].sum()} heads)", fig.get_figwidth() - 0.5, 9, loc="left")
     fig.colorbar(image, ax=list(axes), label="% of the layer's heads", shrink=0.95, pad=0.01)
-    _suptitle(fig, r"Parity by layer (Type II: $c_S + d_S \leq 1/50$)", 11)
+    _suptitle(fig, f"Parity by layer{CIRCUIT[table]} " r"(Type II: $c_S + d_S \leq 1/50$)", 11)
     return _save(fig, path)
 
 
+def ov_parity_by_layer(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
+    """Figure 12 of the output-value circuit: percent of each layer's heads by OV parity type (ov_heads)."""
+    return parity_by_layer(con, path, "ov_heads")
+
+
 def _trained_vs_random(con: duckdb.DuckDBPyConnection, path: Path, column: str, random_column: str,
-                       label: str, title: str) -> Path:
-    """A layers x heads heat map of `column` beside its random baseline, per model, colours centred at 1/2."""
+                       label: str, title: str, *, table: str = "heads", centre: float = 0.5,
+                       halfrange: float | None = None,
+                       sides: tuple[str, str] = ("trained heads", "random baseline")) -> Path:
+    """A layers x heads heat map of `column` beside `random_column` (its random baseline), per model, colours centred
+    at `centre` (over the largest deviation unless `halfrange`); the panels named by `sides`, a panel whose
+    column is NULL at every head of its model says so."""
     data = _frame(con, f"""
         SELECT model, layer, head, {column} AS trained, {random_column} AS random
-        FROM heads ORDER BY model, layer, head""")
+        FROM {table} ORDER BY model, layer, head""")
     models = _by_model(data)
-    deviation = np.nanmax(np.abs(data.select("trained", "random").to_numpy(allow_copy=True).astype(float) - 0.5))
-    norm = CenteredNorm(vcenter=0.5, halfrange=deviation)
+    if halfrange is None:
+        halfrange = np.nanmax(np.abs(data.select("trained", "random").to_numpy(allow_copy=True).astype(float)
+                                     - centre))
+    norm = CenteredNorm(vcenter=centre, halfrange=halfrange)
     layers = [rows["layer"].max() + 1 for _, rows in models]
     heads = max(rows["head"].max() + 1 for _, rows in models)
     panel = max(1.1 + 0.21 * heads, max(_inches(model, 8) for model, _ in models) + 3 * MARGIN)  # a name fits
@@ -205,11 +236,11 @@ def _trained_vs_random(con: duckdb.DuckDBPyConnection, path: Path, column: str, 
     for (left, right), (model, rows), n_layers in zip(axes, models, layers):
         n_heads = rows["head"].max() + 1
         layer, head = rows["layer"].to_numpy(), rows["head"].to_numpy()
-        for ax, side in ((left, "trained"), (right, "random")):
+        for ax, side, name in ((left, "trained", sides[0]), (right, "random", sides[1])):
             grid = np.full((n_layers, n_heads), np.nan)
-            grid[layer, head] = rows[side].to_numpy().astype(float)
+            grid[layer, head] = rows[side].cast(pl.Float64).fill_null(np.nan).to_numpy()
             image = ax.imshow(grid, cmap="RdBu_r", norm=norm, aspect="auto")  # the panel fills its cell
-            _title(ax, f"{model}: {'trained heads' if side == 'trained' else 'random baseline'}", panel, 8)
+            _title(ax, f"{model}: {name}" + (" (NULL at every head)" if np.isnan(grid).all() else ""), panel, 8)
             step = max(1, n_layers // 10)
             ax.set_yticks(range(0, n_layers, step))
             ax.set_xticks(range(0, n_heads, max(1, n_heads // 12)))
@@ -237,6 +268,18 @@ def pairing(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
                               r"pairing $1-\|\lambda_{+}-\lambda_{-}\|/\|S\|$",
                               "Pairing score at each head: trained (left), random $K^TQ$ (right)\n"
                               "white at 1/2, red above, blue below; 1 = spectrum of $S$ symmetric about zero")
+
+
+def copying_scores(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
+    """The output-value circuit: each head's copying score (of W_U OV W_E^T) beside its residual copying score (of OV
+    alone), layers x heads, white at 0, red copying, blue suppressing (ov_heads)."""
+    return _trained_vs_random(con, path, "copying_score", "residual_copying_score",
+                              r"$\sum\lambda / \sum|\lambda|$ over the nonzero eigenvalues",
+                              "Copying scores at each head: of the full circuit $W_U\\,OV\\,W_E^T$ (left; NULL without "
+                              "an unembedding), of $OV = W_O W_V$ alone (right)\n"
+                              "white at 0, red: the head copies what it attends to, blue: it suppresses it",
+                              table="ov_heads", centre=0.0, halfrange=1.0,
+                              sides=("copying score", "residual copying score"))
 
 
 def mean_spectrum(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
@@ -452,6 +495,15 @@ FIGURES: dict[str, tuple[Callable[[duckdb.DuckDBPyConnection, Path], Path], str]
         symmetric_energy, "Figure 13: symmetric energy per layer and head, trained vs random baseline"),
     "figure14_pairing.png": (
         pairing, "Figure 14: pairing score per layer and head, trained vs random baseline"),
+    "ov_figure09_profiles.png": (
+        ov_profiles, "Figure 9 of the output-value circuits OV = W_O W_V: symmetric profiles on Delta, by OV parity "
+                     "(ov_heads)"),
+    "ov_figure12_parity_by_layer.png": (
+        ov_parity_by_layer, "Figure 12 of the output-value circuits: percent of each layer's heads by OV parity type "
+                            "(ov_heads)"),
+    "ov_copying_scores.png": (
+        copying_scores, "Copying scores per layer and head: of the full circuit W_U OV W_E^T and of OV alone "
+                        "(ov_heads, copying_by_parity)"),
     "training_dynamics.png": (
         training_dynamics, "Training dynamics: parity shares, median pairing and symmetric energy against the "
                            "training step, per base model (view dynamics_by_step)"),
@@ -511,6 +563,8 @@ NEEDS: dict[str, tuple[str, str]] = {
                             "pythia-dynamics set"),
     "behaviour_self_score.png": (
         "behaviour_by_parity", "no behaviour in this warehouse: run `headforms behaviour SOURCE`"),
+    **{name: ("ov_heads", "no output-value circuit in this warehouse: extract with --circuits qk,ov")
+       for name in ("ov_figure09_profiles.png", "ov_figure12_parity_by_layer.png", "ov_copying_scores.png")},
 }
 
 

@@ -194,11 +194,11 @@ def simplex_points(heads: pl.DataFrame) -> np.ndarray:
     return heads.select("a", "b", "c", "d").to_numpy() @ VERTICES
 
 
-def _model_body(con, row: dict, heads: pl.DataFrame) -> str:
+def _simplex_figure(heads: pl.DataFrame, what: str):
+    """Each head's profile (a, b, c, d) in the regular tetrahedron, coloured by parity; `what` names the heads'
+    circuit in the title."""
     import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
 
-    model = row["model"]
     defined = heads.filter(pl.col("a").is_not_null())
     simplex = go.Figure()
     edges = [VERTICES[i] for i in (0, 1, 2, 0, 3, 1, 3, 2)]
@@ -221,14 +221,30 @@ def _model_body(con, row: dict, heads: pl.DataFrame) -> str:
             text=hover.to_list(), hovertemplate="%{text}<extra></extra>"))
     simplex.update_layout(height=600, margin=dict(l=0, r=0, t=30, b=0),
                           scene=dict(xaxis_visible=False, yaxis_visible=False, zaxis_visible=False),
-                          title=f"Profiles of {defined.height} heads on the simplex (vertices a, b, c, d)")
+                          title=f"Profiles of {defined.height} {what} on the simplex (vertices a, b, c, d)")
+    return simplex
 
-    by_layer = query(con, "SELECT * FROM parity_by_layer WHERE model = ? ORDER BY layer", [model])
+
+def _parity_by_layer_figure(by_layer: pl.DataFrame, what: str):
+    """Stacked bars of each layer's percent of heads by parity type (rows of the view parity_by_layer)."""
+    import plotly.graph_objects as go
+
     parity = go.Figure([go.Bar(x=by_layer["layer"].to_list(), y=by_layer[col].to_list(), name=name,
                                marker_color=PARITY_COLOURS[name])
                         for col, name in (("pct_type_I_plus", "I+"), ("pct_type_II", "II"), ("pct_type_I_minus", "I-"))])
-    parity.update_layout(barmode="stack", height=350, title="Parity by layer (percent of heads)",
+    parity.update_layout(barmode="stack", height=350, title=f"Parity by layer{what} (percent of heads)",
                          xaxis_title="layer", yaxis_title="percent")
+    return parity
+
+
+def _model_body(con, row: dict, heads: pl.DataFrame) -> str:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    model = row["model"]
+    simplex = _simplex_figure(heads, "heads")
+    by_layer = query(con, "SELECT * FROM parity_by_layer WHERE model = ? ORDER BY layer", [model])
+    parity = _parity_by_layer_figure(by_layer, "")
 
     maps = make_subplots(rows=1, cols=4, subplot_titles=("pairing", "random baseline pairing", "symmetric energy",
                                                          "random baseline symmetric energy"))
@@ -248,7 +264,7 @@ def _model_body(con, row: dict, heads: pl.DataFrame) -> str:
              f"({row['n_kv_heads']} key-value heads), N = {row['d_model']}, n = {row['head_dim']}; "
              f"source {html.escape(row['source'])}, revision {html.escape(row['revision'])}.</p>")
     return (facts + _figure_html(simplex, "simplex") + _figure_html(parity, "parity-by-layer")
-            + _figure_html(maps, "maps") + _behaviour_html(con, model)
+            + _figure_html(maps, "maps") + _ov_html(con, model) + _behaviour_html(con, model)
             + f"<p>Spectra and fitted densities of each head, by layer: {layer_links}</p>")
 
 
@@ -311,3 +327,46 @@ def _behaviour_html(con, model: str) -> str:
                                         "(repeated random tokens)",
                       xaxis_title="c_sym - d_sym", yaxis_title="self-score", yaxis_type="log")
     return _figure_html(fig, "behaviour")
+
+
+def _ov_html(con, model: str) -> str:
+    """A model page's output-value circuit (statistics.md "The output-value circuit"): the simplex and parity by layer
+    of its OV (ov_heads), its heads by QK and OV parity (circuit_parity), its copying figures by QK parity
+    (copying_by_parity) and a layers x heads map of both copying scores; nothing where the model has no ov_heads
+    rows, or the warehouse predates them."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from headforms.warehouse.publishing.figures import view_over
+
+    if "ov_heads" not in set(query(con, "SELECT table_name FROM information_schema.tables")["table_name"]):
+        return ""
+    heads = query(con, "SELECT * FROM ov_heads WHERE model = ? ORDER BY layer, head", [model])
+    if not heads.height:
+        return ""
+    by_layer = query(con, f"SELECT * FROM ({view_over('parity_by_layer', 'ov_heads')}) WHERE model = ? "
+                          f"ORDER BY layer", [model])
+    crossed = query(con, "SELECT qk_parity, ov_parity, heads, share FROM circuit_parity WHERE model = ?", [model])
+    copying = query(con, "SELECT * EXCLUDE (model) FROM copying_by_parity WHERE model = ?", [model])
+    maps = make_subplots(rows=1, cols=2, subplot_titles=("copying score (W_U OV W_E^T)",
+                                                         "residual copying score (OV alone)"))
+    for i, column in enumerate(("copying_score", "residual_copying_score")):
+        grid = heads.pivot(on="head", index="layer", values=column, sort_columns=True).sort("layer")
+        maps.add_trace(go.Heatmap(z=grid.drop("layer").to_numpy(), x=[int(c) for c in grid.columns[1:]],
+                                  y=grid["layer"].to_list(), coloraxis="coloraxis",
+                                  hovertemplate=f"layer %{{y}} head %{{x}}<br>{column} %{{z:.3f}}<extra></extra>"),
+                       row=1, col=i + 1)
+    maps.update_layout(height=380, coloraxis=dict(colorscale="RdBu", reversescale=True, cmin=-1, cmax=1),
+                       title="Copying scores per head: sum(lambda) / sum(|lambda|), red copies, blue suppresses")
+    maps.update_xaxes(title_text="head")
+    maps.update_yaxes(title_text="layer", col=1)
+    unembedded = "" if heads["copying_score"].null_count() < heads.height else (
+        " This model has no unembedding (a sentence encoder): its copying scores are NULL.")
+    return ("<h2>The output-value circuit OV = W_O W_V</h2><p>What each head writes, analysed as its form: "
+            "profiles and parity of OV, its parity beside the form's, and its copying scores (statistics.md, "
+            f"\"The output-value circuit\").{unembedded}</p>"
+            + _figure_html(_simplex_figure(heads, "OV circuits"), "ov-simplex")
+            + _figure_html(_parity_by_layer_figure(by_layer, " of OV"), "ov-parity-by-layer")
+            + "<p>Heads by QK parity and OV parity (circuit_parity):</p>" + _table_html(crossed)
+            + "<p>Copying by QK parity, with 95% layer-bootstrap intervals (copying_by_parity):</p>"
+            + _table_html(copying) + _figure_html(maps, "ov-copying"))

@@ -1,5 +1,6 @@
 """Per-model tables computed from a model's stored heads once its last layer is in:
-bootstrap intervals of the views' figures (`intervals`) and the head types of Figure 5 (`head_types`)."""
+bootstrap intervals of the views' figures (`intervals`), the head types of Figure 5 (`head_types`), and for a model
+extracted with its output-value circuit the intervals of its copying scores by QK parity (`copying_intervals`)."""
 from __future__ import annotations
 
 import importlib
@@ -38,6 +39,10 @@ FIGURES: tuple[tuple[str, str, str, str], ...] = (
 )
 # Resampling methods: which rows are drawn together (statistics.md section 7).
 METHODS = ("layer", "head")
+# copying_intervals: the ov_heads columns whose median per QK parity type is resampled, and the types.
+COPYING = ("copying_score", "residual_copying_score")
+PARITIES = ("I+", "II", "I-")
+CONTRAST = "I+ - I-"  # the difference of the I+ and I- medians, resampled together
 
 
 def prepare() -> None:
@@ -47,9 +52,9 @@ def prepare() -> None:
 
 
 def write_summaries(con, model: str, resamples: int, seed: int) -> None:
-    """Compute and insert the model's intervals and head types (inside the caller's transaction); a failure
-    names its step (failures.stage), which models.failed_step records. The intervals' resampling runs on the pool
-    while the head types are found in this thread."""
+    """Compute and insert the model's intervals, head types and copying intervals (inside the caller's transaction);
+    a failure names its step (failures.stage), which models.failed_step records. The intervals' resampling runs on
+    the pool while the head types are found in this thread."""
     with Pool() as pool:
         with stage("summaries (intervals)", model):
             intervals = later_intervals(con, pool, model, resamples, seed)
@@ -57,6 +62,9 @@ def write_summaries(con, model: str, resamples: int, seed: int) -> None:
             types = model_head_types(con, model, seed)
         with stage("summaries (intervals)", model):
             insert(con, "intervals", intervals())
+            copying = copying_intervals(con, model, resamples, seed)
+            if copying.height:
+                insert(con, "copying_intervals", copying)
     with stage("summaries (head types)", model):
         insert(con, "head_types", types)
 
@@ -97,6 +105,38 @@ def later_intervals(con, pool: Pool, model: str, resamples: int, seed: int) -> C
             pl.Series("resamples", [resamples] * len(figures)), pl.Series("seed", [seed] * len(figures))])
 
     return collect
+
+
+def copying_intervals(con, model: str, resamples: int, seed: int) -> pl.DataFrame:
+    """Rows of `copying_intervals`: per QK parity type, the median of each COPYING column over the type's heads with
+    its 95% interval resampling layers, and the I+ minus I- difference over the same resamples; drawn with the seed
+    (seed, 0) of intervals' method 'layer', so the same layers. Heads of undefined QK parity are in no type, NULL
+    scores in no median. No rows for a model without ov_heads rows."""
+    rows = query(con, f"""
+        SELECT o.layer, h.parity, {", ".join(f"o.{c}" for c in COPYING)}
+        FROM ov_heads o JOIN heads h USING (model, layer, head) WHERE o.model = ? ORDER BY o.layer, o.head""", [model])
+    if not rows.height:
+        return pl.DataFrame()
+    values = rows.select(COPYING).to_numpy().astype(float)  # NULL as NaN, as bootstrap.median ignores it
+    types, layer = rows["parity"].to_numpy(), rows["layer"].to_numpy()
+    groups = np.stack([np.flatnonzero(layer == k) for k in np.unique(layer)])
+    seeded = (seed, METHODS.index("layer"))
+    masked = np.concatenate([np.where((types == p)[:, None], values, np.nan) for p in PARITIES], axis=1)
+    typed = bootstrap.intervals(masked, "median", groups, resamples, seeded)
+    plus, minus = (masked[:, i * len(COPYING):(i + 1) * len(COPYING)] for i in (0, 2))
+    estimate = bootstrap.median(plus.T) - bootstrap.median(minus.T)
+    if len(groups) < 2:  # one layer cannot vary between resamples, as bootstrap.intervals says
+        low = high = np.full(len(COPYING), np.nan)
+    else:
+        drawn = bootstrap.resample_rows(groups, resamples, np.random.default_rng(seeded))  # the same resamples
+        low, high = bootstrap.bounds(np.stack([bootstrap.median(plus[:, f][drawn]) - bootstrap.median(minus[:, f][drawn])
+                                               for f in range(len(COPYING))]))
+    return pl.DataFrame({
+        "model": model, "parity": [p for p in (*PARITIES, CONTRAST) for _ in COPYING],
+        "figure": [f"median_{c}" for _ in range(len(PARITIES) + 1) for c in COPYING],
+        "estimate": np.concatenate([typed[:, 0], estimate]), "low": np.concatenate([typed[:, 1], low]),
+        "high": np.concatenate([typed[:, 2], high]), "resamples": resamples, "seed": seed,
+    }).with_columns(pl.col(pl.Float64).fill_nan(None))
 
 
 def model_head_types(con, model: str, seed: int) -> pl.DataFrame:

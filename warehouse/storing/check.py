@@ -9,6 +9,7 @@ far as it goes and which rerunning `extract` resumes).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from string import Template
 
@@ -204,6 +205,31 @@ CHECKS: tuple[tuple[str, str, str], ...] = (
               FROM (SELECT *, CASE family $n_params END AS k FROM fits SEMI JOIN models USING (model)))
         WHERE problem IS NOT NULL"""),
 )
+
+# The output-value circuit (ov_heads, ov_eigenvalues, ov_fits hold heads', eigenvalues' and fits' columns for OV): the
+# per-head checks above again on those tables (named ov_<check>), and its rows against heads and models.circuits.
+OV_CHECKED = ("kv_head", "signature", "balanced", "profile", "eigenvalue_rows", "eigenvalue_order", "fits", "fit_status")
+CHECKS += tuple((f"ov_{name}", level, re.sub(r"\b(heads|eigenvalues|fits)\b", r"ov_\1", sql))
+                for name, level, sql in CHECKS if name in OV_CHECKED) + ((
+    "ov_rows", "violation", """
+        SELECT model, layer, head, 'ov_heads row missing from a complete model extracted with the OV circuit'
+        FROM heads SEMI JOIN (SELECT model FROM models WHERE complete AND contains(circuits, 'ov')) USING (model)
+        ANTI JOIN ov_heads USING (model, layer, head)
+        UNION ALL
+        SELECT model, NULL, NULL, format('{} ov_heads rows of a model extracted without the OV circuit (circuits {})',
+                                         count(*), coalesce(any_value(circuits), 'NULL'))
+        FROM ov_heads JOIN models USING (model) WHERE NOT coalesce(contains(circuits, 'ov'), false) GROUP BY model
+        UNION ALL
+        SELECT model, layer, head, 'ov_heads row without a heads row'
+        FROM ov_heads SEMI JOIN models USING (model) ANTI JOIN heads USING (model, layer, head)
+        UNION ALL
+        SELECT model, layer, head, format('{} ov_eigenvalues rows without an ov_heads row', count(*))
+        FROM ov_eigenvalues SEMI JOIN models USING (model) ANTI JOIN ov_heads USING (model, layer, head)
+        GROUP BY model, layer, head
+        UNION ALL
+        SELECT model, layer, head, format('{} ov_fits rows without an ov_heads row', count(*))
+        FROM ov_fits SEMI JOIN models USING (model) ANTI JOIN ov_heads USING (model, layer, head)
+        GROUP BY model, layer, head"""),)
 
 
 @dataclass(frozen=True)
