@@ -188,6 +188,7 @@ class Embeddings:
     unembedding: tuple[str, ...] | None = ("lm_head.weight",)  # None: no linear unembedding of the residual stream
     final_norm: str | None = None      # its gain (N,), under the prefix; None: no norm (or one without a gain)
     norm_offset: float = 0.0           # the final norm multiplies by (offset + weight): Gemma's 1
+    projections: tuple[str, str] | None = None  # OPT's project_in, project_out (when present): W_E P_in^T, W_U P_out
 
 
 def _gains(tensors: dict[str, np.ndarray], role: str, heads: int) -> np.ndarray:
@@ -382,7 +383,8 @@ LAYOUTS: dict[str, Layout] = {
     "opt": Layout(positional="learned", prefixes=("model.decoder.", "decoder."),
                   tensors={"q": "layers.{i}.self_attn.q_proj.weight", "k": "layers.{i}.self_attn.k_proj.weight",
                            "v": "layers.{i}.self_attn.v_proj.weight", "o": "layers.{i}.self_attn.out_proj.weight"},
-                  packing=SEPARATE, embeddings=Embeddings("embed_tokens.weight", final_norm="final_layer_norm.weight")),
+                  packing=SEPARATE, embeddings=Embeddings("embed_tokens.weight", final_norm="final_layer_norm.weight",
+                                                          projections=("project_in.weight", "project_out.weight"))),
     "bloom": Layout(positional="alibi", prefixes=("transformer.", ""),
                     tensors={"qkv": "h.{i}.self_attention.query_key_value.weight", "o": "h.{i}.self_attention.dense.weight"},
                     packing=INTERLEAVED_QKV, embeddings=Embeddings("word_embeddings.weight", final_norm="ln_f.weight")),

@@ -302,3 +302,22 @@ def test_gguf_missing_v_refused_only_for_ov(tmp_path):
     assert open_gguf(path, name="m", source=str(path)).read_layer(1)
     with pytest.raises(ExtractError, match=f"GGUF file {path} has no tensor blk.1.attn_v.weight"):
         open_gguf(path, name="m", source=str(path), options=ReadOptions(circuits=("qk", "ov")))
+
+
+def test_opt_350m_projections_fold_into_the_embeddings(monkeypatch, tmp_path):
+    """OPT-350m's shape: embeddings of width 16 projected in and out of the width-32 residual stream, post-norm (no
+    final norm): W_E P_in^T and W_U P_out are what the residual stream sees, computed here by the model's own modules."""
+    monkeypatch.setitem(tm.TINY, "opt_350m", tm.Tiny("OPTForCausalLM", "OPTConfig", dict(
+        num_hidden_layers=2, num_attention_heads=4, hidden_size=32, ffn_dim=64, vocab_size=tm.VOCAB,
+        max_position_embeddings=32, word_embed_proj_dim=16, do_layer_norm_before=False)))
+    model = tm.build("opt_350m")
+    ckpt = open_folder(tm.save(model, tmp_path), "opt_350m")
+    assert ov_error(model, tmp_path, ckpt, "opt_350m") < 1e-10
+    decoder = model.model.decoder
+    assert decoder.final_layer_norm is None and decoder.project_in is not None
+    with torch.no_grad():
+        w_e = decoder.project_in(model.get_input_embeddings().weight).numpy()
+        w_u = model.get_output_embeddings()(decoder.project_out(torch.eye(32, dtype=torch.float64))).T.numpy()
+    got_e, got_u = ckpt.read_embeddings()
+    np.testing.assert_allclose(got_e, w_e, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(got_u, w_u, rtol=1e-12, atol=1e-14)
