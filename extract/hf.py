@@ -399,17 +399,23 @@ class Weights:
             raise self.incomplete[0]
         return checkpoint
 
-    def read(self, names: list[str]) -> dict[str, np.ndarray]:
-        """Named tensors as float64 arrays, opening each file that holds some of them once."""
+    def read(self, names: list[str], pooled: bool = True) -> dict[str, np.ndarray]:
+        """Named tensors as float64 arrays, opening each file that holds some of them once; not `pooled`: in memory of
+        their own, and the pool's idle buffers freed after (tensors read once, such as the embeddings, whose buffers
+        the pool would otherwise keep for sizes no layer asks for)."""
         for future in {self.pending.pop(n) for n in names if n in self.pending}:
             future.result()  # fetched ahead: now in the cache (or its error raised here)
-        return self._fetch(names)
+        out = self._fetch(names, pooled=pooled)
+        if not pooled:
+            self.buffers.clear()
+        return out
 
-    def _fetch(self, names: list[str], decode: bool = True) -> dict[str, np.ndarray]:
+    def _fetch(self, names: list[str], decode: bool = True, pooled: bool = True) -> dict[str, np.ndarray]:
         out = {}
         for path in dict.fromkeys(self.where[n] for n in names):
             out |= self.fetch(path, [n for n in names if self.where[n] == path], self.spans,
-                              **({"empty": self.buffers.empty} if decode else {"decode": False}))
+                              **({"empty": self.buffers.empty} if decode and pooled else {} if decode
+                                 else {"decode": False}))
         return out
 
 
@@ -636,7 +642,7 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
 
     def read_embeddings() -> tuple[np.ndarray | None, np.ndarray | None]:
         """W_E and W_U diag(offset + g) (Checkpoint.read_embeddings), in one read."""
-        arrays = weights.read(list(dict.fromkeys(embeddings.values())))
+        arrays = weights.read(list(dict.fromkeys(embeddings.values())), pooled=False)
         for tensor, array in arrays.items():
             _check_finite(array, f"tensor '{tensor}'")
         w_e = arrays[embeddings["token"]] if "token" in embeddings else None
