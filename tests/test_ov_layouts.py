@@ -321,3 +321,36 @@ def test_opt_350m_projections_fold_into_the_embeddings(monkeypatch, tmp_path):
     got_e, got_u = ckpt.read_embeddings()
     np.testing.assert_allclose(got_e, w_e, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(got_u, w_u, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("case", ["fp8 e4m3 blocks", "gptq 4-bit asym act-order", "awq 4-bit gemm"])
+def test_quantized_v_o_read_as_their_dequantized_weights(case, tmp_path):
+    """V and O stored quantized (as a quantized checkpoint stores every projection) read as the dense model's."""
+    import json
+    import re
+
+    from safetensors.torch import save_file
+
+    from tests.test_quantized import FORMS
+
+    make, config, _ = FORMS[case]
+    model = tm.build("llama_gqa", hidden_size=64, intermediate_size=64)
+    state, dense = {k: v.clone() for k, v in model.state_dict().items()}, {}
+    for name in [n for n in state if re.search(r"\.(q|k|v|o)_proj\.weight$", n)]:
+        tensors, dense[name] = make(state.pop(name).numpy())
+        state |= {name[:-len("weight")] + suffix: t.contiguous() for suffix, t in tensors.items()}
+    folder = tmp_path / "q"
+    folder.mkdir()
+    model.config.save_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps(json.loads((folder / "config.json").read_text())
+                                                   | {"quantization_config": config}))
+    save_file(state, str(folder / "model.safetensors"))
+    with torch.no_grad():
+        for name, w in dense.items():
+            model.get_parameter(name).copy_(torch.from_numpy(w))
+    plain = open_folder(tm.save(model, tmp_path / "dense"), "llama_gqa")
+    ours = open_folder(folder, "llama_gqa")
+    assert ours.quantization and ours.qk_bytes < plain.qk_bytes
+    for layer in range(2):
+        for got, expected in zip(ours.read_circuits(layer)["ov"], plain.read_circuits(layer)["ov"]):
+            np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12 * np.abs(expected).max())
