@@ -217,12 +217,15 @@ class Layout:
     rope_pairing: str = "split-half"  # RoPE's pairs of each head's rows: rotate_half, or GPT-J's rotate_every_two
     softcap: str | None = None    # the config key of a soft cap: the logit is cap * tanh(s / cap), the form gives s
     embeddings: Embeddings | None = None  # W_E, W_U and the final norm (read for the ov circuit's copying scores)
+    ov_refused: str | None = None  # why the ov circuit is refused although Q/K are read (a discovered family's proof)
 
     def ov_refusal(self) -> str | None:
-        """Why this layout cannot read the ov circuit (its V and O tensors are not described), or None."""
+        """Why this layout cannot read the ov circuit (its V, O tensors or embeddings not described), or None."""
+        if self.ov_refused:
+            return self.ov_refused
         missing = [role for role in self.packing.ov_shapes(_SHAPE_PROBE) if role not in self.tensors]
         if missing or self.embeddings is None:
-            return "its V and O tensors are not described (layouts found on the meta device are proven for Q/K only)"
+            return "its V and O tensors or its embeddings are not described"
         return None
 
     def tensors_for(self, spec: ModelSpec, prefix: str, layer: int,
