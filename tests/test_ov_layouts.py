@@ -361,3 +361,20 @@ def test_quantized_v_o_read_as_their_dequantized_weights(case, tmp_path):
     for layer in range(2):
         for got, expected in zip(ours.read_circuits(layer)["ov"], plain.read_circuits(layer)["ov"]):
             np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "gpt2"])
+def test_ov_alone(name, tmp_path):
+    """circuits ('ov',): only V/O (and a fused QKV) read and counted; the revision is still the Q/K digest."""
+    folder = tm.save(tm.build(name), tmp_path)
+    both, alone, qk = (open_folder(folder, name, circuits=c) for c in (("qk", "ov"), ("ov",), ("qk",)))
+    assert set(alone.read_circuits(0)) == {"ov"}
+    for got, expected in zip(alone.read_circuits(1)["ov"], both.read_circuits(1)["ov"]):
+        np.testing.assert_array_equal(got, expected)
+    with pytest.raises(ExtractError, match="opened for the circuits ov"):
+        alone.read_layer(0)
+    assert alone.revision == qk.revision
+    spec = qk.spec
+    v_o = 8 * spec.n_layers * (spec.n_kv_heads + spec.n_heads) * spec.head_dim * spec.d_model  # float64 files
+    assert both.qk_bytes == qk.qk_bytes + (v_o if name != "gpt2" else v_o // 2)  # GPT-2: V is in c_attn, read by qk
+    assert alone.qk_bytes == (v_o if name != "gpt2" else both.qk_bytes)
