@@ -436,7 +436,8 @@ LAYOUTS: dict[str, Layout] = {
                       packing=SEPARATE, scale=UNSCALED, embeddings=Embeddings("wte.weight", final_norm="ln_f.weight")),
     # fused QKV whose packing the config switches
     "falcon": Layout(positional="rope", prefixes=("transformer.", ""),
-                     tensors={"qkv": "h.{i}.self_attention.query_key_value.weight", "o": "h.{i}.self_attention.dense.weight"},
+                     tensors={"qkv": "h.{i}.self_attention.query_key_value.weight",
+                              "o": "h.{i}.self_attention.dense.weight"},
                      packing=INTERLEAVED_QKV,
                      defaults={"multi_query": True, "new_decoder_architecture": False, "alibi": False},
                      variants=_FALCON_VARIANTS, embeddings=Embeddings("word_embeddings.weight", final_norm="ln_f.weight")),

@@ -18,8 +18,6 @@ from headforms.extract.layouts import LAYOUTS
 from headforms.extract.spec import model_spec
 from tests import gguf_convert, tiny_models as tm
 
-LAYOUT_MODELS = [name for name, tiny in tm.TINY.items() if not tiny.discovered]
-DISCOVERED = [name for name, tiny in tm.TINY.items() if tiny.discovered]  # layouts found (and proven) by extract.discover
 
 
 def open_folder(folder, name: str, **options):
@@ -101,11 +99,11 @@ NO_TOKENS = {"whisper.encoder", "vit", "deit", "dinov2", "clip.vision", "siglip.
 
 def final_norm_gain(model, name: str) -> np.ndarray:
     """The effective gain of the norm whose output the model unembeds (its LM head's input, or the last hidden state
-    of the stack run alone), measured by feeding it c (1, -1, 1, ...): zero mean, RMS c, so a zero-bias RMSNorm or LayerNorm returns
-    gain * (1, -1, ...) up to eps / c^2 (Gemma's (1 + weight) included)."""
+    of the stack run alone), measured by feeding it c (1, -1, 1, ...): zero mean, RMS c, so a zero-bias RMSNorm or
+    LayerNorm returns gain * (1, -1, ...) up to eps / c^2 (Gemma's (1 + weight) included)."""
     head = model.get_output_embeddings()
     seen, into = [], []
-    norms = [m for m in model.modules() if "norm" in type(m).__name__.lower() and isinstance(m, torch.nn.Module)
+    norms = [m for m in model.modules() if "norm" in type(m).__name__.lower()
              and len(list(m.children())) == 0]
     hooks = [m.register_forward_hook(lambda m, a, out: seen.append((m, out))) for m in norms]
     hooks.append(head.register_forward_pre_hook(lambda m, args: into.append(args[0])))
@@ -122,10 +120,14 @@ def final_norm_gain(model, name: str) -> np.ndarray:
     final = [m for m, out in seen if isinstance(out, torch.Tensor) and out.shape == into[-1].shape
              and torch.equal(out, into[-1])]
     assert len(final) == 1
-    n = into[-1].shape[-1]
+    return effective_gain(final[0], into[-1].shape[-1])
+
+
+def effective_gain(norm, n: int) -> np.ndarray:
+    """What a zero-bias norm module multiplies a zero-mean input of RMS 1e4 by, entry by entry: its gain."""
     signs = torch.tensor([(-1.0) ** k for k in range(n)], dtype=torch.float64)
     with torch.no_grad():
-        return (final[0](1e4 * signs[None, None]) / signs).reshape(-1).double().numpy()
+        return (norm(1e4 * signs[None, None]) / signs).reshape(-1).double().numpy()
 
 
 @pytest.mark.parametrize("name", list(tm.TINY))
@@ -143,7 +145,10 @@ def test_read_embeddings(name, tmp_path):
         assert w_u is None
         return
     head = model.get_output_embeddings()
-    if head is None:  # a base model (GPT2Model, OPTModel) without a head: its embedding is the unembedding
+    if head is None:  # a base model without a head: tied, with GPT2Model's ln_f (post-norm OPTModel has no final norm)
+        final = {"gpt2": lambda: model.ln_f, "opt_base": lambda: None}[name]()
+        gain = 1.0 if final is None else effective_gain(final, ckpt.spec.d_model)
+        np.testing.assert_allclose(w_u, w_e * gain, rtol=1e-12)
         return
     assert w_e.dtype == w_u.dtype == np.float64 and w_u.shape == w_e.shape
     tied = head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
