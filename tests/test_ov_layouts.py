@@ -19,7 +19,6 @@ from headforms.extract.spec import model_spec
 from tests import gguf_convert, tiny_models as tm
 
 
-
 def open_folder(folder, name: str, **options):
     options = {"qk_norm": "fold", "tower": tm.TINY[name].tower, "circuits": ("qk", "ov")} | options
     return open_hf_folder(folder, name="tiny", source=str(folder), options=ReadOptions(**options))
