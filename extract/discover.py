@@ -2,11 +2,13 @@
 
 The model is instantiated from config.json with no weights (every parameter on torch's meta device),
 its per-layer self-attention modules are located, and their query/key projections are accepted only
-as separate nn.Linear weights whose shapes `SEPARATE` explains for the config's head counts. Fused
+as separate nn.Linear weights whose shapes `SEPARATE` explains for the config's head counts (their value and
+output projections, its token embedding, LM head and final norm likewise, for the ov circuit). Fused
 QKV projections are refused (their row order cannot be told from shapes), as is anything that makes
 the score not bilinear in x. A layout so found is accepted only once proven (`prove`): a tiny random
 instance of the family, built from its own config with the sizes shrunk, must reproduce its own pre-softmax
-logits as score_scale * x_j^T L_(i-j) x_i at distance 0 and at nonzero distances; its QK-norms are found by
+logits as score_scale * x_j^T L_(i-j) x_i at distance 0 and at nonzero distances (and, for the ov circuit, its
+attention output as sum_h W_O W_V A x, its final norm's gain offset by what the norm does); its QK-norms are found by
 what the attention module does (a submodule fed q or k), not by their names. The verdict is kept per
 (model_type, transformers version) in the headforms cache. transformers is needed here only; the table's
 families never import it.
@@ -24,11 +26,13 @@ import numpy as np
 
 from headforms.extract.caches import cache_root
 from headforms.extract.checkpoint import ExtractError, ModelSpec, first_line
-from headforms.extract.layouts import SEPARATE, SUPPORTED, Layout, Scale
+from headforms.extract.layouts import SEPARATE, SUPPORTED, Embeddings, Layout, Scale
 from headforms.extract.rope import PAIRINGS
 
 # (query, key) child names of an attention module holding separate projections.
 _QK_NAMES = (("q_proj", "k_proj"), ("query", "key"), ("q_lin", "k_lin"))
+_V_NAMES, _O_NAMES = ("v_proj", "value", "v_lin"), ("o_proj", "out_proj", "dense", "out_lin")  # the ov circuit's
+_FINAL_NORMS = ("norm", "final_layernorm", "final_layer_norm", "ln_f", "norm_f")  # the base model's, before the head
 _FUSED_NAMES = ("qkv_proj", "query_key_value", "c_attn", "Wqkv", "qkv")
 # Child modules or parameters that make the score non-bilinear, and why.
 _NON_BILINEAR = {
@@ -123,18 +127,52 @@ def _layout_from_model(model, config, model_type: str) -> Layout:
                                   f"{n_heads} query and {n_kv} key heads of size {head_dim} from width {d_model}")
     prefix = model.base_model_prefix + "."
     tensors = {role: f"{template}.{proj}.weight" for role, proj in (("q", q_name), ("k", k_name))}
+    tensors |= _value_output(first, template, (n_kv * head_dim, d_model), (d_model, n_heads * head_dim))
+    embeddings = _embeddings(model, d_model) if "o" in tensors else None
     prefixes = ("",)
     if template.startswith(prefix):
         tensors = {role: name.removeprefix(prefix) for role, name in tensors.items()}
+        embeddings = embeddings and replace(embeddings, token=embeddings.token.removeprefix(prefix),
+                                            final_norm=embeddings.final_norm.removeprefix(prefix))
         prefixes = (prefix, "")
     rotary = any(getattr(text, key, None) for key in ("rope_parameters", "rope_scaling", "rope_theta"))
     return Layout(positional="rope" if rotary else "learned", prefixes=prefixes, tensors=tensors, packing=SEPARATE,
                   grouped=True, scale=Scale("from the attention module (scaling)", lambda c, n: scale),
-                  softcap="attn_logit_softcapping", rope_pairing=_rope_pairing(first) if rotary else "split-half")
+                  softcap="attn_logit_softcapping", rope_pairing=_rope_pairing(first) if rotary else "split-half",
+                  embeddings=embeddings)
+
+
+def _value_output(attention, template: str, v_shape: tuple, o_shape: tuple) -> dict[str, str]:
+    """The ov circuit's tensors ('v', 'o') of an attention module with separate value and output projections of the
+    shapes the config implies (else none: its ov circuit is then refused)."""
+    children = dict(attention.named_children())
+    v = next((n for n in _V_NAMES if n in children), None)
+    o = next((n for n in _O_NAMES if n in children), None)
+    if v is None or o is None or tuple(getattr(children[v], "weight", np.empty(0)).shape) != v_shape \
+            or tuple(getattr(children[o], "weight", np.empty(0)).shape) != o_shape:
+        return {}
+    return {"v": f"{template}.{v}.weight", "o": f"{template}.{o}.weight"}
+
+
+def _embeddings(model, d_model: int) -> Embeddings | None:
+    """The token embedding, LM head and final norm of a meta-device model (the norm's offset found by the proof),
+    or None where any is not found."""
+    names = {id(module): name for name, module in model.named_modules()}
+    try:
+        token, head, base = model.get_input_embeddings(), model.get_output_embeddings(), model.base_model
+    except (NotImplementedError, AttributeError):  # a class that does not say where its embeddings are
+        return None
+    norm = next((n for n in _FINAL_NORMS if tuple(getattr(getattr(base, n, None), "weight", np.empty(0)).shape)
+                 == (d_model,)), None)
+    if id(token) not in names or norm is None:
+        return None
+    head_name = f"{names[id(head)]}.weight" if head is not None else "lm_head.weight"  # a base model: tied, W_E
+    return Embeddings(f"{names[id(token)]}.weight", (head_name,), ".".join(filter(None, (names[id(base)], norm)))
+                      + ".weight")
 
 
 VERDICTS = "families.json"  # in the headforms cache: model_type and transformers version -> the proof's verdict
-PROOF = 2  # the proof's own version, in the cache key: a changed proof does not reuse an old verdict
+PROOF = 3  # the proof's own version, in the cache key: a changed proof does not reuse an old verdict
 # Largest logit mismatch, relative to the largest logit, a proof accepts: transformers computes RoPE's angles and
 # many norms in float32 even in a float64 model (1e-5 at distance 6000); a wrong form misses by O(1).
 TOLERANCE = 1e-4
@@ -222,7 +260,10 @@ def proven(layout: Layout, raw: dict, shaped: Callable[..., ModelSpec]) -> Layou
         _save_verdict(key, verdict | {"row": _row(layout, raw.get("model_type"), verdict, version("transformers"))})
     if verdict["refusal"]:
         raise ExtractError(verdict["refusal"])
-    return replace(_with_norms(layout, verdict["norms"]), rope_pairing=verdict["pairing"])
+    layout = replace(_with_norms(layout, verdict["norms"]), rope_pairing=verdict["pairing"])
+    if verdict["ov"]:
+        return replace(layout, ov_refused=verdict["ov"])
+    return replace(layout, embeddings=replace(layout.embeddings, norm_offset=verdict["final_norm_offset"]))
 
 
 def _row(layout: Layout, model_type: str, verdict: dict, version: str) -> dict:
@@ -399,9 +440,64 @@ def prove(layout: Layout, raw: dict, shaped: Callable[..., ModelSpec]) -> dict:
                          prefix, (q_name, k_name), float(modules[0].scaling) / layout.scale.of(shrunk, spec.head_dim),
                          int(raw.get("max_position_embeddings") or 4096))
         if failure is None:
-            return {"norms": norms, "pairing": pairing}
+            return {"norms": norms, "pairing": pairing} | _prove_ov(model, modules, candidate, spec, state, prefix)
         failures.append(failure)
     raise _refuse(model_type, failures[0])
+
+
+def _prove_ov(model, modules, layout: Layout, spec: ModelSpec, state, prefix: str) -> dict:
+    """The ov circuit's verdict, {'ov': None or why not, 'final_norm_offset'}: each layer's output projection must
+    give sum_h W_O[h] W_V[kv(h)] sum_j A_ij x_j (the tiny instance's own A), and the final norm feeding its LM head
+    must act as an RMSNorm or bias-free LayerNorm with gain offset + weight."""
+    if "o" not in layout.tensors or layout.embeddings is None:
+        return {"ov": "its value and output projections, token embedding or final norm were not found"}
+    o_name = layout.tensors["o"].rsplit(".", 2)[1]
+    worst = 0.0
+    for layer, (x, probs, calls) in enumerate(_run(model, modules, [0] * _TOKENS)):
+        raw = {role: state[prefix + name] for role, (name, _) in layout.tensors_for(spec, "", layer, ("ov",)).items()}
+        w_v, w_o = layout.ov_maps(raw, spec)
+        out = next((o for name, _, _, o in calls if name == o_name), None)
+        if out is None:
+            return {"ov": f"its output projection {o_name} is not called by the attention module"}
+        values = np.einsum("kva,ja->kjv", w_v, x)[spec.kv_index]
+        predicted, out = np.einsum("hnv,hij,hjv->in", w_o, probs, values), out[0].numpy()
+        worst = max(worst, float(np.abs(out - predicted).max() / max(np.abs(out).max(), 1e-300)))
+    if worst > 1e-8:
+        return {"ov": f"its tiny instance's attention output differs from sum_h W_O W_V A x by {worst:.2g} of its "
+                      "largest value"}
+    offset = _final_norm_offset(model, prefix + layout.embeddings.final_norm.removesuffix(".weight"))
+    if offset is None:
+        return {"ov": "its final norm does not feed its LM head as an RMSNorm or bias-free LayerNorm with a gain"}
+    return {"ov": None, "final_norm_offset": offset}
+
+
+def _final_norm_offset(model, norm_name: str) -> float | None:
+    """The offset of the final norm's gain (offset + weight), found by what it does on a forward pass, if its output
+    is what the LM head reads; else None."""
+    import torch
+
+    norm, head, seen = model.get_submodule(norm_name), model.get_output_embeddings(), {}
+
+    def normed(module, args, out) -> None:
+        seen.setdefault("norm", (args[0], out))
+
+    def read(module, args) -> None:
+        seen.setdefault("head", args[0])
+
+    hooks = [norm.register_forward_hook(normed)] + ([head.register_forward_pre_hook(read)] if head is not None else [])
+    tokens = torch.randint(3, 64, (1, _TOKENS), generator=torch.Generator().manual_seed(2))
+    try:
+        with torch.no_grad():
+            model(input_ids=tokens, attention_mask=torch.ones_like(tokens))
+    except Exception:
+        return None
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if "norm" not in seen or (head is not None and not torch.equal(seen.get("head"), seen["norm"][1])):
+        return None
+    kind = _norm_kind(norm, *seen["norm"])
+    return None if kind is None else kind[1]
 
 
 def _check(model, modules, layout: Layout, spec: ModelSpec, norms, state, prefix: str, names, scale_ratio: float,

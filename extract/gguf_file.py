@@ -264,7 +264,8 @@ def dequantizable(qtype: GGMLQuantizationType) -> bool:
 
 def _weight(tensor, data: np.ndarray, layer: int | None, rows: int | None = None) -> np.ndarray:
     """The first `rows` rows (all by default) of a tensor's raw data dequantized to float64 (rows, in);
-    refuses non-finite values (naming the layer, unless None: the embeddings). GGML blocks never span rows, so a fused attn_qkv's V rows are left undecoded.
+    refuses non-finite values (naming the layer, unless None: the embeddings). GGML blocks never span rows, so a
+    fused attn_qkv's V rows are left undecoded when only Q/K are asked for.
     """
     shape = tuple(int(d) for d in tensor.shape[::-1])
     data = np.asarray(data if rows is None else data[:rows])  # a plain view of a memmap: its slices cost no Python

@@ -399,17 +399,23 @@ class Weights:
             raise self.incomplete[0]
         return checkpoint
 
-    def read(self, names: list[str]) -> dict[str, np.ndarray]:
-        """Named tensors as float64 arrays, opening each file that holds some of them once."""
+    def read(self, names: list[str], pooled: bool = True) -> dict[str, np.ndarray]:
+        """Named tensors as float64 arrays, opening each file that holds some of them once; not `pooled`: in memory of
+        their own, and the pool's idle buffers freed after (tensors read once, such as the embeddings, whose buffers
+        the pool would otherwise keep for sizes no layer asks for)."""
         for future in {self.pending.pop(n) for n in names if n in self.pending}:
             future.result()  # fetched ahead: now in the cache (or its error raised here)
-        return self._fetch(names)
+        out = self._fetch(names, pooled=pooled)
+        if not pooled:
+            self.buffers.clear()
+        return out
 
-    def _fetch(self, names: list[str], decode: bool = True) -> dict[str, np.ndarray]:
+    def _fetch(self, names: list[str], decode: bool = True, pooled: bool = True) -> dict[str, np.ndarray]:
         out = {}
         for path in dict.fromkeys(self.where[n] for n in names):
             out |= self.fetch(path, [n for n in names if self.where[n] == path], self.spans,
-                              **({"empty": self.buffers.empty} if decode else {"decode": False}))
+                              **({"empty": self.buffers.empty} if decode and pooled else {} if decode
+                                 else {"decode": False}))
         return out
 
 
@@ -500,33 +506,38 @@ def _check_finite(array: np.ndarray, what: str) -> None:
 
 
 def _embedding_names(layout, config: dict, prefix: str, weights: Weights, spec) -> dict[str, str]:
-    """role ('token', 'unembedding', 'final_norm') -> tensor name of the model's embeddings (Checkpoint.read_embeddings),
-    checked up front: W_E and W_U (vocab, N) and the final norm's gain (N,), each of a float dtype. The unembedding is
-    the LM head when the file has one and the config does not tie it, else W_E; none where the family has no linear
-    unembedding. A final norm the file lacks is none (OPT with do_layer_norm_before=false has none)."""
+    """role ('token', 'unembedding', 'final_norm', 'project_in', 'project_out') -> tensor name of the model's
+    embeddings (Checkpoint.read_embeddings), checked up front: W_E and W_U (vocab, N), or (vocab, m) with OPT's
+    projections P_in (N, m) and P_out (m, N), and the final norm's gain (N,), each of a float dtype. The unembedding
+    is the LM head when the file has one and the config does not tie it, else W_E; none where the family has no
+    linear unembedding. A final norm or projection the file lacks is none (OPT with do_layer_norm_before=false has
+    no final norm; only OPT with word_embed_proj_dim != hidden_size has projections)."""
     found = layout.embeddings
     names = {"token": prefix + found.token} if found.token else {}
+    optional = {"final_norm": found.final_norm} if found.unembedding is not None else {}
+    optional |= dict(zip(("project_in", "project_out"), found.projections or ()))
     if found.token and found.unembedding is not None:
         head = next((t for t in found.unembedding if t in weights.where), None)
         names["unembedding"] = names["token"] if head is None or config.get("tie_word_embeddings") is True else head
-        if found.final_norm and prefix + found.final_norm in weights.where:
-            names["final_norm"] = prefix + found.final_norm
+    names |= {role: prefix + t for role, t in optional.items() if t and found.token and prefix + t in weights.where}
+    if found.unembedding is None:
+        names.pop("project_out", None)
     weights.describe(names.values())
-    for role, tensor in names.items():
+    for tensor in names.values():
         if tensor not in weights.meta:
-            raise ExtractError(f"missing tensor '{tensor}' (the token embedding, read for the ov circuit) in "
-                               f"{weights.origin}")
+            raise ExtractError(f"missing tensor '{tensor}' (read for the ov circuit) in {weights.origin}")
+    vocab = weights.meta[names["token"]][0][:1] if names else ()
+    width = (weights.meta[names["project_in"]][0][1:] if "project_in" in names else ()) or (spec.d_model,)
+    expected = {"token": vocab + width, "unembedding": vocab + width, "final_norm": (spec.d_model,),
+                "project_in": (spec.d_model,) + width, "project_out": width + (spec.d_model,)}
+    for role, tensor in names.items():
         shape, dtype = weights.meta[tensor]
-        expected = (spec.d_model,) if role == "final_norm" else (shape[0] if shape else 0, spec.d_model)
-        if shape != expected:
-            raise ExtractError(f"tensor '{tensor}' has shape {shape}, expected {expected} from config.json (its "
+        if shape != expected[role]:
+            raise ExtractError(f"tensor '{tensor}' has shape {shape}, expected {expected[role]} from config.json (its "
                                f"{role.replace('_', ' ')}, read for the ov circuit)")
         if dtype not in _FLOAT_DTYPES:
             raise ExtractError(f"tensor '{tensor}' has dtype {dtype} (its {role.replace('_', ' ')}, read for the ov "
                                f"circuit); supported: {', '.join(sorted(_FLOAT_DTYPES))}")
-    if "unembedding" in names and weights.meta[names["unembedding"]][0] != weights.meta[names["token"]][0]:
-        raise ExtractError(f"tensor '{names['unembedding']}' has shape {weights.meta[names['unembedding']][0]}, "
-                           f"expected {weights.meta[names['token']][0]} as the token embedding's")
     return names
 
 
@@ -631,13 +642,17 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
 
     def read_embeddings() -> tuple[np.ndarray | None, np.ndarray | None]:
         """W_E and W_U diag(offset + g) (Checkpoint.read_embeddings), in one read."""
-        arrays = weights.read(list(dict.fromkeys(embeddings.values())))
+        arrays = weights.read(list(dict.fromkeys(embeddings.values())), pooled=False)
         for tensor, array in arrays.items():
             _check_finite(array, f"tensor '{tensor}'")
         w_e = arrays[embeddings["token"]] if "token" in embeddings else None
+        if "project_in" in embeddings:  # the residual stream starts at P_in e_t
+            w_e = w_e @ arrays[embeddings["project_in"]].T
         if "unembedding" not in embeddings:
             return w_e, None
         w_u = arrays[embeddings["unembedding"]]
+        if "project_out" in embeddings:  # the logits read P_out of the final norm's output
+            w_u = w_u @ arrays[embeddings["project_out"]]
         if "final_norm" in embeddings:
             w_u = w_u * (layout.embeddings.norm_offset + arrays[embeddings["final_norm"]])
         return w_e, w_u

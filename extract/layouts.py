@@ -188,6 +188,7 @@ class Embeddings:
     unembedding: tuple[str, ...] | None = ("lm_head.weight",)  # None: no linear unembedding of the residual stream
     final_norm: str | None = None      # its gain (N,), under the prefix; None: no norm (or one without a gain)
     norm_offset: float = 0.0           # the final norm multiplies by (offset + weight): Gemma's 1
+    projections: tuple[str, str] | None = None  # OPT's project_in, project_out (when present): W_E P_in^T, W_U P_out
 
 
 def _gains(tensors: dict[str, np.ndarray], role: str, heads: int) -> np.ndarray:
@@ -216,12 +217,15 @@ class Layout:
     rope_pairing: str = "split-half"  # RoPE's pairs of each head's rows: rotate_half, or GPT-J's rotate_every_two
     softcap: str | None = None    # the config key of a soft cap: the logit is cap * tanh(s / cap), the form gives s
     embeddings: Embeddings | None = None  # W_E, W_U and the final norm (read for the ov circuit's copying scores)
+    ov_refused: str | None = None  # why the ov circuit is refused although Q/K are read (a discovered family's proof)
 
     def ov_refusal(self) -> str | None:
-        """Why this layout cannot read the ov circuit (its V and O tensors are not described), or None."""
+        """Why this layout cannot read the ov circuit (its V, O tensors or embeddings not described), or None."""
+        if self.ov_refused:
+            return self.ov_refused
         missing = [role for role in self.packing.ov_shapes(_SHAPE_PROBE) if role not in self.tensors]
         if missing or self.embeddings is None:
-            return "its V and O tensors are not described (layouts found on the meta device are proven for Q/K only)"
+            return "its V and O tensors or its embeddings are not described"
         return None
 
     def tensors_for(self, spec: ModelSpec, prefix: str, layer: int,
@@ -382,7 +386,8 @@ LAYOUTS: dict[str, Layout] = {
     "opt": Layout(positional="learned", prefixes=("model.decoder.", "decoder."),
                   tensors={"q": "layers.{i}.self_attn.q_proj.weight", "k": "layers.{i}.self_attn.k_proj.weight",
                            "v": "layers.{i}.self_attn.v_proj.weight", "o": "layers.{i}.self_attn.out_proj.weight"},
-                  packing=SEPARATE, embeddings=Embeddings("embed_tokens.weight", final_norm="final_layer_norm.weight")),
+                  packing=SEPARATE, embeddings=Embeddings("embed_tokens.weight", final_norm="final_layer_norm.weight",
+                                                          projections=("project_in.weight", "project_out.weight"))),
     "bloom": Layout(positional="alibi", prefixes=("transformer.", ""),
                     tensors={"qkv": "h.{i}.self_attention.query_key_value.weight", "o": "h.{i}.self_attention.dense.weight"},
                     packing=INTERLEAVED_QKV, embeddings=Embeddings("word_embeddings.weight", final_norm="ln_f.weight")),
@@ -431,7 +436,8 @@ LAYOUTS: dict[str, Layout] = {
                       packing=SEPARATE, scale=UNSCALED, embeddings=Embeddings("wte.weight", final_norm="ln_f.weight")),
     # fused QKV whose packing the config switches
     "falcon": Layout(positional="rope", prefixes=("transformer.", ""),
-                     tensors={"qkv": "h.{i}.self_attention.query_key_value.weight", "o": "h.{i}.self_attention.dense.weight"},
+                     tensors={"qkv": "h.{i}.self_attention.query_key_value.weight",
+                              "o": "h.{i}.self_attention.dense.weight"},
                      packing=INTERLEAVED_QKV,
                      defaults={"multi_query": True, "new_decoder_architecture": False, "alibi": False},
                      variants=_FALCON_VARIANTS, embeddings=Embeddings("word_embeddings.weight", final_norm="ln_f.weight")),

@@ -15,10 +15,8 @@ from headforms.extract.checkpoint import ExtractError, ReadOptions
 from headforms.extract.gguf_file import open_gguf
 from headforms.extract.hf import open_hf_folder
 from headforms.extract.layouts import LAYOUTS
+from headforms.extract.spec import model_spec
 from tests import gguf_convert, tiny_models as tm
-
-LAYOUT_MODELS = [name for name, tiny in tm.TINY.items() if not tiny.discovered]
-DISCOVERED = [name for name, tiny in tm.TINY.items() if tiny.discovered]
 
 
 def open_folder(folder, name: str, **options):
@@ -29,7 +27,7 @@ def open_folder(folder, name: str, **options):
 def out_projection(model, folder, ckpt, layer: int) -> torch.nn.Module:
     """The model's module whose weight is the layer's output projection as the file stores it under the layout's name
     (found by its values: transformers may rename modules from the names its files keep)."""
-    layout = LAYOUTS[ckpt.spec.architecture]
+    layout = model_spec(ckpt.spec.config, ReadOptions(qk_norm="fold", tower=ckpt.options.tower))[0]
     stored = load_file(folder / "model.safetensors")
     template = layout.tensors["o"].format(i=layer)
     name = next(p + template for p in layout.prefixes if p + template in stored)
@@ -76,11 +74,11 @@ def ov_error(model, folder, ckpt, name: str) -> float:
     return worst
 
 
-@pytest.mark.parametrize("name", LAYOUT_MODELS)
+@pytest.mark.parametrize("name", list(tm.TINY))
 def test_ov_reproduces_attention_output(name, tmp_path):
     model = tm.build(name)  # float64, biases zero: the output projection's output is the heads' sum
     ckpt = open_folder(tm.save(model, tmp_path), name)
-    assert ckpt.spec.architecture in LAYOUTS
+    assert (ckpt.spec.architecture in LAYOUTS) != tm.TINY[name].discovered
     assert ov_error(model, tmp_path, ckpt, name) < 1e-10
     qk_only = open_folder(tmp_path, name, circuits=("qk",))
     for layer in range(ckpt.spec.n_layers):  # the qk circuit is read_layer's pair, with or without ov
@@ -100,11 +98,11 @@ NO_TOKENS = {"whisper.encoder", "vit", "deit", "dinov2", "clip.vision", "siglip.
 
 def final_norm_gain(model, name: str) -> np.ndarray:
     """The effective gain of the norm whose output the model unembeds (its LM head's input, or the last hidden state
-    of the stack run alone), measured by feeding it c (1, -1, 1, ...): zero mean, RMS c, so a zero-bias RMSNorm or LayerNorm returns
-    gain * (1, -1, ...) up to eps / c^2 (Gemma's (1 + weight) included)."""
+    of the stack run alone), measured by feeding it c (1, -1, 1, ...): zero mean, RMS c, so a zero-bias RMSNorm or
+    LayerNorm returns gain * (1, -1, ...) up to eps / c^2 (Gemma's (1 + weight) included)."""
     head = model.get_output_embeddings()
     seen, into = [], []
-    norms = [m for m in model.modules() if "norm" in type(m).__name__.lower() and isinstance(m, torch.nn.Module)
+    norms = [m for m in model.modules() if "norm" in type(m).__name__.lower()
              and len(list(m.children())) == 0]
     hooks = [m.register_forward_hook(lambda m, a, out: seen.append((m, out))) for m in norms]
     hooks.append(head.register_forward_pre_hook(lambda m, args: into.append(args[0])))
@@ -121,13 +119,17 @@ def final_norm_gain(model, name: str) -> np.ndarray:
     final = [m for m, out in seen if isinstance(out, torch.Tensor) and out.shape == into[-1].shape
              and torch.equal(out, into[-1])]
     assert len(final) == 1
-    n = into[-1].shape[-1]
+    return effective_gain(final[0], into[-1].shape[-1])
+
+
+def effective_gain(norm, n: int) -> np.ndarray:
+    """What a zero-bias norm module multiplies a zero-mean input of RMS 1e4 by, entry by entry: its gain."""
     signs = torch.tensor([(-1.0) ** k for k in range(n)], dtype=torch.float64)
     with torch.no_grad():
-        return (final[0](1e4 * signs[None, None]) / signs).reshape(-1).double().numpy()
+        return (norm(1e4 * signs[None, None]) / signs).reshape(-1).double().numpy()
 
 
-@pytest.mark.parametrize("name", LAYOUT_MODELS)
+@pytest.mark.parametrize("name", list(tm.TINY))
 def test_read_embeddings(name, tmp_path):
     model = tm.build(name)
     ckpt = open_folder(tm.save(model, tmp_path), name)
@@ -142,7 +144,10 @@ def test_read_embeddings(name, tmp_path):
         assert w_u is None
         return
     head = model.get_output_embeddings()
-    if head is None:  # a base model (GPT2Model, OPTModel) without a head: its embedding is the unembedding
+    if head is None:  # a base model without a head: tied, with GPT2Model's ln_f (post-norm OPTModel has no final norm)
+        final = {"gpt2": lambda: model.ln_f, "opt_base": lambda: None}[name]()
+        gain = 1.0 if final is None else effective_gain(final, ckpt.spec.d_model)
+        np.testing.assert_allclose(w_u, w_e * gain, rtol=1e-12)
         return
     assert w_e.dtype == w_u.dtype == np.float64 and w_u.shape == w_e.shape
     tied = head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
@@ -159,12 +164,18 @@ def test_circuits_option_is_validated():
             ReadOptions(circuits=bad)
 
 
-@pytest.mark.parametrize("name", DISCOVERED[:1])
-def test_discovered_layouts_refuse_ov(name, tmp_path):
-    folder = tm.save(tm.build(name), tmp_path)
-    assert open_folder(folder, name, circuits=("qk",)).read_layer(0)[0].shape[0] == 4
-    with pytest.raises(ExtractError, match="ov circuit is refused: its V and O tensors are not described"):
-        open_folder(folder, name)
+def test_a_discovered_family_without_a_proven_ov_circuit_refuses_it(tmp_path, monkeypatch):
+    """Discovery proves a family's ov circuit beside its Q/K (extract.discover._prove_ov); where it finds no output
+    projection it refuses ov alone, in one line."""
+    from headforms.extract import discover
+
+    monkeypatch.setenv("HEADFORMS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(discover, "_O_NAMES", ("no_such_projection",))
+    folder = tm.save(tm.build("arcee"), tmp_path / "m")
+    assert open_folder(folder, "arcee", circuits=("qk",)).read_layer(0)[0].shape == (4, 8, 32)
+    with pytest.raises(ExtractError, match="arcee: the ov circuit is refused: its value and output projections, token "
+                                           "embedding or final norm were not found"):
+        open_folder(folder, "arcee")
 
 
 def rewritten(folder, change):
@@ -302,3 +313,72 @@ def test_gguf_missing_v_refused_only_for_ov(tmp_path):
     assert open_gguf(path, name="m", source=str(path)).read_layer(1)
     with pytest.raises(ExtractError, match=f"GGUF file {path} has no tensor blk.1.attn_v.weight"):
         open_gguf(path, name="m", source=str(path), options=ReadOptions(circuits=("qk", "ov")))
+
+
+def test_opt_350m_projections_fold_into_the_embeddings(monkeypatch, tmp_path):
+    """OPT-350m's shape: embeddings of width 16 projected in and out of the width-32 residual stream, post-norm (no
+    final norm): W_E P_in^T and W_U P_out are what the residual stream sees, computed here by the model's own modules."""
+    monkeypatch.setitem(tm.TINY, "opt_350m", tm.Tiny("OPTForCausalLM", "OPTConfig", dict(
+        num_hidden_layers=2, num_attention_heads=4, hidden_size=32, ffn_dim=64, vocab_size=tm.VOCAB,
+        max_position_embeddings=32, word_embed_proj_dim=16, do_layer_norm_before=False)))
+    model = tm.build("opt_350m")
+    ckpt = open_folder(tm.save(model, tmp_path), "opt_350m")
+    assert ov_error(model, tmp_path, ckpt, "opt_350m") < 1e-10
+    decoder = model.model.decoder
+    assert decoder.final_layer_norm is None and decoder.project_in is not None
+    with torch.no_grad():
+        w_e = decoder.project_in(model.get_input_embeddings().weight).numpy()
+        w_u = model.get_output_embeddings()(decoder.project_out(torch.eye(32, dtype=torch.float64))).T.numpy()
+    got_e, got_u = ckpt.read_embeddings()
+    np.testing.assert_allclose(got_e, w_e, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(got_u, w_u, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("case", ["fp8 e4m3 blocks", "gptq 4-bit asym act-order", "awq 4-bit gemm"])
+def test_quantized_v_o_read_as_their_dequantized_weights(case, tmp_path):
+    """V and O stored quantized (as a quantized checkpoint stores every projection) read as the dense model's."""
+    import json
+    import re
+
+    from safetensors.torch import save_file
+
+    from tests.test_quantized import FORMS
+
+    make, config, _ = FORMS[case]
+    model = tm.build("llama_gqa", hidden_size=64, intermediate_size=64)
+    state, dense = {k: v.clone() for k, v in model.state_dict().items()}, {}
+    for name in [n for n in state if re.search(r"\.(q|k|v|o)_proj\.weight$", n)]:
+        tensors, dense[name] = make(state.pop(name).numpy())
+        state |= {name[:-len("weight")] + suffix: t.contiguous() for suffix, t in tensors.items()}
+    folder = tmp_path / "q"
+    folder.mkdir()
+    model.config.save_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps(json.loads((folder / "config.json").read_text())
+                                                   | {"quantization_config": config}))
+    save_file(state, str(folder / "model.safetensors"))
+    with torch.no_grad():
+        for name, w in dense.items():
+            model.get_parameter(name).copy_(torch.from_numpy(w))
+    plain = open_folder(tm.save(model, tmp_path / "dense"), "llama_gqa")
+    ours = open_folder(folder, "llama_gqa")
+    assert ours.quantization and ours.qk_bytes < plain.qk_bytes
+    for layer in range(2):
+        for got, expected in zip(ours.read_circuits(layer)["ov"], plain.read_circuits(layer)["ov"]):
+            np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "gpt2"])
+def test_ov_alone(name, tmp_path):
+    """circuits ('ov',): only V/O (and a fused QKV) read and counted; the revision is still the Q/K digest."""
+    folder = tm.save(tm.build(name), tmp_path)
+    both, alone, qk = (open_folder(folder, name, circuits=c) for c in (("qk", "ov"), ("ov",), ("qk",)))
+    assert set(alone.read_circuits(0)) == {"ov"}
+    for got, expected in zip(alone.read_circuits(1)["ov"], both.read_circuits(1)["ov"]):
+        np.testing.assert_array_equal(got, expected)
+    with pytest.raises(ExtractError, match="opened for the circuits ov"):
+        alone.read_layer(0)
+    assert alone.revision == qk.revision
+    spec = qk.spec
+    v_o = 8 * spec.n_layers * (spec.n_kv_heads + spec.n_heads) * spec.head_dim * spec.d_model  # float64 files
+    assert both.qk_bytes == qk.qk_bytes + (v_o if name != "gpt2" else v_o // 2)  # GPT-2: V is in c_attn, read by qk
+    assert alone.qk_bytes == (v_o if name != "gpt2" else both.qk_bytes)
