@@ -441,3 +441,26 @@ def test_check_passes_a_warehouse_with_ov_rows_and_reports_their_damage(checked_
             assert found == expected, damage
     finally:
         con.close()
+
+
+def test_a_warehouse_from_before_the_ov_tables_reads_them_as_empty(tiny_rope_db, tmp_path):
+    """A file written before the OV tables, opened read-only: its views of them answer with no rows, the behaviour
+    views and export run (no OV figure, index says why), and nothing is written to the file."""
+    from headforms.warehouse.publishing import export
+
+    old = tmp_path / "old.duckdb"
+    shutil.copy(tiny_rope_db, old)
+    with duckdb.connect(str(old)) as con:
+        for view in ("circuit_parity", "copying_by_parity", "behaviour_by_parity", "behaviour_correlations"):
+            con.execute(f"DROP VIEW {view}")
+        for table in ("ov_heads", "ov_eigenvalues", "ov_fits", "copying_intervals"):
+            con.execute(f"DROP TABLE {table}")
+    old.chmod(0o444)
+    before = old.read_bytes()
+    with connect(old, read_only=True) as con:
+        for view in ("circuit_parity", "copying_by_parity", "behaviour_by_parity", "behaviour_correlations"):
+            assert con.execute(f"SELECT count(*) FROM {view}").fetchall() == [(0,)]
+        assert con.execute("SELECT count(*) FROM parity_by_model").fetchall() == [(1,)]
+        written = {p.name for p in export.export(con, tmp_path / "out")}
+    assert not written & set(OV_FIGURES) and "ov_circuit_parity.csv" in written
+    assert old.read_bytes() == before
