@@ -464,3 +464,25 @@ def test_a_warehouse_from_before_the_ov_tables_reads_them_as_empty(tiny_rope_db,
         written = {p.name for p in export.export(con, tmp_path / "out")}
     assert not written & set(OV_FIGURES) and "ov_circuit_parity.csv" in written
     assert old.read_bytes() == before
+
+
+def test_report_prints_copying_by_parity_with_its_intervals(published_db):
+    """The model page's copying table: each median and its interval's ends read back as copying_by_parity's, to the
+    digits printed; the share that copies as the view's."""
+    from headforms.warehouse.publishing import report
+
+    path, model = published_db
+    with connect(path, read_only=True) as con:
+        view = con.sql("SELECT * FROM copying_by_parity WHERE model = ?", params=[model]).pl()
+    table = report._copying_table(view)
+    assert table["QK parity"].to_list() == view["parity"].to_list()
+    for printed, row in zip(table.iter_rows(named=True), view.iter_rows(named=True)):
+        for label, score in (("median copying score [95%]", "copying_score"),
+                             ("median residual copying score [95%]", "residual_copying_score")):
+            value, low, high = (float(x) for x in printed[label].replace("[", "").replace("]", "")
+                                .replace(",", "").split())
+            places = len(printed[label].split()[0].split(".")[1])
+            for got, want in ((value, row[f"median_{score}"]), (low, row[f"{score}_low"]),
+                              (high, row[f"{score}_high"])):
+                assert abs(got - want) <= 0.5 * 10 ** -places + 1e-12
+        assert float(printed["share that copies"]) == pytest.approx(row["share_copying"], abs=5e-3)
