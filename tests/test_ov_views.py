@@ -237,7 +237,8 @@ def test_behaviour_views_carry_the_ov_columns(ro):
         on=["model", "layer", "head"], how="left")
     correlations = ro.sql("SELECT * FROM behaviour_correlations").pl()
     ov_pairs = correlations.filter(pl.col("statistic").is_in(["copying_score", "residual_copying_score"]))
-    expected_pairs = {(m, s, c) for m in ("alpha", "encoder") for s in ("self_score", "previous_score", "induction_score")
+    expected_pairs = {(m, s, c) for m in ("alpha", "encoder")
+                      for s in ("self_score", "previous_score", "induction_score")
                       for c in ("copying_score", "residual_copying_score") if (m, c) != ("encoder", "copying_score")}
     assert set(ov_pairs.select("model", "score", "statistic").rows()) == expected_pairs
     assert ov_pairs.height == len(expected_pairs)
