@@ -237,7 +237,8 @@ def test_behaviour_views_carry_the_ov_columns(ro):
         on=["model", "layer", "head"], how="left")
     correlations = ro.sql("SELECT * FROM behaviour_correlations").pl()
     ov_pairs = correlations.filter(pl.col("statistic").is_in(["copying_score", "residual_copying_score"]))
-    expected_pairs = {(m, s, c) for m in ("alpha", "encoder") for s in ("self_score", "previous_score", "induction_score")
+    expected_pairs = {(m, s, c) for m in ("alpha", "encoder")
+                      for s in ("self_score", "previous_score", "induction_score")
                       for c in ("copying_score", "residual_copying_score") if (m, c) != ("encoder", "copying_score")}
     assert set(ov_pairs.select("model", "score", "statistic").rows()) == expected_pairs
     assert ov_pairs.height == len(expected_pairs)
@@ -441,3 +442,48 @@ def test_check_passes_a_warehouse_with_ov_rows_and_reports_their_damage(checked_
             assert found == expected, damage
     finally:
         con.close()
+
+
+def test_a_warehouse_from_before_the_ov_tables_reads_them_as_empty(tiny_rope_db, tmp_path):
+    """A file written before the OV tables, opened read-only: its views of them answer with no rows, the behaviour
+    views and export run (no OV figure, index says why), and nothing is written to the file."""
+    from headforms.warehouse.publishing import export
+
+    old = tmp_path / "old.duckdb"
+    shutil.copy(tiny_rope_db, old)
+    with duckdb.connect(str(old)) as con:
+        for view in ("circuit_parity", "copying_by_parity", "behaviour_by_parity", "behaviour_correlations"):
+            con.execute(f"DROP VIEW {view}")
+        for table in ("ov_heads", "ov_eigenvalues", "ov_fits", "copying_intervals"):
+            con.execute(f"DROP TABLE {table}")
+    old.chmod(0o444)
+    before = old.read_bytes()
+    with connect(old, read_only=True) as con:
+        for view in ("circuit_parity", "copying_by_parity", "behaviour_by_parity", "behaviour_correlations"):
+            assert con.execute(f"SELECT count(*) FROM {view}").fetchall() == [(0,)]
+        assert con.execute("SELECT count(*) FROM parity_by_model").fetchall() == [(1,)]
+        written = {p.name for p in export.export(con, tmp_path / "out")}
+    assert not written & set(OV_FIGURES) and "ov_circuit_parity.csv" in written
+    assert old.read_bytes() == before
+
+
+def test_report_prints_copying_by_parity_with_its_intervals(published_db):
+    """The model page's copying table: each median and its interval's ends read back as copying_by_parity's, to the
+    digits printed; the share that copies as the view's."""
+    from headforms.warehouse.publishing import report
+
+    path, model = published_db
+    with connect(path, read_only=True) as con:
+        view = con.sql("SELECT * FROM copying_by_parity WHERE model = ?", params=[model]).pl()
+    table = report._copying_table(view)
+    assert table["QK parity"].to_list() == view["parity"].to_list()
+    for printed, row in zip(table.iter_rows(named=True), view.iter_rows(named=True)):
+        for label, score in (("median copying score [95%]", "copying_score"),
+                             ("median residual copying score [95%]", "residual_copying_score")):
+            value, low, high = (float(x) for x in printed[label].replace("[", "").replace("]", "")
+                                .replace(",", "").split())
+            places = len(printed[label].split()[0].split(".")[1])
+            for got, want in ((value, row[f"median_{score}"]), (low, row[f"{score}_low"]),
+                              (high, row[f"{score}_high"])):
+                assert abs(got - want) <= 0.5 * 10 ** -places + 1e-12
+        assert float(printed["share that copies"]) == pytest.approx(row["share_copying"], abs=5e-3)

@@ -329,6 +329,21 @@ def _behaviour_html(con, model: str) -> str:
     return _figure_html(fig, "behaviour")
 
 
+def _copying_table(rows: pl.DataFrame) -> pl.DataFrame:
+    """copying_by_parity's rows of a model as the page prints them: each median with its interval as
+    "value [low, high]", with the digits that keep them apart (numbers.significant_digits)."""
+    frame = {"QK parity": rows["parity"].to_list(),
+             "heads": ["" if v is None else str(v) for v in rows["heads"].to_list()]}
+    for label, score in (("median copying score [95%]", "copying_score"),
+                         ("median residual copying score [95%]", "residual_copying_score")):
+        parts = [rows[column].to_list() for column in (f"median_{score}", f"{score}_low", f"{score}_high")]
+        digits = numbers.significant_digits([p for p in parts if any(v is not None for v in p)])
+        frame[label] = [numbers.interval(*row, digits) for row in zip(*parts)]
+        if label.startswith("median copying"):
+            frame["share that copies"] = numbers.shown(rows["share_copying"].to_list(), numbers.AT_LEAST)
+    return pl.DataFrame(frame, schema={k: pl.Utf8 for k in frame})
+
+
 def _ov_html(con, model: str) -> str:
     """A model page's output-value circuit (statistics.md "The output-value circuit"): the simplex and parity by layer
     of its OV (ov_heads), its heads by QK and OV parity (circuit_parity), its copying figures by QK parity
@@ -347,7 +362,7 @@ def _ov_html(con, model: str) -> str:
     by_layer = query(con, f"SELECT * FROM ({view_over('parity_by_layer', 'ov_heads')}) WHERE model = ? "
                           f"ORDER BY layer", [model])
     crossed = query(con, "SELECT qk_parity, ov_parity, heads, share FROM circuit_parity WHERE model = ?", [model])
-    copying = query(con, "SELECT * EXCLUDE (model) FROM copying_by_parity WHERE model = ?", [model])
+    copying = _copying_table(query(con, "SELECT * FROM copying_by_parity WHERE model = ?", [model]))
     maps = make_subplots(rows=1, cols=2, subplot_titles=("copying score (W_U OV W_E^T)",
                                                          "residual copying score (OV alone)"))
     for i, column in enumerate(("copying_score", "residual_copying_score")):

@@ -129,8 +129,8 @@ def copying_intervals(con, model: str, resamples: int, seed: int) -> pl.DataFram
         low = high = np.full(len(COPYING), np.nan)
     else:
         drawn = bootstrap.resample_rows(groups, resamples, np.random.default_rng(seeded))  # the same resamples
-        low, high = bootstrap.bounds(np.stack([bootstrap.median(plus[:, f][drawn]) - bootstrap.median(minus[:, f][drawn])
-                                               for f in range(len(COPYING))]))
+        low, high = bootstrap.bounds(np.stack([
+            bootstrap.median(plus[:, f][drawn]) - bootstrap.median(minus[:, f][drawn]) for f in range(len(COPYING))]))
     return pl.DataFrame({
         "model": model, "parity": [p for p in (*PARITIES, CONTRAST) for _ in COPYING],
         "figure": [f"median_{c}" for _ in range(len(PARITIES) + 1) for c in COPYING],

@@ -39,6 +39,7 @@ def connect(path: str | Path, *, read_only: bool = False, wait: float = 0.0) -> 
     con = _open_when_free(path, read_only, wait)
     _refuse_outdated(con, path)
     if read_only:
+        _shadow_missing_tables(con)
         _shadow_added_columns(con)
         create_views(con, temporary=True)
     else:
@@ -62,6 +63,21 @@ def _refuse_foreign(path: Path) -> None:
         kind = "a Parquet file" if head[:4] == b"PAR1" else "not a DuckDB database"
         hint = f"; to query it, read_parquet('{path}') in `headforms sql` on a warehouse" if head[:4] == b"PAR1" else ""
         raise WarehouseError(f"{path} is {kind}: --db takes a DuckDB warehouse file (warehouse.duckdb){hint}")
+
+
+# Tables of schema.sql (`CREATE TABLE IF NOT EXISTS t (...)` to its closing line).
+_CREATE_TABLE = re.compile(r"^CREATE TABLE IF NOT EXISTS (\w+) \(.*?^\);", re.MULTILINE | re.DOTALL)
+
+
+def _shadow_missing_tables(con: duckdb.DuckDBPyConnection) -> None:
+    """A warehouse written by an older version, opened read-only, lacks tables schema.sql adds later (the output-value
+    circuit's, say): an empty temporary table of each, so this version's views read them as no rows."""
+    present = {name for (name,) in con.execute("SELECT table_name FROM duckdb_tables() "
+                                               "WHERE database_name = current_database() AND schema_name = 'main'")
+               .fetchall()}
+    for match in _CREATE_TABLE.finditer(SCHEMA.read_text()):
+        if match[1] not in present:
+            con.execute(match[0].replace("CREATE TABLE IF NOT EXISTS", "CREATE TEMP TABLE", 1))
 
 
 # Columns schema.sql adds to existing tables (`ALTER TABLE t ADD COLUMN IF NOT EXISTS c TYPE`).
