@@ -1,7 +1,7 @@
 """The Python API: what the command line does, for notebooks and scripts (polars frames in, out).
 
     import headforms
-    headforms.extract("demo", db="warehouse.duckdb")
+    headforms.extract_models("demo", db="warehouse.duckdb")   # headforms.api.extract
     heads = headforms.heads("warehouse.duckdb", model="SmolLM2-135M")
     stats = headforms.analyse(w_q, w_k).heads        # any weights in memory, no warehouse
 
