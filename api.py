@@ -351,12 +351,26 @@ def report(db: str | Path | None = None, out: str | Path = "report", *, wait: fl
         con.close()
 
 
+class BehaviourProgress:
+    """Callbacks of `behaviour`: override what you want to show (the CLI prints the estimate and draws a bar)."""
+
+    def estimate(self, model: str, bytes_needed: int, parameters: int, tokens: int) -> None:
+        """Before the forward pass: the bytes it will hold (extract.behaviour.forward_bytes: float32 weights, one
+        layer's attention, activations, the inputs kept per layer), within 0.8x to 1.5x of the peak RSS measured."""
+
+    def layer_done(self, model: str, stage: str, layer: int, n_layers: int) -> None:
+        """A layer of the forward pass ('forward') or of the forms' reproduction ('forms') is done."""
+
+
 def behaviour(sources: str | Iterable[str], db: str | Path | None = None, *, length: int = 64, sequences: int = 8,
               seed: int = 0, device: str = "cpu", tower: str | None = None, name: str | None = None,
-              resamples: int = 2000, wait: float = 0.0):
+              resamples: int = 2000, wait: float = 0.0, progress: BehaviourProgress | None = None):
     """Each head's behaviour beside its form (statistics.md section 8), for models already in the warehouse.
 
-    Runs each model with transformers on `sequences` seeded sequences of `length` random ordinary tokens, each
+    A source is what extract was given (hub id, folder, .gguf, pkg:NAME) or a warehouse model's name (its stored
+    source and revision are used); a model extracted with qk_norm="fold" is read folded again, its self-logits
+    reproduced with the per-token RMS factors of its q and k norms. Runs each model with transformers on
+    `sequences` seeded sequences of `length` random ordinary tokens, each
     repeated once, and stores per head (`head_behaviour`) its self, previous-token and induction scores and its
     mean self-logit, with the warehouse form's part, the q/k biases' part and the largest reproduction error;
     and per parity type the medians' layer-bootstrap intervals (`behaviour_intervals`, `resamples`, seeded by
@@ -368,32 +382,42 @@ def behaviour(sources: str | Iterable[str], db: str | Path | None = None, *, len
     from headforms.compute.reduction import device_problem
     from headforms.extract import behaviour as run_model
     from headforms.extract.sources import open_target
-    from headforms.warehouse.running.behaviour import behaviour_rows, stored_model, write_behaviour
+    from headforms.warehouse.running.behaviour import behaviour_rows, stored_model, stored_targets, write_behaviour
     from headforms.warehouse.storing.store import Writer, exclusive_run, refuse_cut_short
 
     if length < 2 or sequences < 1 or resamples < 1:
         raise ValueError(f"length >= 2, sequences >= 1 and resamples >= 1 (got {length}, {sequences}, {resamples})")
     if problem := device_problem(device, float64=False):  # the forward pass runs in float32
         raise ExtractError(problem)
-    targets, db, rows = plan_targets(sources, name=name), Path(db or default_db()), []
+    progress = progress or BehaviourProgress()
+    db, rows = Path(db or default_db()), []
     if not db.exists():
         raise FileNotFoundError(f"no warehouse {db}: run `headforms extract` first")
-    for target in targets:
-        started, ckpt = time.perf_counter(), open_target(target, ReadOptions(tower=tower))
+    con = connect(db, wait=wait)
+    try:
+        refuse_cut_short(con)  # before the forward pass, whose rows could not be written
+        targets = stored_targets(con, plan_targets(sources, name=name))
+    finally:
+        con.close()
+    for target, qk_norm in targets:
+        started, ckpt = time.perf_counter(), open_target(target, ReadOptions(tower=tower, qk_norm=qk_norm))
         try:
             con = connect(db, wait=wait)
             try:
-                refuse_cut_short(con)  # before the forward pass, whose rows could not be written
                 model = stored_model(con, ckpt)
             finally:
                 con.close()
-            network, allowed = run_model.load(target.source, ckpt.revision if ckpt.meter is not None else None,
-                                              ckpt.spec, tower=tower, length=length, sequences=sequences,
-                                              device=device)
+            n_layers, label = ckpt.spec.n_layers, ckpt.name
+            network, allowed = run_model.load(
+                target.source, ckpt.revision if ckpt.meter is not None else None, ckpt.spec, tower=tower,
+                length=length, sequences=sequences, device=device,
+                on_estimate=lambda need, params: progress.estimate(label, need, params, 2 * length * sequences))
             run = run_model.run(network, allowed, length=length, sequences=sequences, seed=seed,
-                                n_layers=ckpt.spec.n_layers, label=ckpt.name)
+                                n_layers=n_layers, label=label,
+                                on_layer=lambda i: progress.layer_done(label, "forward", i, n_layers))
             del network
-            frame = behaviour_rows(model, ckpt, run, length=length, sequences=sequences, seed=seed)
+            frame = behaviour_rows(model, ckpt, run, length=length, sequences=sequences, seed=seed,
+                                   on_layer=lambda i: progress.layer_done(label, "forms", i, n_layers))
         finally:
             ckpt.close()
         with exclusive_run(db, wait), Writer(db) as writer, writer.connection() as con:
@@ -453,7 +477,7 @@ def _as_numpy(w):
     return w
 
 
-__all__ = ["Analysis", "Progress", "Status", "analyse", "architectures", "behaviour", "cache", "cache_folder", "check",
+__all__ = ["Analysis", "BehaviourProgress", "Progress", "Status", "analyse", "architectures", "behaviour", "cache", "cache_folder", "check",
            "connect", "export", "extract", "failure", "heads", "plan", "report", "spectra", "sql",
            "status", "table",
            "EXECUTORS", "MODEL_SETS", "READ_WAIT", "REVISION_SETS", "ArgumentError", "ExtractError", "ModelIncomplete", "ReadOptions",
