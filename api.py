@@ -9,7 +9,7 @@ The command line (cli.py) is a thin layer over these functions: each command is 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Iterable
 
@@ -52,7 +52,7 @@ def connect(db: str | Path | None = None, *, read_only: bool = True, wait: float
 
 
 def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progress: Progress | None = None,
-            name: str | None = None, revision: str | None = None, qk_norm: str = "refuse",
+            name: str | None = None, revision: str | None = None, qk_norm: str | None = None,
             wait: float = 0.0, tower: str | None = None, revisions: str | list[str] | None = None,
             set_file: str | Path | None = None, fold_norm: str = "none", jobs: int = 1, executor: str = "local",
             ray_address: str | None = None, **options):
@@ -62,7 +62,8 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     per revision (named model@revision); `set_file` adds the models of a set file (one
     `source [revision] [name]` a line); `tower` picks the tower of clip/siglip/whisper checkpoints
     (default text/encoder); `fold_norm` ("none", "gain", "center") folds the norm feeding attention
-    into W_Q, W_K (recorded in models.fold_norm). `options` are the fields of
+    into W_Q, W_K (recorded in models.fold_norm); `qk_norm` ("refuse" or "fold" a QK-norm model's gains into
+    W_Q, W_K) left None reads a model as the warehouse holds it (folded again), else refuses. `options` are the fields of
     `headforms.warehouse.running.load.LoadOptions` (parity_tolerance, seed, device, force, resamples,
     distances). Layers are read and analysed in this process, in `jobs` worker processes, or as Ray
     tasks (executor="ray", on the cluster at `ray_address`, else a local one); one writer commits
@@ -81,15 +82,16 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     if unknown:
         raise TypeError(f"extract() got unknown options: {', '.join(sorted(unknown))}")
     opts = LoadOptions(**options)
-    read = ReadOptions(qk_norm=qk_norm, tower=tower, fold_norm=fold_norm)
+    read = ReadOptions(qk_norm=qk_norm or "refuse", tower=tower, fold_norm=fold_norm)
     progress = progress or Progress()
     db = Path(db or default_db())
     targets = plan_targets(sources, name=name, revision=revision, revisions=revisions, set_file=set_file)
     created, opened, rows, ckpts, work = not db.exists(), False, [], [], None
+    folded = _folded(db, targets, wait) if qk_norm is None and not created else set()
     try:
-        for target in targets:
+        for i, target in enumerate(targets):
             with stage(f"open ({target.source})", target.name):
-                ckpts.append(open_target(target, read))
+                ckpts.append(open_target(target, replace(read, qk_norm="fold") if i in folded else read))
         if clashes := name_clashes([(target.source, ckpt.name) for target, ckpt in zip(targets, ckpts)]):
             raise ArgumentError(next(iter(clashes.values())))
         with single_threaded():  # the run's BLAS limit, held by this thread from its first layer on
@@ -139,6 +141,20 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     return pl.DataFrame(rows, schema_overrides={"seconds": pl.Float64})
 
 
+def _folded(db: Path, targets: list, wait: float) -> set[int]:
+    """The targets whose model the warehouse holds extracted with qk_norm="fold" (by name, else by source): a rerun
+    without qk_norm reads them so again."""
+    from headforms.warehouse.storing.store import query
+
+    con = connect(db, wait=wait)
+    try:
+        models = query(con, "SELECT model, source FROM models WHERE qk_norm = 'folded'")
+    finally:
+        con.close()
+    names, sources = set(models["model"]), set(models["source"])
+    return {i for i, t in enumerate(targets) if (t.name in names if t.name else t.source in sources)}
+
+
 def _summary(rows: list, ckpt, result) -> None:
     """extract's row for one model."""
     spec = ckpt.spec
@@ -155,13 +171,13 @@ def plan(sources: str | Iterable[str], *, name: str | None = None, revision: str
     """What extracting `sources` (with extract's options) would read, from headers alone (nothing else is
     fetched): per model, heads, the bytes of its Q/K tensors and of its weight files. `warning` says why
     extract would refuse a model whose header was read whole (a file cut short or too long, a name an earlier
-    source has), else null."""
+    source has), or a source it refuses (QK-norm without qk_norm="fold", say: the rest are planned), else null."""
     import polars as pl
 
     from headforms.extract.formats import IncompleteFile
     from headforms.extract.sources import open_target
 
-    read, rows = ReadOptions(qk_norm=qk_norm, tower=tower, fold_norm=fold_norm), []
+    read, rows = ReadOptions(qk_norm=qk_norm or "refuse", tower=tower, fold_norm=fold_norm), []
     targets = plan_targets(sources, name=name, revision=revision, revisions=revisions, set_file=set_file)
     for target in targets:
         try:
@@ -170,14 +186,21 @@ def plan(sources: str | Iterable[str], *, name: str | None = None, revision: str
             if e.checkpoint is None:
                 raise
             ckpt, warning = e.checkpoint, e.warning
+        except ExtractError as e:  # refused (QK-norm unfolded, a family not supported): its row says why
+            rows.append({"model": target.name, "source": target.source, "heads": None, "qk_bytes": None,
+                         "checkpoint_bytes": None, "header_bytes_fetched": None,
+                         "warning": f"{target.source} is refused: {e}"})
+            continue
         ckpt.close()
         rows.append({"model": ckpt.name, "source": target.source, "heads": ckpt.spec.n_layers * ckpt.spec.n_heads,
                      "qk_bytes": ckpt.qk_bytes, "checkpoint_bytes": ckpt.checkpoint_bytes,
                      "header_bytes_fetched": ckpt.bytes_fetched, "warning": warning})
-    for i, why in name_clashes([(target.source, row["model"]) for target, row in zip(targets, rows)]).items():
-        rows[i]["warning"] = rows[i]["warning"] or why
-    return pl.DataFrame(rows, schema_overrides={"qk_bytes": pl.Int64, "checkpoint_bytes": pl.Int64,
-                                                "header_bytes_fetched": pl.Int64, "warning": pl.Utf8})
+    named = [i for i, row in enumerate(rows) if row["model"] is not None]  # a refused source has no name yet
+    for j, why in name_clashes([(targets[i].source, rows[i]["model"]) for i in named]).items():
+        rows[named[j]]["warning"] = rows[named[j]]["warning"] or why
+    return pl.DataFrame(rows, schema_overrides={"model": pl.Utf8, "heads": pl.Int64, "qk_bytes": pl.Int64,
+                                                "checkpoint_bytes": pl.Int64, "header_bytes_fetched": pl.Int64,
+                                                "warning": pl.Utf8})
 
 
 def cache(clear: bool = False, repo: str | None = None):

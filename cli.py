@@ -159,8 +159,9 @@ def main(debug):
 @click.option("--set", "set_file", type=click.Path(dir_okay=False),
               help="A file of models to extract, one `source [revision] [name]` a line (`-`: default revision).")
 @click.option("--force", is_flag=True, help="Recompute and replace models already in the warehouse.")
-@click.option("--qk-norm", type=click.Choice(["refuse", "fold"]), default="refuse", show_default=True,
-              help="Checkpoints with QK-norm: refuse, or fold the norm gains into W_Q, W_K (recorded).")
+@click.option("--qk-norm", type=click.Choice(["refuse", "fold"]),
+              help="Checkpoints with QK-norm: refuse, or fold the norm gains into W_Q, W_K (recorded) [default: as the "
+                   "warehouse holds the model, else refuse].")
 @click.option("--tower", help="Tower of a multi-tower checkpoint: clip/siglip text|vision, whisper encoder|decoder "
                               "(default: the first; see `headforms architectures`).")
 @click.option("--fold-norm", type=click.Choice(["none", "gain", "center"]), default="none", show_default=True,
@@ -201,7 +202,8 @@ def extract(sources, db, name, revision, revisions, set_file, force, qk_norm, to
             raise click.UsageError(str(exc)) from None
         _print(frame, "table", None)  # every model the run would touch
         for warning in frame["warning"].drop_nulls():  # the table cuts long text: each warning whole, on stderr
-            click.echo(f"Warning: {warning}", err=True)
+            click.echo(f"Warning: {_in_flags(warning, click.get_current_context().command, main.commands.values())}",
+                       err=True)
         return
     started, progress = time.perf_counter(), _BarProgress()
     try:
