@@ -1,7 +1,7 @@
 """The Python API: what the command line does, for notebooks and scripts (polars frames in, out).
 
     import headforms
-    headforms.extract("demo", db="warehouse.duckdb")
+    headforms.extract_models("demo", db="warehouse.duckdb")   # headforms.api.extract
     heads = headforms.heads("warehouse.duckdb", model="SmolLM2-135M")
     stats = headforms.analyse(w_q, w_k).heads        # any weights in memory, no warehouse
 
@@ -9,7 +9,7 @@ The command line (cli.py) is a thin layer over these functions: each command is 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Iterable
 
@@ -52,7 +52,7 @@ def connect(db: str | Path | None = None, *, read_only: bool = True, wait: float
 
 
 def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progress: Progress | None = None,
-            name: str | None = None, revision: str | None = None, qk_norm: str = "refuse",
+            name: str | None = None, revision: str | None = None, qk_norm: str | None = None,
             wait: float = 0.0, tower: str | None = None, revisions: str | list[str] | None = None,
             set_file: str | Path | None = None, fold_norm: str = "none", circuits: str | Iterable[str] = "qk",
             jobs: int = 1, executor: str = "local", ray_address: str | None = None, **options):
@@ -62,8 +62,10 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     per revision (named model@revision); `set_file` adds the models of a set file (one
     `source [revision] [name]` a line); `tower` picks the tower of clip/siglip/whisper checkpoints
     (default text/encoder); `fold_norm` ("none", "gain", "center") folds the norm feeding attention
-    into W_Q, W_K (recorded in models.fold_norm); `circuits` ("qk", or "qk,ov" for the output-value circuits too:
-    ov_heads, ov_eigenvalues, ov_fits, recorded in models.circuits). `options` are the fields of
+    into W_Q, W_K (recorded in models.fold_norm); `qk_norm` ("refuse" or "fold" a QK-norm model's gains into
+    W_Q, W_K) left None reads a model as the warehouse holds it (folded again), else refuses; `circuits` ("qk", or
+    "qk,ov" for the output-value circuits too: ov_heads, ov_eigenvalues, ov_fits, recorded in models.circuits).
+    `options` are the fields of
     `headforms.warehouse.running.load.LoadOptions` (parity_tolerance, seed, device, force, resamples,
     distances). Layers are read and analysed in this process, in `jobs` worker processes, or as Ray
     tasks (executor="ray", on the cluster at `ray_address`, else a local one); one writer commits
@@ -82,15 +84,17 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     if unknown:
         raise TypeError(f"extract() got unknown options: {', '.join(sorted(unknown))}")
     opts = LoadOptions(**options)
-    read = ReadOptions(qk_norm=qk_norm, tower=tower, fold_norm=fold_norm, circuits=circuit_names(circuits))
+    read = ReadOptions(qk_norm=qk_norm or "refuse", tower=tower, fold_norm=fold_norm,
+                       circuits=circuit_names(circuits))
     progress = progress or Progress()
     db = Path(db or default_db())
     targets = plan_targets(sources, name=name, revision=revision, revisions=revisions, set_file=set_file)
     created, opened, rows, ckpts, work = not db.exists(), False, [], [], None
+    folded = _folded(db, targets, wait) if qk_norm is None and not created else set()
     try:
-        for target in targets:
+        for i, target in enumerate(targets):
             with stage(f"open ({target.source})", target.name):
-                ckpts.append(open_target(target, read))
+                ckpts.append(open_target(target, replace(read, qk_norm="fold") if i in folded else read))
         if clashes := name_clashes([(target.source, ckpt.name) for target, ckpt in zip(targets, ckpts)]):
             raise ArgumentError(next(iter(clashes.values())))
         with single_threaded():  # the run's BLAS limit, held by this thread from its first layer on
@@ -149,6 +153,20 @@ def circuit_names(circuits: str | Iterable[str]) -> tuple[str, ...]:
     return tuple(name for name in ("qk", "ov") if name in names)
 
 
+def _folded(db: Path, targets: list, wait: float) -> set[int]:
+    """The targets whose model the warehouse holds extracted with qk_norm="fold" (by name, else by source): a rerun
+    without qk_norm reads them so again."""
+    from headforms.warehouse.storing.store import query
+
+    con = connect(db, wait=wait)
+    try:
+        models = query(con, "SELECT model, source FROM models WHERE qk_norm = 'folded'")
+    finally:
+        con.close()
+    names, sources = set(models["model"]), set(models["source"])
+    return {i for i, t in enumerate(targets) if (t.name in names if t.name else t.source in sources)}
+
+
 def _summary(rows: list, ckpt, result) -> None:
     """extract's row for one model."""
     spec = ckpt.spec
@@ -165,13 +183,15 @@ def plan(sources: str | Iterable[str], *, name: str | None = None, revision: str
     """What extracting `sources` (with extract's options) would read, from headers alone (nothing else is
     fetched): per model, heads, the bytes of its Q/K tensors and of its weight files. `warning` says why
     extract would refuse a model whose header was read whole (a file cut short or too long, a name an earlier
-    source has), else null."""
+    source has), or a source it refuses (QK-norm without qk_norm="fold", say: the rest are planned), else null."""
     import polars as pl
 
     from headforms.extract.formats import IncompleteFile
     from headforms.extract.sources import open_target
 
-    read, rows = ReadOptions(qk_norm=qk_norm, tower=tower, fold_norm=fold_norm, circuits=circuit_names(circuits)), []
+    read = ReadOptions(qk_norm=qk_norm or "refuse", tower=tower, fold_norm=fold_norm,
+                       circuits=circuit_names(circuits))
+    rows = []
     targets = plan_targets(sources, name=name, revision=revision, revisions=revisions, set_file=set_file)
     for target in targets:
         try:
@@ -180,14 +200,21 @@ def plan(sources: str | Iterable[str], *, name: str | None = None, revision: str
             if e.checkpoint is None:
                 raise
             ckpt, warning = e.checkpoint, e.warning
+        except ExtractError as e:  # refused (QK-norm unfolded, a family not supported): its row says why
+            rows.append({"model": target.name, "source": target.source, "heads": None, "qk_bytes": None,
+                         "checkpoint_bytes": None, "header_bytes_fetched": None,
+                         "warning": f"{target.source} is refused: {e}"})
+            continue
         ckpt.close()
         rows.append({"model": ckpt.name, "source": target.source, "heads": ckpt.spec.n_layers * ckpt.spec.n_heads,
                      "qk_bytes": ckpt.qk_bytes, "checkpoint_bytes": ckpt.checkpoint_bytes,
                      "header_bytes_fetched": ckpt.bytes_fetched, "warning": warning})
-    for i, why in name_clashes([(target.source, row["model"]) for target, row in zip(targets, rows)]).items():
-        rows[i]["warning"] = rows[i]["warning"] or why
-    return pl.DataFrame(rows, schema_overrides={"qk_bytes": pl.Int64, "checkpoint_bytes": pl.Int64,
-                                                "header_bytes_fetched": pl.Int64, "warning": pl.Utf8})
+    named = [i for i, row in enumerate(rows) if row["model"] is not None]  # a refused source has no name yet
+    for j, why in name_clashes([(targets[i].source, rows[i]["model"]) for i in named]).items():
+        rows[named[j]]["warning"] = rows[named[j]]["warning"] or why
+    return pl.DataFrame(rows, schema_overrides={"model": pl.Utf8, "heads": pl.Int64, "qk_bytes": pl.Int64,
+                                                "checkpoint_bytes": pl.Int64, "header_bytes_fetched": pl.Int64,
+                                                "warning": pl.Utf8})
 
 
 def cache(clear: bool = False, repo: str | None = None):
@@ -361,12 +388,26 @@ def report(db: str | Path | None = None, out: str | Path = "report", *, wait: fl
         con.close()
 
 
+class BehaviourProgress:
+    """Callbacks of `behaviour`: override what you want to show (the CLI prints the estimate and draws a bar)."""
+
+    def estimate(self, model: str, bytes_needed: int, parameters: int, tokens: int) -> None:
+        """Before the forward pass: the bytes it will hold (extract.behaviour.forward_bytes: float32 weights, one
+        layer's attention, activations, the inputs kept per layer), within 0.8x to 1.5x of the peak RSS measured."""
+
+    def layer_done(self, model: str, stage: str, layer: int, n_layers: int) -> None:
+        """A layer of the forward pass ('forward') or of the forms' reproduction ('forms') is done."""
+
+
 def behaviour(sources: str | Iterable[str], db: str | Path | None = None, *, length: int = 64, sequences: int = 8,
               seed: int = 0, device: str = "cpu", tower: str | None = None, name: str | None = None,
-              resamples: int = 2000, wait: float = 0.0):
+              resamples: int = 2000, wait: float = 0.0, progress: BehaviourProgress | None = None):
     """Each head's behaviour beside its form (statistics.md section 8), for models already in the warehouse.
 
-    Runs each model with transformers on `sequences` seeded sequences of `length` random ordinary tokens, each
+    A source is what extract was given (hub id, folder, .gguf, pkg:NAME) or a warehouse model's name (its stored
+    source and revision are used); a model extracted with qk_norm="fold" is read folded again, its self-logits
+    reproduced with the per-token RMS factors of its q and k norms. Runs each model with transformers on
+    `sequences` seeded sequences of `length` random ordinary tokens, each
     repeated once, and stores per head (`head_behaviour`) its self, previous-token and induction scores and its
     mean self-logit, with the warehouse form's part, the q/k biases' part and the largest reproduction error;
     and per parity type the medians' layer-bootstrap intervals (`behaviour_intervals`, `resamples`, seeded by
@@ -378,32 +419,42 @@ def behaviour(sources: str | Iterable[str], db: str | Path | None = None, *, len
     from headforms.compute.reduction import device_problem
     from headforms.extract import behaviour as run_model
     from headforms.extract.sources import open_target
-    from headforms.warehouse.running.behaviour import behaviour_rows, stored_model, write_behaviour
+    from headforms.warehouse.running.behaviour import behaviour_rows, stored_model, stored_targets, write_behaviour
     from headforms.warehouse.storing.store import Writer, exclusive_run, refuse_cut_short
 
     if length < 2 or sequences < 1 or resamples < 1:
         raise ValueError(f"length >= 2, sequences >= 1 and resamples >= 1 (got {length}, {sequences}, {resamples})")
     if problem := device_problem(device, float64=False):  # the forward pass runs in float32
         raise ExtractError(problem)
-    targets, db, rows = plan_targets(sources, name=name), Path(db or default_db()), []
+    progress = progress or BehaviourProgress()
+    db, rows = Path(db or default_db()), []
     if not db.exists():
         raise FileNotFoundError(f"no warehouse {db}: run `headforms extract` first")
-    for target in targets:
-        started, ckpt = time.perf_counter(), open_target(target, ReadOptions(tower=tower))
+    con = connect(db, wait=wait)
+    try:
+        refuse_cut_short(con)  # before the forward pass, whose rows could not be written
+        targets = stored_targets(con, plan_targets(sources, name=name))
+    finally:
+        con.close()
+    for target, qk_norm in targets:
+        started, ckpt = time.perf_counter(), open_target(target, ReadOptions(tower=tower, qk_norm=qk_norm))
         try:
             con = connect(db, wait=wait)
             try:
-                refuse_cut_short(con)  # before the forward pass, whose rows could not be written
                 model = stored_model(con, ckpt)
             finally:
                 con.close()
-            network, allowed = run_model.load(target.source, ckpt.revision if ckpt.meter is not None else None,
-                                              ckpt.spec, tower=tower, length=length, sequences=sequences,
-                                              device=device)
+            n_layers, label = ckpt.spec.n_layers, ckpt.name
+            network, allowed = run_model.load(
+                target.source, ckpt.revision if ckpt.meter is not None else None, ckpt.spec, tower=tower,
+                length=length, sequences=sequences, device=device,
+                on_estimate=lambda need, params: progress.estimate(label, need, params, 2 * length * sequences))
             run = run_model.run(network, allowed, length=length, sequences=sequences, seed=seed,
-                                n_layers=ckpt.spec.n_layers, label=ckpt.name)
+                                n_layers=n_layers, label=label,
+                                on_layer=lambda i: progress.layer_done(label, "forward", i, n_layers))
             del network
-            frame = behaviour_rows(model, ckpt, run, length=length, sequences=sequences, seed=seed)
+            frame = behaviour_rows(model, ckpt, run, length=length, sequences=sequences, seed=seed,
+                                   on_layer=lambda i: progress.layer_done(label, "forms", i, n_layers))
         finally:
             ckpt.close()
         with exclusive_run(db, wait), Writer(db) as writer, writer.connection() as con:
@@ -463,7 +514,7 @@ def _as_numpy(w):
     return w
 
 
-__all__ = ["Analysis", "Progress", "Status", "analyse", "architectures", "behaviour", "cache", "cache_folder", "check",
+__all__ = ["Analysis", "BehaviourProgress", "Progress", "Status", "analyse", "architectures", "behaviour", "cache", "cache_folder", "check",
            "connect", "export", "extract", "failure", "heads", "plan", "report", "spectra", "sql",
            "status", "table",
            "EXECUTORS", "MODEL_SETS", "READ_WAIT", "REVISION_SETS", "ArgumentError", "ExtractError", "ModelIncomplete", "ReadOptions",

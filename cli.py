@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import shlex
 import signal
 import sys
@@ -66,13 +67,31 @@ class Group(click.Group):
         except Exception as exc:
             if ctx.params.get("debug"):
                 traceback.print_exception(exc)
-            raise click.ClickException(_error_line(exc)) from None
+            command = self.commands.get(ctx.invoked_subcommand or "")
+            raise click.ClickException(_in_flags(_error_line(exc), command, self.commands.values())) from None
 
 
 def _error_line(exc: Exception) -> str:
     """One line for a failure: the tool's own message, or where and what happened and where its traceback is."""
     line, logged = api.failure(exc)
     return f"{line} ({_log(exc)})" if logged else line
+
+
+def _in_flags(line: str, command, commands) -> str:
+    """The API's keywords in a message (qk_norm='fold', force=True) as the command line's flags (--qk-norm fold,
+    --force): the running command's options first, then the other commands' (a message may say what to extract)."""
+    options = [p for c in ([command] if command else []) + list(commands) for p in c.params
+               if isinstance(p, click.Option) and p.name]
+    seen = set()
+    for option in options:
+        if option.name in seen:
+            continue
+        seen.add(option.name)
+        flag = max(option.opts, key=len)
+        line = re.sub(rf"\b{option.name}=(?:'([^']*)'|\"([^\"]*)\"|(\w[\w.-]*))",
+                      lambda m: flag if option.is_flag and m.group(3) == "True"
+                      else f"{flag} {next(g for g in m.groups() if g is not None)}", line)
+    return line
 
 
 def _log(exc: Exception) -> str:
@@ -140,8 +159,9 @@ def main(debug):
 @click.option("--set", "set_file", type=click.Path(dir_okay=False),
               help="A file of models to extract, one `source [revision] [name]` a line (`-`: default revision).")
 @click.option("--force", is_flag=True, help="Recompute and replace models already in the warehouse.")
-@click.option("--qk-norm", type=click.Choice(["refuse", "fold"]), default="refuse", show_default=True,
-              help="Checkpoints with QK-norm: refuse, or fold the norm gains into W_Q, W_K (recorded).")
+@click.option("--qk-norm", type=click.Choice(["refuse", "fold"]),
+              help="Checkpoints with QK-norm: refuse, or fold the norm gains into W_Q, W_K (recorded) [default: as the "
+                   "warehouse holds the model, else refuse].")
 @click.option("--tower", help="Tower of a multi-tower checkpoint: clip/siglip text|vision, whisper encoder|decoder "
                               "(default: the first; see `headforms architectures`).")
 @click.option("--fold-norm", type=click.Choice(["none", "gain", "center"]), default="none", show_default=True,
@@ -185,7 +205,8 @@ def extract(sources, db, name, revision, revisions, set_file, force, qk_norm, to
             raise click.UsageError(str(exc)) from None
         _print(frame, "table", None)  # every model the run would touch
         for warning in frame["warning"].drop_nulls():  # the table cuts long text: each warning whole, on stderr
-            click.echo(f"Warning: {warning}", err=True)
+            click.echo(f"Warning: {_in_flags(warning, click.get_current_context().command, main.commands.values())}",
+                       err=True)
         return
     started, progress = time.perf_counter(), _BarProgress()
     try:
@@ -285,20 +306,50 @@ class _BarProgress:
               help="B of the layer-bootstrap intervals per parity type.")
 @WAIT
 def behaviour(sources, db, length, sequences, seed, device, tower, name, resamples, wait):
-    """Each head's behaviour beside its form: run SOURCES (models already extracted) on repeated random tokens.
+    """Each head's behaviour beside its form: run SOURCES (models already extracted, or their warehouse names) on
+    repeated random tokens.
 
     Stores per head its self, previous-token and induction scores and its self-logit, reproduced by the
-    warehouse's form (table head_behaviour; views behaviour_by_parity, behaviour_correlations).
+    warehouse's form (table head_behaviour; views behaviour_by_parity, behaviour_correlations). A model extracted
+    with --qk-norm fold is reproduced with its q and k norms' per-token factors. Prints the memory the forward pass
+    will hold before it starts, and its progress per layer (on stderr).
     """
+    progress = _BehaviourBar()
     try:
         frame = api.behaviour(sources, db=db, length=length, sequences=sequences, seed=seed, device=device,
-                              tower=tower, name=name, resamples=resamples, wait=wait)
+                              tower=tower, name=name, resamples=resamples, wait=wait, progress=progress)
     except api.ArgumentError as exc:
         raise click.UsageError(str(exc)) from None
+    finally:
+        progress.close()
     for row in frame.iter_rows(named=True):
         click.echo(f"{row['model']}: {_counted(row['heads'], 'head')} in {row['seconds']:.1f} s (forward pass "
                    f"{row['forward_seconds']:.1f} s); the form reproduces the self-logits to "
                    f"{row['reproduction_error']:.2e} (largest |self-logit| {row['largest_self_logit']:.3g})")
+
+class _BehaviourBar(api.BehaviourProgress):
+    """behaviour's memory estimate as a line and its layers (forward pass, then forms) as a bar, on stderr."""
+
+    bar = None
+
+    def estimate(self, model, bytes_needed, parameters, tokens):
+        self.close()
+        size = f"{bytes_needed / 2**30:.1f} GiB" if bytes_needed >= 2**30 else f"{bytes_needed / 2**20:.1f} MiB"
+        click.echo(f"{model}: the forward pass will hold about {size} ({parameters / 1e6:.2f}M parameters in float32, "
+                   f"activations of {tokens} tokens)", err=True)
+
+    def layer_done(self, model, stage, layer, n_layers):
+        if self.bar is None:
+            self.bar = click.progressbar(length=2 * n_layers, label=f"{model} (forward pass, forms)", file=sys.stderr,
+                                         show_pos=True)
+            self.bar.__enter__()
+        self.bar.update(1)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
 
 @main.command()
 @click.argument("query")

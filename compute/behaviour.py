@@ -36,10 +36,13 @@ def self_logits(query: np.ndarray, key: np.ndarray, scale: float) -> np.ndarray:
 
 
 def self_logit_parts(x: np.ndarray, w_q: np.ndarray, w_k: np.ndarray, b_q: np.ndarray, b_k: np.ndarray,
-                     kv_index: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
+                     kv_index: np.ndarray, scale: float, q_factor: np.ndarray | None = None,
+                     k_factor: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(B, H, P) twice: the form's self-logit scale * x^T L x = scale * (W_Q x) . (W_K x), and the query/key
     biases' part, which the form does not hold, scale * (b_k . W_Q x + b_q . W_K x + b_q . b_k); for inputs
-    x (B, P, N), maps w_q (H, n, N), w_k (H_kv, n, N), biases b_q (H, n), b_k (H_kv, n). Never forms L."""
+    x (B, P, N), maps w_q (H, n, N), w_k (H_kv, n, N), biases b_q (H, n), b_k (H_kv, n). Never forms L.
+    A folded QK-norm's per-token RMS factors q_factor (B, P, H or 1) and k_factor (B, P, H_kv or 1) multiply
+    both parts: its q is r_q W_Q x with the gains in W_Q (statistics.md section 1)."""
     heads, n, width = w_q.shape
     q = (x @ w_q.reshape(-1, width).T).reshape(*x.shape[:2], heads, n)              # (B, P, H, n)
     k = (x @ w_k[kv_index].reshape(-1, width).T).reshape(*x.shape[:2], heads, n)
@@ -47,4 +50,10 @@ def self_logit_parts(x: np.ndarray, w_q: np.ndarray, w_k: np.ndarray, b_q: np.nd
     form = np.einsum("bphn,bphn->bhp", q, k)
     bias = (np.einsum("bphn,hn->bhp", q, b_k) + np.einsum("bphn,hn->bhp", k, b_q)
             + np.einsum("hn,hn->h", b_q, b_k)[:, None])
-    return scale * form, scale * bias
+    factor = 1.0
+    if q_factor is not None:
+        factor = factor * np.broadcast_to(q_factor, (*x.shape[:2], heads)).transpose(0, 2, 1)
+    if k_factor is not None:
+        k_factor = k_factor if k_factor.shape[-1] == 1 else k_factor[..., kv_index]
+        factor = factor * np.broadcast_to(k_factor, (*x.shape[:2], heads)).transpose(0, 2, 1)
+    return scale * form * factor, scale * bias * factor

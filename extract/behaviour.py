@@ -6,7 +6,9 @@ The logits are captured by an attention function registered in transformers' att
 models with RoPE, gpt2, bert, clip's text tower) hands that function its own q and k, after RoPE and the
 biases, and its own scale, so q_i . k_i is the model's diagonal logit whatever the family's layout; the
 function then calls the family's own eager attention, so the weights are the model's. A forward pre-hook on
-the attention module keeps its input x (after the norm that feeds attention, as the model applies it).
+the attention module keeps its input x (after the norm that feeds attention, as the model applies it); on a QK-norm
+model (qwen3, gemma3, olmo2), pre-hooks on its q and k norms keep each token's RMS factor 1 / sqrt(mean(u^2) + eps)
+of the projection u they normalise, the factor a folded form's self-logit is multiplied by.
 """
 from __future__ import annotations
 
@@ -25,12 +27,14 @@ from headforms.compute.behaviour import attention_scores, repeated_sequences, se
 from headforms.extract.checkpoint import ExtractError, first_line
 
 CAPTURE = "headforms_capture"  # the attention function's name in transformers' registry
+QK_NORMS = (("q_norm", "k_norm"), ("query_layernorm", "key_layernorm"))  # an attention module's norms of q and k
 INSTALL = "pip install 'headforms[behaviour]'"
 
 
 @dataclass
 class LayerRun:
-    """One layer of a run: scores (H,), the model's self-logits (B, H, P), inputs x (B, P, N), biases or None."""
+    """One layer of a run: scores (H,), the model's self-logits (B, H, P), inputs x (B, P, N), biases or None, and
+    a QK-norm model's per-token RMS factors of q (B, P, H or 1) and k (B, P, H_kv or 1), else None."""
 
     self_score: np.ndarray
     previous_score: np.ndarray
@@ -39,6 +43,8 @@ class LayerRun:
     inputs: np.ndarray
     b_q: np.ndarray | None
     b_k: np.ndarray | None
+    q_factor: np.ndarray | None = None
+    k_factor: np.ndarray | None = None
 
 
 @dataclass
@@ -52,8 +58,10 @@ class Run:
 class _Recorder:
     """What the capture function sees during one forward pass, in layer order."""
 
-    def __init__(self):
+    def __init__(self, on_layer=None):
+        self.on_layer = on_layer
         self.inputs: dict[int, object] = {}
+        self.norm_inputs: dict[tuple[int, str], object] = {}  # (attention module, 'q' or 'k') -> what its norm read
         self.layers: list[LayerRun] = []
 
     def record(self, module, query, key, weights, scaling, softcap=None) -> None:
@@ -66,7 +74,36 @@ class _Recorder:
         logits = self_logits(query.detach().double().cpu().numpy(), key.detach().double().cpu().numpy(), scale)
         if softcap:  # the family's eager attention caps the scaled score: cap * tanh(s / cap)
             logits = softcap * np.tanh(logits / softcap)
-        self.layers.append(LayerRun(own, previous, induction, logits, x.detach().double().cpu().numpy(), b_q, b_k))
+        q_factor, k_factor = (_rms_factor(self.norm_inputs.get((id(module), side)), _qk_norm(module, side), x.shape[1])
+                              for side in ("q", "k"))
+        self.layers.append(LayerRun(own, previous, induction, logits, x.detach().double().cpu().numpy(), b_q, b_k,
+                                    q_factor, k_factor))
+        if self.on_layer is not None:
+            self.on_layer(len(self.layers) - 1)
+
+
+def _qk_norm(module, side: str):
+    """The attention module's norm of q (side 'q') or k, or None where it has none."""
+    for names in QK_NORMS:
+        norm = getattr(module, names[side == "k"], None)
+        if norm is not None:
+            return norm
+    return None
+
+
+def _rms_factor(u, norm, positions: int) -> np.ndarray | None:
+    """(B, P, G): each token's 1 / sqrt(mean(u^2) + eps) over the norm's last axis, G its groups (heads, or 1 for a
+    norm of the whole projection), from what the norm read: u (B, P, G, n) (qwen3), (B, G, P, n) (gemma3, normed
+    after the heads' transpose) or (B, P, G n) (olmo2); None without a norm."""
+    if norm is None:
+        return None
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    if u is None or eps is None or u.ndim not in (3, 4) or positions not in u.shape[1:u.ndim - 1]:
+        raise ExtractError(f"{type(norm).__name__}: its input is not (batch, positions, ...) with an eps; behaviour "
+                           "cannot take the per-token factors of this QK-norm")
+    u = u.detach().double().cpu().numpy()
+    u = u[:, :, None] if u.ndim == 3 else u if u.shape[1] == positions else u.transpose(0, 2, 1, 3)
+    return 1.0 / np.sqrt(np.mean(u * u, axis=-1) + float(eps))
 
 
 _RECORDER: _Recorder | None = None
@@ -153,21 +190,25 @@ def available_bytes(device: str) -> int | None:
 
 
 def load(source: str, revision: str | None, spec, *, tower: str | None, length: int, sequences: int,
-         device: str = "cpu"):
+         device: str = "cpu", on_estimate=None):
     """The model (float32, eval, capture attention) and the token ids to draw from, after checking the
-    estimated memory of the forward pass against what the device has free."""
+    estimated memory of the forward pass against what the device has free (told to on_estimate(bytes, parameters)
+    once the model is ready to run)."""
     transformers = _transformers()
     name, kwargs = where(source, revision)
     label = source if revision is None else f"{source}@{revision}"
     with _gguf_parsed_once() if "gguf_file" in kwargs else contextlib.nullcontext():
-        model = _load_model(transformers, name, kwargs, label, spec, length=length, sequences=sequences, device=device)
+        model, need, params = _load_model(transformers, name, kwargs, label, spec, length=length,
+                                          sequences=sequences, device=device)
     model = _tower(model.eval().to(device), tower, label)
+    if on_estimate is not None:
+        on_estimate(need, params)
     return model, _allowed_ids(transformers, name, kwargs, model.config)
 
 
 def _load_model(transformers, name: str, kwargs: dict, label: str, spec, *, length: int, sequences: int, device: str):
-    """`load`'s model from transformers, refused in one line where it cannot run it, its positions are too few or
-    the device's free memory too little for the forward pass."""
+    """`load`'s model from transformers, the forward pass's estimated bytes and the parameters; refused in one line
+    where transformers cannot run it, its positions are too few or the device's free memory too little."""
     import torch
 
     try:
@@ -193,7 +234,7 @@ def _load_model(transformers, name: str, kwargs: dict, label: str, spec, *, leng
                                                            dtype=torch.float32, **kwargs)
     except Exception as error:
         raise ExtractError(f"{label}: transformers cannot run it ({first_line(error)})") from None
-    return model
+    return model, need, params
 
 
 @contextlib.contextmanager
@@ -265,21 +306,27 @@ def _gguf_normal_ids(name: str, kwargs: dict) -> np.ndarray:
     return np.flatnonzero(types == gguf.TokenType.NORMAL)
 
 
-def run(model, allowed: np.ndarray, *, length: int, sequences: int, seed: int, n_layers: int, label: str) -> Run:
-    """One forward pass over `sequences` seeded random sequences of `length` tokens, each repeated once."""
+def run(model, allowed: np.ndarray, *, length: int, sequences: int, seed: int, n_layers: int, label: str,
+        on_layer=None) -> Run:
+    """One forward pass over `sequences` seeded random sequences of `length` tokens, each repeated once;
+    on_layer(i) is called as the pass leaves layer i's attention."""
     global _RECORDER
     import torch
 
     if len(allowed) == 0:
         raise ExtractError(f"{label}: its vocabulary has no ordinary tokens to draw")
     tokens = repeated_sequences(allowed, length, sequences, seed)
-    recorder, hooks = _Recorder(), []
+    recorder, hooks = _Recorder(on_layer), []
     for module in model.modules():
         if type(module).__name__.endswith("Attention"):
             hooks.append(module.register_forward_pre_hook(
                 lambda m, args, kwargs: recorder.inputs.__setitem__(id(m), kwargs.get("hidden_states",
                                                                                      args[0] if args else None)),
                 with_kwargs=True))
+            for side in ("q", "k"):
+                if (norm := _qk_norm(module, side)) is not None:
+                    hooks.append(norm.register_forward_pre_hook(
+                        lambda m, args, key=(id(module), side): recorder.norm_inputs.__setitem__(key, args[0])))
     device = next(model.parameters()).device
     ids = torch.as_tensor(tokens, device=device)
     started, _RECORDER = time.perf_counter(), recorder

@@ -314,7 +314,7 @@ def _qk_norm_refusal(arch: str, layout: GGUFArchitecture) -> str:
         return (f"GGUF {arch} file has QK LayerNorm (attn_q_norm, attn_k_norm): it subtracts the mean of q and k, "
                 "so the score is not bilinear in x and its gains do not fold into W_Q, W_K")
     return (f"GGUF {arch} file uses QK-norm (attn_q_norm, attn_k_norm), so the attention score is not bilinear in x; "
-            "pass --qk-norm fold to fold the norm gains into W_Q and W_K (L then acts on RMS-normalised q, k)")
+            "pass qk_norm='fold' to fold the norm gains into W_Q and W_K (L then acts on RMS-normalised q, k)")
 
 
 def open_gguf(path: Path, *, name: str, source: str, options: ReadOptions = ReadOptions()) -> Checkpoint:

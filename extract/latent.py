@@ -120,7 +120,7 @@ def latent_spec(raw: dict, qk_norm: str = "fold", label: str = "config.json") ->
         raise ExtractError(f"{architecture} is not multi-head latent attention (expected {', '.join(FAMILIES)})")
     if qk_norm != "fold":
         raise ExtractError(f"{architecture} normalises its latent q and kv (q_a_layernorm, kv_a_layernorm), so the "
-                           "score is not bilinear in x; pass --qk-norm fold to fold the norm gains in (each head "
+                           "score is not bilinear in x; pass qk_norm='fold' to fold the norm gains in (each head "
                            "is then two forms, scored per token by 1/rms of the latents)")
     if raw.get("quantization_config"):
         method = raw["quantization_config"].get("quant_method", "unknown")

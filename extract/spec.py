@@ -102,7 +102,7 @@ def model_spec(raw: dict, options: ReadOptions = ReadOptions()) -> tuple[Layout,
     if layout.qk_norm and qk_norm == "refuse":
         raise ExtractError(
             f"{architecture} uses QK-norm, so the attention score is not bilinear in x; "
-            "pass --qk-norm fold to fold the norm gains into W_Q and W_K (L then acts on RMS-normalised q, k)"
+            "pass qk_norm='fold' to fold the norm gains into W_Q and W_K (L then acts on RMS-normalised q, k)"
         )
     return layout, shaped_spec(layout, raw, config, architecture)
 

@@ -1,12 +1,46 @@
 -- Observation 1: every head's symmetric part has n positive and n negative eigenvalues.
--- Per model: heads, balanced heads (n_pos = n_neg = head_dim), and the exceptions.
+-- Per model: heads, balanced heads (n_pos = n_neg = head_dim), and the exceptions with why they are not n+/n-.
+-- Columns:
+--   reason: why the model's exceptions are not n+/n-, each reason with its count of heads ('; ' between), NULL when
+--      every head is balanced: 'N < 2n' (S has at most N nonzero eigenvalues); 'zero gains after folding' (a
+--      QK-norm model folded with qk_norm='fold' whose L has rank below n: a zero gain zeroes rows of W_Q or W_K);
+--      'rank-deficient W_Q or W_K' (rank(L) < n otherwise); 'W_Q and W_K rows share directions' (rank(L) = n, yet
+--      rank [W_Q; W_K] < 2n, so S has zero eigenvalues); 'eigenvalues at the zero tolerance' (none of these).
+--      rank(L) counts the singular values L_sv above 1e-9 of the head's largest (statistics.py's ZERO_TOLERANCE).
+WITH exceptions AS (
+    SELECT h.model, h.layer, h.head, h.n_pos, h.n_neg, h.n_zero, m.d_model, m.head_dim, m.qk_norm
+    FROM heads h JOIN models m USING (model)
+    WHERE NOT h.balanced
+),
+ranks AS (
+    SELECT model, layer, head, count(*) FILTER (WHERE value > 1e-9 * top) AS rank_l
+    FROM (SELECT v.model, v.layer, v.head, v.value, max(v.value) OVER (PARTITION BY v.model, v.layer, v.head) AS top
+          FROM eigenvalues v SEMI JOIN exceptions e USING (model, layer, head)
+          WHERE v.spectrum = 'L_sv')
+    GROUP BY ALL
+),
+reasons AS (
+    SELECT e.model,
+           CASE WHEN e.d_model < 2 * e.head_dim THEN 'N < 2n'
+                WHEN coalesce(r.rank_l, 0) < e.head_dim AND e.qk_norm = 'folded' THEN 'zero gains after folding'
+                WHEN coalesce(r.rank_l, 0) < e.head_dim THEN 'rank-deficient W_Q or W_K'
+                WHEN e.n_zero > 0 THEN 'W_Q and W_K rows share directions'
+                ELSE 'eigenvalues at the zero tolerance' END AS reason
+    FROM exceptions e LEFT JOIN ranks r USING (model, layer, head)
+),
+counted AS (
+    SELECT model, string_agg(printf('%s (%d head%s)', reason, heads, CASE WHEN heads = 1 THEN '' ELSE 's' END), '; ' ORDER BY heads DESC, reason) AS reason
+    FROM (SELECT model, reason, count(*) AS heads FROM reasons GROUP BY ALL)
+    GROUP BY model
+)
 SELECT
     h.model,
     count(*)                                          AS heads,
     count(*) FILTER (WHERE h.balanced)                AS balanced,
     count(*) FILTER (WHERE NOT h.balanced)            AS exceptions,
     coalesce(list(printf('L%d.H%d: %d+/%d-', h.layer, h.head, h.n_pos, h.n_neg) ORDER BY h.layer, h.head)
-        FILTER (WHERE NOT h.balanced), [])            AS exception_heads
-FROM heads h
+        FILTER (WHERE NOT h.balanced), [])            AS exception_heads,
+    any_value(c.reason)                               AS reason
+FROM heads h LEFT JOIN counted c USING (model)
 GROUP BY h.model
 ORDER BY h.model

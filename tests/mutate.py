@@ -612,7 +612,7 @@ EQUIVALENT = {
                                    for line in (7, 8, 9)},
     "sql/parity_sensitivity.sql": {f"line {line}:17: count(*) -> count(pairing)": _WITH_PAIRING
                                    for line in (7, 9, 10)},
-    "sql/signature_check.sql": {"line 6:5: count(*) -> count(pairing)": "balanced heads have n_pos = n_neg = n > 0, "
+    "sql/signature_check.sql": {"line 39:5: count(*) -> count(pairing)": "balanced heads have n_pos = n_neg = n > 0, "
                                                                           "so S != 0 and a pairing"},
     "sql/fit_errors_by_model.sql": {"line 40:5: count(*) -> count(loglik)": "a boundary fit stores its limit "
                                                                                "law's log-likelihood"},

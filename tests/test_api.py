@@ -28,12 +28,12 @@ def test_installed_namespace_is_one_package(tmp_path):
              "    try:\n        importlib.import_module(name); out[name] = True\n"
              "    except ImportError:\n        out[name] = False\n"
              "import headforms\n"
-             "out['callable'] = callable(headforms.extract) and hasattr(headforms.extract, 'open_checkpoint')\n"
+             "out['plain'] = not callable(headforms.extract) and hasattr(headforms.extract, 'open_checkpoint')\n"
              "print(json.dumps(out))")
     result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == ('{"cli": false, "compute": false, "extract": false, "warehouse": false, '
                                      '"sql": false, "api": false, "headforms": true, '
-                                     '"headforms.compute.spectra": true, "callable": true}')
+                                     '"headforms.compute.spectra": true, "plain": true}')
 
 
 def test_wheel_holds_only_the_headforms_package(tmp_path):
@@ -61,7 +61,7 @@ def tiny_db(tmp_path_factory):
     write_gguf(folder / "tiny.gguf")
     db = folder / "api.duckdb"
     start = time.perf_counter()
-    summary = headforms.extract([str(folder / "tiny.gguf")], db=db, seed=3)
+    summary = headforms.extract_models([str(folder / "tiny.gguf")], db=db, seed=3)
     assert 0 < summary["seconds"][0] <= time.perf_counter() - start  # the model's own time, within the call's
     return db, summary
 
@@ -74,13 +74,13 @@ def test_extract_returns_a_summary_and_fills_the_warehouse(tiny_db):
     assert summary.select("model", "status", "layers", "heads").rows() == [
         (models["model"][0], "extracted", models["n_layers"][0], stored)]
     assert models["baseline_seed"][0] == 3 and summary["revision"][0] == models["revision"][0]
-    again = headforms.extract(str(Path(db).parent / "tiny.gguf"), db=db, seed=3)
+    again = headforms.extract_models(str(Path(db).parent / "tiny.gguf"), db=db, seed=3)
     assert again.select("status", "layers", "heads").rows() == [("up to date", 0, 0)]
 
 
 def test_extract_rejects_unknown_options(tiny_db):
     with pytest.raises(TypeError, match="unknown options: parity"):
-        headforms.extract("demo", db=tiny_db[0], parity=0.1)
+        headforms.extract_models("demo", db=tiny_db[0], parity=0.1)
 
 
 def test_frames_equal_the_warehouse_rows(tiny_db):

@@ -479,3 +479,59 @@ def test_the_memory_estimate_covers_what_a_forward_pass_must_hold(length, sequen
     params, positions = 135_000_000, 2 * length
     must_hold = 4 * params + 2 * 4 * sequences * spec.n_heads * positions ** 2
     assert must_hold <= run_model.forward_bytes(params, spec, length, sequences)
+
+
+def qk_norm_model(family: str):
+    """A tiny QK-norm model with its q and k norm gains drawn (not ones); in gemma3 some q gains zero (it stores
+    gain - 1 = -1), so the folded W_Q loses rank there."""
+    model = tm.build(family, dtype=torch.float32, seed=2)
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                param.normal_(0.0, 0.5, generator=generator)
+        if family.startswith("gemma3"):
+            model.model.layers[0].self_attn.q_norm.weight[:5] = -1.0
+    return model
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3_text"])
+def test_folded_qk_norm_models_reproduce_their_self_logits(tmp_path, monkeypatch, family):
+    """A model extracted with qk_norm='fold': its form times the q and k norms' per-token RMS factors is the model's
+    own diagonal logit (transformers' eager pass)."""
+    folder = tm.save(qk_norm_model(family), tmp_path / family)
+    db = tmp_path / "w.duckdb"
+    api.extract(str(folder), db=db, resamples=20, qk_norm="fold")
+    tokens = Tokens(monkeypatch)
+    api.behaviour(str(folder), db=db, length=LENGTH, sequences=SEQUENCES, seed=SEED, resamples=50)
+    (drawn,) = tokens.drawn
+    _, diagonals = reference(folder, drawn, monkeypatch)
+    rows = behaviour_rows(db)
+    model_logit = np.concatenate([d.mean(axis=(0, 2)) for d in diagonals])
+    np.testing.assert_allclose(rows["form_self_logit"].to_numpy(), model_logit, atol=1e-5)
+    assert rows["reproduction_error"].max() < 1e-5 and np.abs(model_logit).max() > 1e-2
+
+
+def test_a_warehouse_model_s_name_is_its_stored_source(tmp_path):
+    """`behaviour NAME` runs the model the warehouse holds under NAME (its stored source), not a hub id NAME."""
+    folder, db = extracted(tmp_path, "llama")
+    api.extract(str(folder), db=db, name="mine", resamples=20)
+    frame = api.behaviour("mine", db=db, length=4, sequences=2, resamples=20)
+    assert frame["model"].to_list() == ["mine"] and behaviour_rows(db, "mine").height == 8
+    assert behaviour_rows(db, "llama").height == 0
+
+
+def test_the_cli_states_its_memory_and_progress_and_names_only_its_options(tmp_path):
+    folder = tm.save(qk_norm_model("qwen3"), tmp_path / "qwen3")
+    db = tmp_path / "w.duckdb"
+    runner = CliRunner()
+    refused = runner.invoke(cli.main, ["extract", str(folder), "--db", str(db)])
+    assert refused.exit_code == 1 and "pass --qk-norm fold" in refused.output, refused.output
+    with pytest.raises(ExtractError, match="pass qk_norm='fold'"):  # the API's words
+        api.extract(str(folder), db=db)
+    assert runner.invoke(cli.main, ["extract", str(folder), "--db", str(db), "--qk-norm", "fold"]).exit_code == 0
+    result = runner.invoke(cli.main, ["behaviour", "qwen3", "--db", str(db), "--length", "4", "--sequences", "2"])
+    assert result.exit_code == 0, result.output
+    assert "qwen3: 8 heads" in result.stdout and "--qk-norm" not in result.output
+    assert "qwen3: the forward pass will hold about " in result.stderr and "parameters in float32" in result.stderr
+    assert "qwen3 (forward pass, forms)" in result.stderr  # the bar (drawn on a terminal, its label elsewhere)

@@ -130,7 +130,8 @@ def test_one_model_export(one_model_export):
     out = one_model_export
     assert {p.name for p in out.iterdir()} == EXPECTED
     csv = pl.read_csv(out / "observation1_signature_check.csv")
-    assert csv.rows() == [("SmolLM2-135M", 270, 268, 2, f"L2.H8: 63+/64-{LIST_SEPARATOR}L7.H3: 63+/64-")]
+    assert csv.rows() == [("SmolLM2-135M", 270, 268, 2, f"L2.H8: 63+/64-{LIST_SEPARATOR}L7.H3: 63+/64-",
+                           "W_Q and W_K rows share directions (2 heads)")]  # a zero eigenvalue set by hand, rank(L) = n
     parquet = pl.read_parquet(out / "observation1_signature_check.parquet")
     assert parquet["exception_heads"].to_list() == [["L2.H8: 63+/64-", "L7.H3: 63+/64-"]]
     for name in set(FIGURES) - NOT_DRAWN_ON_DEMO:

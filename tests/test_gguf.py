@@ -480,7 +480,7 @@ def test_phi2_files_fused_or_separate(tiny, tmp_path):
 def test_qk_norm_refused_by_default(arch, name, tiny, tmp_path):
     path = gguf_convert.write(tiny(name), arch, tmp_path / f"{arch}.gguf")
     with pytest.raises(ExtractError, match=rf"^GGUF {arch} file uses QK-norm \(attn_q_norm, attn_k_norm\), .*"
-                                           r"pass --qk-norm fold"):
+                                           r"pass qk_norm=.fold."):
         open_gguf(path, name=name, source=name, options=ReadOptions(revision="r"))
 
 

@@ -181,7 +181,7 @@ def test_bad_configs_refused_in_one_line(changes, message):
 
 
 def test_latent_norms_need_fold():
-    with pytest.raises(ExtractError, match="pass --qk-norm fold"):
+    with pytest.raises(ExtractError, match="pass qk_norm=.fold."):
         latent_spec(_config(), qk_norm="refuse")
 
 

@@ -402,12 +402,12 @@ def test_qk_norm_refused_by_default(model_type, flags):
                    | flags)
     message = str(err.value)
     assert "\n" not in message and "QK-norm" in message and "not bilinear in x" in message
-    assert "--qk-norm fold" in message
+    assert "qk_norm='fold'" in message
 
 
 def test_qk_norm_refused_when_opening(tmp_path):
     _, folder = saved("qwen3", tmp_path)
-    with pytest.raises(ExtractError, match="--qk-norm fold"):
+    with pytest.raises(ExtractError, match="qk_norm=.fold."):
         open_folder(folder)
     with pytest.raises(ExtractError, match="unknown qk-norm option 'maybe'"):
         open_folder(folder, qk_norm="maybe")

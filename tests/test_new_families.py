@@ -49,7 +49,7 @@ def test_the_verdict_is_cached_per_model_type_and_transformers_version(own_cache
 
 
 def test_a_discovered_qk_norm_is_refused_unless_folded():
-    with pytest.raises(ExtractError, match="^exaone4 uses QK-norm, .*pass --qk-norm fold"):
+    with pytest.raises(ExtractError, match="^exaone4 uses QK-norm, .*pass qk_norm=.fold."):
         model_spec(_config("exaone4"))
 
 

@@ -3,7 +3,8 @@ pass and the warehouse's own forms, their layer-bootstrap intervals (`behaviour_
 
 The form's self-logit is computed from W_Q, W_K read again through the same extract/ reader that built the
 model's rows (same source, revision and fold_norm, checked against `models`), never from the transformers
-copy of the weights: the model's logit is then reproduced by the warehouse's form plus the bias part.
+copy of the weights: the model's logit is then reproduced by the warehouse's form plus the bias part (on a model
+extracted with qk_norm="fold", times the per-token RMS factors of its q and k norms, taken from the forward pass).
 """
 from __future__ import annotations
 
@@ -20,15 +21,38 @@ PARITIES = ("I+", "II", "I-")
 CONTRAST = "I+ - I-"  # the difference of the I+ and I- medians, resampled together
 
 
+def stored_targets(con, targets: list) -> list[tuple[object, str]]:
+    """Each target of `behaviour` with the qk_norm option its model was extracted with: a warehouse model's name
+    given as the source (not a path) becomes that model's stored source and hub revision."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    models = {row["model"]: row for row in query(
+        con, "SELECT model, source, revision, revision_kind, qk_norm FROM models").to_dicts()}
+    resolved = []
+    for target in targets:
+        row = models.get(target.source)
+        if row is not None and not Path(target.source).expanduser().exists():
+            pinned = row["revision"] if row["revision_kind"] in ("hub", "given") else None
+            target = replace(target, source=row["source"], name=target.name or row["model"],
+                             revision=target.revision or pinned)
+        row = models.get(target.name) if target.name else None
+        folded = (row or {}).get("qk_norm") == "folded" or (row is None and any(
+            m["source"] == target.source and m["qk_norm"] == "folded" for m in models.values()))
+        resolved.append((target, "fold" if folded else "refuse"))
+    return resolved
+
+
 def stored_model(con, ckpt) -> dict:
     """The `models` row of a checkpoint's model, checked to hold this checkpoint's form: same revision, complete,
-    no norm folded into W_Q, W_K (the model's logit reads the attention's input as it is)."""
+    no input norm folded into W_Q, W_K (the model's logit reads the attention's input as it is; QK-norm gains folded
+    are reproduced with the per-token factors)."""
     rows = query(con, "SELECT * FROM models WHERE model = ?", [ckpt.name]).to_dicts()
     if not rows:
         named = query(con, "SELECT model FROM models WHERE source = ? ORDER BY model", [ckpt.source])["model"]
         if named.len():  # extracted under another name (a model set's, or --name)
             raise ExtractError(f"{ckpt.name} is not in the warehouse, but {ckpt.source} is, as {', '.join(named)}: "
-                               f"pass --name {named[0]}" + (" (or another of them)" if named.len() > 1 else ""))
+                               f"pass name={named[0]!r}" + (" (or another of them)" if named.len() > 1 else ""))
         raise ExtractError(f"{ckpt.name} is not in the warehouse: run `headforms extract {ckpt.source}` on it first")
     model = rows[0]
     if not model["complete"]:
@@ -36,11 +60,11 @@ def stored_model(con, ckpt) -> dict:
                            "to finish it first")
     if model["revision"] != ckpt.revision:
         raise ExtractError(f"{ckpt.name} in the warehouse was extracted from revision {model['revision']}, "
-                           f"{ckpt.source} is now {ckpt.revision}: extract it again with --force")
-    if model["fold_norm"] or model["qk_norm"]:
-        raise ExtractError(f"{ckpt.name} was extracted with its norm folded into W_Q, W_K "
-                           f"({model['fold_norm'] or 'qk-norm ' + model['qk_norm']}): behaviour compares the form "
-                           "on the attention's own input; extract it without folding under another --name")
+                           f"{ckpt.source} is now {ckpt.revision}: extract it again with force=True")
+    if model["fold_norm"]:
+        raise ExtractError(f"{ckpt.name} was extracted with fold_norm={model['fold_norm']!r} (the norm feeding "
+                           "attention folded into W_Q, W_K): behaviour compares the form on the attention's own input; "
+                           "extract it with fold_norm='none' under another name")
     return model
 
 
@@ -49,15 +73,22 @@ def _capped(score: np.ndarray, cap: float | None) -> np.ndarray:
     return score if not cap else cap * np.tanh(score / cap)
 
 
-def behaviour_rows(model: dict, ckpt, run, *, length: int, sequences: int, seed: int) -> pl.DataFrame:
+def behaviour_rows(model: dict, ckpt, run, *, length: int, sequences: int, seed: int, on_layer=None) -> pl.DataFrame:
     """One row per head of `head_behaviour`: the run's scores, the model's mean self-logit, the form's and the
-    biases' parts, and the largest |model - form - bias| over positions and sequences."""
+    biases' parts, and the largest |model - form - bias| over positions and sequences (on_layer(i) after layer i)."""
     scale, kv_index, parts = model["score_scale"], ckpt.spec.kv_index, []
     for layer, taken in enumerate(run.layers):
         w_q, w_k = ckpt.read_layer(layer)
         b_q = np.zeros(w_q.shape[:2]) if taken.b_q is None else taken.b_q
         b_k = np.zeros(w_k.shape[:2]) if taken.b_k is None else taken.b_k
-        form, bias = self_logit_parts(taken.inputs, w_q, w_k, b_q, b_k, kv_index, scale)
+        folded = model["qk_norm"] == "folded"
+        if folded and (taken.q_factor is None or taken.k_factor is None):
+            raise ExtractError(f"{ckpt.name}: extracted with qk_norm='fold', but layer {layer}'s attention has no "
+                               "q and k norm behaviour can read the per-token factors of")
+        if folded and (np.any(b_q) or np.any(b_k)):  # a bias inside the norm is scaled by a gain the form holds
+            raise ExtractError(f"{ckpt.name}: q/k biases under a QK-norm are not reproduced by behaviour")
+        form, bias = self_logit_parts(taken.inputs, w_q, w_k, b_q, b_k, kv_index, scale,
+                                      taken.q_factor if folded else None, taken.k_factor if folded else None)
         heads = len(taken.self_score)
         parts.append(pl.DataFrame({
             "model": ckpt.name, "layer": np.full(heads, layer, np.int32), "head": np.arange(heads, dtype=np.int32),
@@ -67,6 +98,8 @@ def behaviour_rows(model: dict, ckpt, run, *, length: int, sequences: int, seed:
             "reproduction_error": np.abs(taken.logits - _capped(form + bias, model.get("attention_softcap")))
             .max(axis=(0, 2)),
             "length": length, "sequences": sequences, "seed": seed}))
+        if on_layer is not None:
+            on_layer(layer)
     return pl.concat(parts)
 
 

@@ -59,7 +59,7 @@ IDENTITY = ("revision", "architecture", "n_layers", "n_heads", "n_kv_heads", "d_
             "parity_tolerance", "baseline_seed", "fold_norm", "distances", "circuits")
 # per-layer rows of a model
 TABLES = ("heads", "eigenvalues", "fits", "distance_profiles", "ov_heads", "ov_eigenvalues", "ov_fits", "layers")
-MODEL_TABLES = ("intervals", "head_types")  # per-model rows, written when a model completes
+MODEL_TABLES = ("intervals", "head_types", "copying_intervals")  # per-model rows, written when a model completes
 
 
 def load_model(con, ckpt: Checkpoint, opts: LoadOptions) -> LoadResult:
