@@ -183,7 +183,8 @@ def plan(sources: str | Iterable[str], *, name: str | None = None, revision: str
     """What extracting `sources` (with extract's options) would read, from headers alone (nothing else is
     fetched): per model, heads, the bytes of its Q/K tensors and of its weight files. `warning` says why
     extract would refuse a model whose header was read whole (a file cut short or too long, a name an earlier
-    source has), or a source it refuses (QK-norm without qk_norm="fold", say: the rest are planned), else null."""
+    source has), or a source it refuses (QK-norm without qk_norm="fold", say: the rest are planned), else null.
+    Raises the first source's ExtractError when every source is refused: there is nothing to plan."""
     import polars as pl
 
     from headforms.extract.formats import IncompleteFile
@@ -191,7 +192,7 @@ def plan(sources: str | Iterable[str], *, name: str | None = None, revision: str
 
     read = ReadOptions(qk_norm=qk_norm or "refuse", tower=tower, fold_norm=fold_norm,
                        circuits=circuit_names(circuits))
-    rows = []
+    rows, refusals = [], []
     targets = plan_targets(sources, name=name, revision=revision, revisions=revisions, set_file=set_file)
     for target in targets:
         try:
@@ -201,6 +202,7 @@ def plan(sources: str | Iterable[str], *, name: str | None = None, revision: str
                 raise
             ckpt, warning = e.checkpoint, e.warning
         except ExtractError as e:  # refused (QK-norm unfolded, a family not supported): its row says why
+            refusals.append(e)
             rows.append({"model": target.name, "source": target.source, "heads": None, "qk_bytes": None,
                          "checkpoint_bytes": None, "header_bytes_fetched": None,
                          "warning": f"{target.source} is refused: {e}"})
@@ -209,6 +211,8 @@ def plan(sources: str | Iterable[str], *, name: str | None = None, revision: str
         rows.append({"model": ckpt.name, "source": target.source, "heads": ckpt.spec.n_layers * ckpt.spec.n_heads,
                      "qk_bytes": ckpt.qk_bytes, "checkpoint_bytes": ckpt.checkpoint_bytes,
                      "header_bytes_fetched": ckpt.bytes_fetched, "warning": warning})
+    if refusals and len(refusals) == len(rows):  # nothing to plan: the refusal is the answer
+        raise refusals[0]
     named = [i for i, row in enumerate(rows) if row["model"] is not None]  # a refused source has no name yet
     for j, why in name_clashes([(targets[i].source, rows[i]["model"]) for i in named]).items():
         rows[named[j]]["warning"] = rows[named[j]]["warning"] or why

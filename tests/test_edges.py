@@ -234,7 +234,7 @@ def test_failed_summary_keeps_the_layers_and_the_same_command_finishes(force, sm
 # (stage, where the failure is injected, the command, what the Error line says before the log path)
 STAGES = {
     "open": (sources, "open_target", "extract", r"step open \(/.*/m\): RuntimeError: injected"),
-    "read": (Checkpoint, "read_layer", "extract", r"model 'm', layer 1, step read: RuntimeError: injected"),
+    "read": (Checkpoint, "read_circuits", "extract", r"model 'm', layer 1, step read: RuntimeError: injected"),
     "compute": (layers, "start_layer", "extract", r"model 'm', layer 1, step compute: RuntimeError: injected"),
     "write": (load, "_insert_layers", "extract", r"model 'm', layer 0, step write: RuntimeError: injected"),
     "summaries": (summaries, "later_intervals", "extract",

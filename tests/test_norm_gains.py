@@ -121,7 +121,7 @@ def test_gguf_attn_norm_folds(tmp_path):
     write_gguf(tmp_path / "g" / "t.gguf", n_layers=2, n_heads=4, n_kv_heads=2, d_model=32, head_dim=8, weights=changed)
     db = tmp_path / "w.duckdb"
     for name, path in (("t", tmp_path / "t.gguf"), ("g", tmp_path / "g" / "t.gguf")):
-        headforms.extract(str(path), db=db, name=name, fold_norm="gain", resamples=2)
+        headforms.extract_models(str(path), db=db, name=name, fold_norm="gain", resamples=2)
     with duckdb.connect(str(db), read_only=True) as con:
         (first,), (second,) = con.execute("SELECT revision FROM models ORDER BY model DESC").fetchall()
     assert first.startswith("sha256:") and second.startswith("sha256:") and first != second

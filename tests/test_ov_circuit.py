@@ -139,6 +139,14 @@ def test_qk_alone_writes_no_ov_rows_and_asking_for_ov_later_needs_force(tmp_path
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM ov_heads").fetchone() == (8,)
         assert con.execute("SELECT count(*) FROM heads").fetchone() == (8,)
+        intervals = con.execute("SELECT count(*) FROM copying_intervals").fetchone()[0]
+    assert intervals > 0
+    # forced again with both circuits: the per-model summaries (copying_intervals too) are replaced, not added to
+    again = runner.invoke(cli.main, ["extract", str(tmp_path / "llama"), "--db", str(db), "--circuits", "qk,ov",
+                                     "--force", "--resamples", "5"])
+    assert again.exit_code == 0, again.output
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM copying_intervals").fetchone() == (intervals,)
 
 
 def test_an_unknown_circuit_is_one_error_line(tmp_path):
