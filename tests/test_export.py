@@ -10,8 +10,8 @@ import pytest
 from matplotlib import image
 from polars.testing import assert_frame_equal
 
-from headforms.warehouse.publishing.export import (LATEX_ALL, LATEX_LEFT_OUT, LIST_SEPARATOR, NOT_WRITTEN, TABLES,
-                                                   export)
+from headforms.warehouse.publishing.export import (LATEX_ALL, LATEX_LEFT_OUT, LATEX_PACKAGES, LIST_SEPARATOR,
+                                                   NOT_WRITTEN, TABLES, export)
 from headforms.warehouse.publishing.figures import FIGURES
 
 # Exported empty from the demo warehouse, which holds no training checkpoints; tests/test_dynamics.py exports them
@@ -202,13 +202,14 @@ def test_latex_numbers_keep_the_digits_that_tell_them_apart(latex, demo_con):
 
 
 def test_latex_compiles_with_booktabs(latex, tmp_path):
-    """The tables input into a document compile with pdflatex (texlive-latex-recommended: booktabs, caption,
-    longtable), run from another folder with headformsdir set as tables.tex's header says."""
+    """The tables input into a document compile with pdflatex (texlive-latex-recommended: booktabs, caption;
+    longtable, array and graphicx from texlive-latex-base), no line wider than the text, run from another folder
+    with headformsdir set as tables.tex's header says."""
     if not shutil.which("pdflatex"):
         pytest.fail("no pdflatex on this machine: install Debian's texlive-latex-base and texlive-latex-recommended")
     out, _ = latex
     (tmp_path / "paper.tex").write_text(
-        "\\documentclass{article}\n\\usepackage{booktabs,caption,longtable}\n\\begin{document}\n"
+        f"\\documentclass{{article}}\n\\usepackage{{{LATEX_PACKAGES}}}\n\\begin{{document}}\n"
         f"\\newcommand{{\\headformsdir}}{{{out}/}}\\input{{{out}/{LATEX_ALL}}}\n\\end{{document}}\n")
     done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "paper.tex"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
@@ -216,6 +217,8 @@ def test_latex_compiles_with_booktabs(latex, tmp_path):
     assert (tmp_path / "paper.pdf").stat().st_size > 10_000
     log = (tmp_path / "paper.log").read_text(errors="replace")
     assert "Undefined control sequence" not in log and "Missing character" not in log
+    # every table fits the text width: a float scaled down to it, a longtable's columns wrapped
+    assert re.findall(r"Overfull \\hbox.*", log) == []
 
 
 def test_cli_export_format_latex(demo_db, tmp_path):

@@ -5,6 +5,7 @@ code in their own format."""
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 
 import duckdb
@@ -116,12 +117,20 @@ LATEX_INTERVALS: dict[str, list[tuple[str, str | None, str, str]]] = {
 # Per table, the columns whose rows are one quantity each (a column's digits are chosen within them).
 LATEX_DIGITS_BY = {"bootstrap_intervals": ["view", "figure"], "paper_comparison": ["figure"],
                    "observations7to9_survey_ranges": ["statistic"]}
-LATEX_DROPPED = {"bootstrap_intervals": ["shown"]}  # the interval as text: the columns above print it
+# Columns LaTeX leaves out: bootstrap_intervals' interval as text (the columns above print it), paper_comparison's
+# published text (its number is the paper column, with the digits it needs).
+LATEX_DROPPED = {"bootstrap_intervals": ["shown"], "paper_comparison": ["published"]}
 LATEX_LONG = 40  # rows above which a table is a longtable (it may run over pages) rather than a float
-LATEX_HEADER = r"""% The paper's tables as `headforms export --format latex` writes them: \input this file or one.
-% Preamble: \usepackage{booktabs,caption,longtable}. From another folder, say where these files are first:
-% \newcommand{\headformsdir}{export/}\input{export/tables.tex}
-\providecommand{\headformsdir}{}
+LATEX_PACKAGES = "booktabs,caption,longtable,array,graphicx,lscape"  # what the .tex files need in a preamble
+# A longtable cannot be scaled to the page as a float is: its columns wrap instead, in widths shared as a browser
+# lays out an automatic table, in a font small enough (down to LATEX_SMALLEST pt, else on a landscape page) that
+# no unbreakable piece of a cell overruns its column, on the article class's text width and height (LATEX_PAGE pt)
+# with a character taken as LATEX_CHARACTER of the font's size (a Computer Modern digit is 0.5 of it at 10 pt, 0.58 at 6).
+LATEX_PAGE, LATEX_CHARACTER, LATEX_SMALLEST, LATEX_COLUMN_SEP, LATEX_WRAP = (345, 550), 0.62, 6, 2, 30
+LATEX_HEADER = rf"""% The paper's tables as `headforms export --format latex` writes them: \input this file or one.
+% Preamble: \usepackage{{{LATEX_PACKAGES}}}. From another folder, say where these files are first:
+% \newcommand{{\headformsdir}}{{export/}}\input{{export/tables.tex}}
+\providecommand{{\headformsdir}}{{}}
 """
 
 
@@ -242,9 +251,64 @@ def latex_table(con: duckdb.DuckDBPyConnection, stem: str) -> str:
             cells[column] = ["" if v is None else str(v) for v in frame[column]]
     table = pl.DataFrame(cells, schema={label: pl.Utf8 for label in cells})
     note = f"headforms view {view}" + "; in brackets the 95% bootstrap interval resampling layers" * bool(bootstrapped)
+    long = frame.height > LATEX_LONG
     gt = (GT(table).tab_header(title=what).tab_source_note(note).cols_align("right", columns=right)
-          .tab_options(table_font_size="10pt"))
-    return gt.as_latex(use_longtable=frame.height > LATEX_LONG)
+          .tab_options(table_font_size="8pt" if long else "10pt"))
+    return _fit_page(gt.as_latex(use_longtable=long), table, right)
+
+
+def _fit_page(latex: str, table: pl.DataFrame, right: list[str]) -> str:
+    """great_tables' LaTeX made to fit the text width: a float's tabular scaled down to it when wider (never up);
+    a longtable's columns as paragraph columns (right-aligned where numbers are) in the widths and font of
+    _longtable_layout, names and values free to break after an underscore."""
+    if "\\begin{longtable}" not in latex:
+        latex = re.sub(r"\\begin\{tabular\*\}\{\\linewidth\}\{@\{\\extracolsep\{\\fill\}\}([^}]*)\}",
+                       lambda m: "\\resizebox{\\ifdim\\width>\\linewidth\\linewidth\\else\\width\\fi}{!}{"
+                                 f"\\begin{{tabular}}{{{m[1]}}}", latex, count=1)
+        return latex.replace("\\end{tabular*}", "\\end{tabular}}", 1)
+    size, widths, landscape = _longtable_layout([[name, *table[name].to_list()] for name in table.columns])
+    share = f"\\dimexpr(\\linewidth-{2 * len(widths)}\\tabcolsep)"
+    columns = "".join(f">{{\\{'raggedleft' if name in right else 'raggedright'}\\arraybackslash}}"
+                      f"p{{{share}*{round(1000 * width)}/1000\\relax}}"
+                      for name, width in zip(table.columns, widths))
+    latex = re.sub(r"\\begin\{longtable\}\{[^}]*\}", lambda _: f"\\begin{{longtable}}{{{columns}}}", latex, count=1)
+    latex = re.sub(r"\\fontsize\{[^}]*\}\{[^}]*\}\\selectfont", lambda _: f"\\fontsize{{{size:.1f}pt}}"
+                   f"{{{1.2 * size:.1f}pt}}\\selectfont\\setlength{{\\tabcolsep}}{{{LATEX_COLUMN_SEP}pt}}", latex, count=1)
+    latex = latex.replace("\\end{longtable}\n\\begin{minipage}", "\\end{longtable}\n\\noindent\\begin{minipage}")
+    if landscape:
+        latex = f"\\begin{{landscape}}\n{latex.strip()}\n\\end{{landscape}}\n"
+    return latex.replace("\\_", "\\_\\allowbreak{}")
+
+
+def _longtable_layout(columns: list[list[str]]) -> tuple[float, list[float], bool]:
+    """A longtable's font size (pt, 8 at most), the share of a line each column (its header and cells) gets, and
+    whether it goes on a landscape page: all a column needs when every column fits, else the columns needing
+    no more than an equal share of what is left keep their need and the others get their longest unbreakable
+    piece (between spaces, hyphens and escaped underscores) and the rest in proportion to their need; the font is made small enough
+    that a line holds every column at its need or, wrapped, LATEX_WRAP characters (on a landscape page where a
+    portrait one would need less than LATEX_SMALLEST pt)."""
+    need = [max(len(cell) for cell in cells) for cells in columns]
+    piece = [max(len(p) for cell in cells for p in re.split(r"[ _-]", cell)) for cells in columns]
+    wanted = sum(min(n, max(p, LATEX_WRAP)) for n, p in zip(need, piece))
+    for landscape, width in enumerate(LATEX_PAGE):
+        room = width - 2 * LATEX_COLUMN_SEP * len(columns)
+        size = min(8.0, room / (LATEX_CHARACTER * wanted))
+        if size >= LATEX_SMALLEST:
+            break
+    size = max(size, LATEX_SMALLEST)
+    line = room / (LATEX_CHARACTER * size)
+    widths, wrapped = list(need), set(range(len(need)))
+    while wrapped:  # the columns that fit an equal share of what is left keep their need
+        share = (line - sum(widths[i] for i in range(len(need)) if i not in wrapped)) / len(wrapped)
+        fitting = {i for i in wrapped if need[i] <= share}
+        if not fitting:
+            break
+        wrapped -= fitting
+    left = line - sum(widths[i] for i in range(len(need)) if i not in wrapped) - sum(piece[i] for i in wrapped)
+    more = sum(need[i] - piece[i] for i in wrapped)
+    for i in wrapped:  # the others their piece and a part of the rest in proportion to what more they need
+        widths[i] = piece[i] + (max(left, 0) * (need[i] - piece[i]) / more if more else 0)
+    return size, [w / max(line, sum(widths)) for w in widths], bool(landscape)
 
 
 def _digits(parts: list[list[float | None]], groups: list[list[int]]) -> list[int]:
