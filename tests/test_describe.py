@@ -2,11 +2,12 @@
 view's header) in DuckDB's catalog, and `headforms describe` lists them with row counts and columns."""
 import duckdb
 import polars as pl
+import pytest
 from click.testing import CliRunner
 
 from headforms import api, cli
 from headforms.warehouse.storing.comments import comment_statements
-from headforms.warehouse.storing.store import SCHEMA, VIEWS, connect
+from headforms.warehouse.storing.store import SCHEMA, VIEWS, connect, create_schema
 
 
 def catalog(con, what: str, params=None) -> list[tuple]:
@@ -44,11 +45,47 @@ def test_every_table_and_view_of_the_demo_is_described_and_its_documented_column
         assert documented > 50
 
 
+def undocumented(con, kind: str) -> list[str]:
+    """`name.column` of every column of a table (`kind` 'table': duckdb_tables()) or a view ('view': duckdb_views(),
+    DuckDB's own internal ones left out) of schema main whose comment is NULL or empty, stored or temporary alike."""
+    objects = ("SELECT database_name, table_name AS name FROM duckdb_tables() WHERE schema_name = 'main'"
+               if kind == "table" else
+               "SELECT database_name, view_name AS name FROM duckdb_views() WHERE NOT internal AND schema_name = 'main'")
+    return [f"{name}.{column}" for name, column in catalog(con, f"""
+        SELECT DISTINCT c.table_name, c.column_name FROM duckdb_columns() c
+        JOIN ({objects}) o ON o.database_name = c.database_name AND o.name = c.table_name
+        WHERE c.schema_name = 'main' AND (c.comment IS NULL OR trim(c.comment) = '')
+        ORDER BY ALL""")]
+
+
+@pytest.mark.parametrize("warehouse", ["demo", "empty"])
+def test_every_column_of_every_table_and_view_is_documented(warehouse, request, tmp_path):
+    """No column of a table or view lacks its comment, in the demo warehouse and in a new empty one, on a read-only
+    connection (its views this checkout's): a table column's is the comment ending its line in schema.sql, a view
+    column's its `-- Columns:` line in sql/ (or the comment of a table column of the same name it passes through)."""
+    if warehouse == "demo":
+        path = request.getfixturevalue("demo_db")
+    else:
+        path = tmp_path / "empty.duckdb"
+        with duckdb.connect(str(path)) as con:
+            create_schema(con)
+    con = connect(path, read_only=True)
+    try:
+        missing = {kind: undocumented(con, kind) for kind in ("table", "view")}
+        (tables,), = catalog(con, "SELECT count(*) FROM duckdb_tables() WHERE schema_name = 'main'")
+        (views,), = catalog(con, "SELECT count(*) FROM duckdb_views() WHERE NOT internal AND schema_name = 'main'")
+    finally:
+        con.close()
+    assert tables >= 14 and views >= len(list(VIEWS.glob("*.sql")))
+    assert not missing["table"] and not missing["view"], (
+        f"undocumented columns in the {warehouse} warehouse: {len(missing['table'])} of tables (a column's comment "
+        f"ends its line in schema.sql): {', '.join(missing['table']) or 'none'}; {len(missing['view'])} of views "
+        f"(a `-- Columns:` line in the view's sql/ file): {', '.join(missing['view']) or 'none'}")
+
+
 def test_comments_are_written_once(tmp_path):
     """A warehouse described already gets no COMMENT ON statement: a rerun writes nothing."""
     con = duckdb.connect(str(tmp_path / "w.duckdb"))
-    from headforms.warehouse.storing.store import create_schema
-
     create_schema(con)
     assert comment_statements(con, SCHEMA, VIEWS) == []
     (count,), = catalog(con, "SELECT count(*) FROM duckdb_columns() WHERE schema_name = 'main' AND comment IS NOT NULL")
