@@ -5,6 +5,30 @@
 -- circuit's columns (statistics.md "The output-value circuit"): the type's median copying_score and
 -- residual_copying_score (ov_heads), NULL for a model extracted without OV (and copying_score for one without
 -- unembedding); their intervals are copying_by_parity's.
+-- Columns:
+--   model: the model (models.model), one with head_behaviour rows
+--   parity: QK parity type of the heads (heads.parity) 'I+', 'II' or 'I-', or 'I+ - I-' for the row of differences
+--   heads: heads of the type with behaviour rows (NULL for the difference)
+--   median_self_score: median self_score (mean attention weight A[i, i], 0 to 1; statistics.md section 8) over the
+--      type's heads; for 'I+ - I-' the I+ median minus the I- median (-1 to 1)
+--   self_score_low: 2.5% bound of median_self_score, resampling layers (behaviour_intervals; NULL: one layer, a
+--      type absent from every resample, or no interval stored)
+--   self_score_high: 97.5% bound of median_self_score, NULL as self_score_low
+--   median_previous_score: median previous_score (mean A[i, i - 1], 0 to 1), the difference for 'I+ - I-'
+--   previous_score_low: 2.5% bound of median_previous_score, resampling layers, NULL as self_score_low
+--   previous_score_high: 97.5% bound of median_previous_score
+--   median_induction_score: median induction_score (mean A[T + i, i + 1], 0 to 1), the difference for 'I+ - I-'
+--   induction_score_low: 2.5% bound of median_induction_score, resampling layers, NULL as self_score_low
+--   induction_score_high: 97.5% bound of median_induction_score
+--   median_self_logit: median self_logit (the model's mean pre-softmax scale * q_i . k_i, a logit of either
+--      sign), the difference for 'I+ - I-'
+--   self_logit_low: 2.5% bound of median_self_logit, resampling layers, NULL as self_score_low
+--   self_logit_high: 97.5% bound of median_self_logit
+--   resamples: B of the type's behaviour_intervals (NULL: none stored)
+--   median_copying_score: median ov_heads.copying_score over the type's heads, -1 to 1 (NULL: a model without OV
+--      rows or without unembedding), the difference for 'I+ - I-'; its interval is in copying_by_parity
+--   median_residual_copying_score: median ov_heads.residual_copying_score, -1 to 1 (NULL: a model without OV
+--      rows), the difference for 'I+ - I-'; its interval is in copying_by_parity
 WITH typed AS (
     SELECT b.model, h.parity, b.self_score, b.previous_score, b.induction_score, b.self_logit,
            o.copying_score, o.residual_copying_score

@@ -6,6 +6,15 @@
 -- circuit (statistics.md "The output-value circuit"): the self, previous-token and induction scores against each
 -- head's copying_score and residual_copying_score (ov_heads); a statistic no head of a model defines (a model
 -- extracted without OV, or copying_score of one without unembedding) has no row.
+-- Columns:
+--   model: the model (models.model), one with head_behaviour rows
+--   score: the head's behaviour score (head_behaviour): 'self_score' or 'self_logit' against the form's
+--      statistics; 'self_score', 'previous_score' or 'induction_score' against the copying scores
+--   statistic: what the score is ranked against: 'c_sym_minus_d_sym' (heads.c_sym - heads.d_sym, -1 to 1),
+--      'symmetric_energy' or 'pairing' (heads), 'copying_score' or 'residual_copying_score' (ov_heads)
+--   heads: heads of the model where both the score and the statistic are defined (not NULL)
+--   spearman: Spearman's rank correlation of the score with the statistic over those heads, -1 to 1 (NULL: fewer
+--      than three heads, or either constant over them)
 WITH joined AS (
     SELECT b.model, b.layer, b.head, b.self_score, b.self_logit,
            b.previous_score, b.induction_score,

@@ -7,14 +7,18 @@
 -- Columns:
 --   model: the model
 --   parity: QK parity type 'I+', 'II', 'I-', or 'I+ - I-' for the difference of the two types' figures
---   heads: heads of the type (NULL for the difference)
---   median_copying_score: median copying_score over the type's heads (NULL: no unembedding)
+--   heads: heads of the type with ov_heads rows (NULL for the difference)
+--   median_copying_score: median copying_score over the type's heads, -1 to 1; for 'I+ - I-' the I+ median minus
+--      the I- median (NULL: no unembedding)
 --   copying_score_low: 2.5% bound of median_copying_score, resampling layers (NULL: one layer, or undefined)
---   copying_score_high: 97.5% bound of median_copying_score
---   share_copying: share of the type's heads with a copying score that have copying_score > 0, from 0 to 1
---   median_residual_copying_score: median residual_copying_score (the share of OV's own eigenvalues)
---   residual_copying_score_low: 2.5% bound of median_residual_copying_score, resampling layers
---   residual_copying_score_high: 97.5% bound of median_residual_copying_score
+--   copying_score_high: 97.5% bound of median_copying_score, NULL as copying_score_low
+--   share_copying: share of the type's heads with a copying score that have copying_score > 0, from 0 to 1; for
+--      'I+ - I-' the I+ share minus the I- share (NULL: no unembedding)
+--   median_residual_copying_score: median residual_copying_score (the share of OV's own eigenvalues), -1 to 1;
+--      the difference of the medians for 'I+ - I-'
+--   residual_copying_score_low: 2.5% bound of median_residual_copying_score, resampling layers (NULL: one layer,
+--      or undefined)
+--   residual_copying_score_high: 97.5% bound of median_residual_copying_score, NULL as residual_copying_score_low
 --   resamples: B of the intervals (NULL: none stored)
 WITH typed AS (
     SELECT o.model, h.parity, o.copying_score, o.residual_copying_score

@@ -6,6 +6,22 @@
 -- where it is defined (a failed fit has none; a boundary fit counts with its limit law's values).
 -- Tie rule: where t families tie exactly for best, each is credited 1/t of the head, so the shares
 -- of a model and sample add up to one and no family wins a tie by its name.
+-- Columns:
+--   model: the model (models.model)
+--   sample: the fitted sample, 'L_abs', 'S_pos', 'S_neg' or 'T' (statistics.md section 4)
+--   family: the fitted family, 'gamma', 'lognormal', 'weibull' or 'gengamma'
+--   heads: the family's fits of the sample in the model, one per head, boundary and failed fits included
+--   median_hist_error: median histogram error (unit-mean sample, 20 bins; 0.12 to 0.21 in the paper) over the fits
+--      that have one (ok ones, and boundary ones with their limit law's; a failed fit has none); NULL: all failed
+--   median_ks: median Kolmogorov-Smirnov distance (0 to 1) over the same fits
+--   share_best_hist_error: share (0 to 1) of the heads where the family has the smallest histogram error, a tie of
+--      t families credited 1/t to each; over a model and sample's families the shares add up to one, less the
+--      heads where no family has a value
+--   share_best_loglik: the same share by the largest log-likelihood (the published code's choice)
+--   share_best_aic: the same share by the smallest AIC, 2 k - 2 loglik (statistics.md section 7)
+--   share_best_bic: the same share by the smallest BIC, k ln(n) - 2 loglik (statistics.md section 7)
+--   boundary_fits: the family's fits of the sample with status 'boundary' (a limit law; statistics.md section 7)
+--   failed_fits: the family's fits of the sample with status 'failed' (no fit)
 WITH best AS (
     SELECT
         *,

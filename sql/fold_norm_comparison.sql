@@ -2,6 +2,25 @@
 -- store both with --name): medians, parity shares, and the heads whose parity type changes. A local
 -- digest covers the bytes a run reads, the folded gains too, so two digests of one source differ by
 -- construction: those are matched by source.
+-- Columns:
+--   model: the model extracted without --fold-norm (models.fold_norm NULL)
+--   folded_model: the same weights extracted with --fold-norm (same revision, or same source for two digests;
+--      same architecture and qk_norm)
+--   fold_norm: what folded_model folded, 'gain' or 'center' (models.fold_norm; statistics.md section 7)
+--   heads: heads present in both models under the same (layer, head)
+--   median_symmetric_energy: median symmetric_energy (0 to 1) of those heads in model, where defined
+--   folded_median_symmetric_energy: the same median in folded_model
+--   median_pairing: median pairing (0 to 1) of those heads in model, where defined
+--   folded_median_pairing: the same median in folded_model
+--   pct_type_I_plus: percent (0 to 100, one decimal) of the heads whose parity in model is I+ (a head of
+--      undefined parity counts in the denominator only)
+--   folded_pct_type_I_plus: percent (0 to 100, one decimal) of the heads whose parity in folded_model is I+
+--   pct_type_II: percent of the heads whose parity in model is II
+--   folded_pct_type_II: percent of the heads whose parity in folded_model is II
+--   pct_type_I_minus: percent of the heads whose parity in model is I-
+--   folded_pct_type_I_minus: percent of the heads whose parity in folded_model is I-
+--   pct_parity_changed: percent (0 to 100, one decimal) of the heads whose parity differs between the two models
+--      (a parity defined in one and NULL in the other counts as a change)
 SELECT
     plain.model                                                              AS model,
     folded.model                                                             AS folded_model,

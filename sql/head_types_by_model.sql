@@ -1,6 +1,14 @@
 -- Figure 5 per model: the number k of k-means head types (chosen by silhouette), the mean silhouette,
 -- and the adjusted Rand index of the types against parity (1 = the same partition, 0 = chance level),
 -- from the contingency table of type x parity over the heads that have both.
+-- Columns:
+--   model: the model (models.model)
+--   heads: the model's heads with a head type (head_types; a head whose S is zero has none)
+--   k: the number of k-means types among them, chosen by mean silhouette from 2 to 8 (1 when too few distinct
+--      heads for two types); statistics.md section 7, Figure 5 projection
+--   silhouette: the heads' mean silhouette, -1 to 1 (0 for k = 1)
+--   ari_parity: adjusted Rand index of type against parity over the heads with both (1 the same partition, 0
+--      chance level, negative below it); NULL when fewer than two such heads
 WITH typed AS (
     SELECT t.model, t.type, t.silhouette, h.parity
     FROM head_types t JOIN heads h USING (model, layer, head)

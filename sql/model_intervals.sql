@@ -2,6 +2,23 @@
 -- (estimate), the interval resampling layers (layer_low, layer_high) and the one resampling heads
 -- (head_low, head_high), with B and the seed; `shown` is "estimate [layer_low, layer_high]" (the estimate
 -- alone for a model of one layer, whose layer interval is undefined).
+-- Columns:
+--   model: the model (models.model)
+--   view: the view holding the figure: parity_by_model, model_medians, fit_ratios_by_model or theta_accumulation
+--   figure: the figure's column in that view (pct_* in percent 0 to 100, share_* from 0 to 1, median_* in the
+--      statistic's own units)
+--   estimate: the figure's value in its view, computed now (not the stored intervals.estimate)
+--   layer_low: 2.5% percentile of the figure over resamples of the model's layers (intervals, method 'layer';
+--      statistics.md section 7); NULL: one layer, undefined on every resample, or no intervals stored (they are
+--      written once the model's last layer is in)
+--   layer_high: 97.5% percentile of the figure over the layer resamples, NULL as layer_low
+--   head_low: 2.5% percentile of the figure over resamples of the model's heads (intervals, method 'head'); NULL:
+--      a model of one head, undefined on every resample, or no intervals stored
+--   head_high: 97.5% percentile of the figure over the head resamples, NULL as head_low
+--   resamples: B of the layer interval (NULL: no intervals stored)
+--   seed: the bootstrap seed of the layer interval (NULL: no intervals stored)
+--   shown: the estimate to 4 significant digits, then " [layer_low, layer_high]" where the layer interval is
+--      defined (NULL where the estimate is)
 WITH estimates AS (
     SELECT 'parity_by_model' AS view, * FROM (
         UNPIVOT parity_by_model ON pct_type_I_plus, pct_type_II, pct_type_I_minus

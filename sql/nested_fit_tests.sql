@@ -4,6 +4,20 @@
 -- chi-square with 1 degree of freedom; the generalized gamma improves at 1% when D > 6.634896601021214, the 99%
 -- quantile of chi-square(1) (scipy.stats.chi2.ppf(0.99, 1)). Over 'ok' fits only: a head enters a test when both
 -- of its fits are 'ok' (a boundary gengamma has no interior maximum, where the chi-square law would hold).
+-- Columns:
+--   model: the model (models.model)
+--   sample: the fitted sample, 'L_abs', 'S_pos', 'S_neg' or 'T' (statistics.md section 4)
+--   heads: heads of the model with fits of the sample (any family, any status)
+--   gengamma_boundary: heads whose generalized gamma fit is 'boundary' (in no test)
+--   tested_vs_gamma: heads whose gengamma and gamma fits are both 'ok', the heads of the test against the gamma
+--   share_better_than_gamma: share (0 to 1) of those heads with D = 2 (loglik_gengamma - loglik_gamma) above
+--      6.634896601021214, the generalized gamma better at 1%; NULL: no head tested
+--   tested_vs_weibull: heads whose gengamma and weibull fits are both 'ok'
+--   share_better_than_weibull: share (0 to 1) of those heads where the generalized gamma beats the Weibull at 1%
+--      (D above 6.634896601021214); NULL: no head tested
+--   tested_vs_lognormal: heads whose gengamma and lognormal fits are both 'ok'
+--   share_better_than_lognormal: share (0 to 1) of those heads where the generalized gamma beats the lognormal at
+--      1% (D above 6.634896601021214); NULL: no head tested
 WITH pairs AS (
     SELECT
         model, layer, head, sample,
