@@ -7,6 +7,32 @@
 -- NULL otherwise: OPT's parity shares (the published script transposes square Q/K matrices, and OPT's are
 -- square) and the published generalized-gamma best-fit shares (scipy's gengamma.fit stopping short of the
 -- maximum; OPT's also transposed). `caveat`: paper_reference's note on the figure.
+-- Columns:
+--   scope: 'model' (a figure of one model) or 'survey' (of the paper's models together), from paper_reference
+--   model: the model the figure is of, named as in the `paper` model set; NULL for a survey figure
+--   figure: the headforms column or statistic compared: a models column (n_layers, n_heads, n_kv_heads,
+--      d_model, head_dim), a parity_by_model column (heads, pct_type_I_plus, pct_type_II, pct_type_I_minus),
+--      generalized_gamma_best_fit_share_<component> (paper_gamma_goodness_of_fit_summary), or a survey figure
+--      (the min_ and max_ of a per-model range, counts of models and heads, survey-wide medians and shares)
+--   source: where it is published (paper_reference.source): a section such as '§3.1', 'Table 2 (§3.4)' or an
+--      observation, or 'gamma_goodness_of_fit_summary.csv' for the published code's survey file
+--   paper: the published value (paper_reference.value), in the figure's units: a percent 0-100 for
+--      pct_type_*, a share 0-1 for the shares (min_share_above_random 0.76 for the printed 76%), else a count
+--      or the statistic itself
+--   relation: how headforms is compared with it: '=' (equal at paper_reference.decimals places) or '<' (the
+--      paper gives an upper bound: share_participation_below_2, 'fewer than 1%')
+--   headforms: this warehouse's value of the figure, in the paper's units; NULL when the model is not in the
+--      warehouse, or (survey figures) when none of the paper's models is
+--   models: the models the headforms value is over: for a survey figure the paper's models present in the
+--      warehouse (0 to 14), for a model's figure 1 when that model is present, else 0
+--   difference: headforms - paper, in the figure's units; NULL when headforms is NULL
+--   agrees: relation '=': headforms rounded to paper_reference.decimals places equals paper (to 1e-9); relation
+--      '<': headforms is below paper; NULL when headforms is NULL
+--   published: the figure's text as printed (e.g. '1,024', '76%', 'fewer than 1%')
+--   note: one sentence where the published value is known to come from another rule or a failed optimiser (OPT's
+--      transposed square Q/K matrices for its pct_type_* rows; scipy's gengamma.fit stopping short of the maximum
+--      for every generalized_gamma_best_fit_share_* row); NULL otherwise
+--   caveat: paper_reference's note on the figure (what it is over, a published name); NULL when it has none
 WITH paper_models AS (
     SELECT DISTINCT model FROM paper_reference WHERE scope = 'model'
 ), present AS (  -- the paper's models in this warehouse

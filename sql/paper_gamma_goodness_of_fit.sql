@@ -4,6 +4,21 @@
 -- counts a model's heads layer by layer from 0; fit_gap = the better log-likelihood of the two minus this
 -- one; best_fit: the larger log-likelihood, a tie going to generalized_gamma (the published rule).
 -- A boundary generalized gamma counts with its supremum (statistics.md section 7); a failed fit is never best.
+-- Columns:
+--   model: the model
+--   component: the sample fitted (statistics.md section 4), named as in the published file: 'full' (L_abs, the
+--      n largest |lambda(L)|), 'S_positive' (S_pos, lambda_+), 'S_negative' (S_neg, lambda_-), 'T' (sigma(T))
+--   head_index: the head's index in the model, layer * n_heads + head, from 0 layer by layer
+--   sample_size: the values in the sample (fits.n: those above the zero tolerance, at most head_dim)
+--   family: 'generalized_gamma' (fits' family 'gengamma') or 'lognormal'; two rows per head and component
+--   ks_distance: Kolmogorov-Smirnov distance of the sample from the fitted distribution, 0 to 1 (a boundary
+--      generalized gamma: of its limit law); NULL for a failed fit
+--   log_likelihood: the fit's maximised log-likelihood (a boundary generalized gamma: the supremum approached,
+--      statistics.md section 7); NULL for a failed fit
+--   fit_gap: the larger log-likelihood of the head's two fits minus this one's, >= 0 (0 for the better one);
+--      NULL when this fit failed
+--   best_fit: whether this family wins by the published rule: the larger log-likelihood, a tie going to
+--      generalized_gamma; true when only this fit succeeded, false when this fit failed
 WITH two AS (
     SELECT
         f.*,

@@ -10,6 +10,25 @@
 --     best_fit (a boundary fit's likelihood is only a supremum, approached at the edge, not attained);
 --   generalized_gamma_aic_share, lognormal_aic_share: the smaller AIC (2 k - 2 loglik, k = 3 and 2), which
 --     charges the third parameter; a tie credits each 1/2, a failed fit is never best (as fit_errors_by_model).
+-- Columns:
+--   model: the model
+--   component: 'full' (L_abs), 'S_positive', 'S_negative' or 'T', as in paper_gamma_goodness_of_fit
+--   heads: the model's heads with a generalized gamma row for the component (every head with fits)
+--   sample_size_per_head: the sample size of the component's first head (lowest head_index), as published
+--   gengamma_median_ks: median over the heads of the generalized gamma's ks_distance (failed fits left out)
+--   gengamma_iqr_ks_low: first quartile (0.25, linear interpolation) of the generalized gamma's ks_distance
+--   gengamma_iqr_ks_high: third quartile (0.75, linear interpolation) of the generalized gamma's ks_distance
+--   generalized_gamma_best_fit_share: share of the heads, 0 to 1, whose generalized gamma is best_fit (the
+--      published rule; a boundary fit counts with its supremum)
+--   lognormal_best_fit_share: share of the heads, 0 to 1, whose lognormal is best_fit (strictly the larger
+--      log-likelihood); with generalized_gamma_best_fit_share it sums to 1 unless both fits of a head failed
+--   generalized_gamma_interior_best_fit_share: share of the heads, 0 to 1, whose generalized gamma is an
+--      interior ('ok') fit at least as likely as the lognormal (or the lognormal failed); not in the published
+--      file (issue 21)
+--   generalized_gamma_aic_share: share of the heads, 0 to 1, where the generalized gamma has the smaller AIC
+--      (k = 3), a tie counting 1/2, a failed fit never best (statistics.md section 7); not in the published file
+--   lognormal_aic_share: the same for the lognormal (k = 2); with generalized_gamma_aic_share it sums to 1
+--      unless both fits of a head failed
 WITH published AS (
     SELECT
         model,

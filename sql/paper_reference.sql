@@ -9,6 +9,22 @@
 -- (scripts/survey_results/ of aodesky/attention-bilinear-forms), not the paper's text: per model and component
 -- (figure generalized_gamma_best_fit_share_<component>), the share of heads where its generalized gamma fit
 -- was at least as likely as its lognormal one (compared with paper_gamma_goodness_of_fit_summary).
+-- Columns:
+--   scope: 'model' (a figure of one model) or 'survey' (of the paper's fourteen models together)
+--   model: the model, named as in the `paper` model set (the paper's name in note where it differs); NULL for a
+--      survey figure
+--   figure: the headforms column or statistic it compares with in paper_comparison (n_layers, n_heads,
+--      n_kv_heads, d_model, head_dim, heads, pct_type_*, generalized_gamma_best_fit_share_<component>, or a
+--      survey figure such as min_median_pairing)
+--   value: the published number in headforms' units: a percent 0-100 for pct_type_*, a share 0-1 for shares
+--      (0.76 for the printed 76%), else a count or the statistic itself
+--   relation: '=' (value is the published figure rounded to `decimals` places) or '<' (an upper bound)
+--   decimals: the decimal places the figure is published to (15 for the published code's csv shares)
+--   published: the figure's text as printed (e.g. '1,024', 'fourteen', 'fewer than 1%')
+--   source: where it is published: a section ('§3.1'), a table ('Table 2 (§3.4)'), an observation or figure,
+--      or 'gamma_goodness_of_fit_summary.csv' (the published code's survey file)
+--   note: caveats on the figure (what a survey figure is over, a published name, OPT's transposed Q/K); NULL
+--      when none
 SELECT scope, model, figure, value::DOUBLE AS value, relation, decimals::INTEGER AS decimals, published, source, note
 FROM (VALUES
     ('model', 'distilgpt2', 'n_layers', 6, '=', 0, '6', '§3.1', NULL),

@@ -1,4 +1,13 @@
 -- Figure 12: percent of each layer's heads by parity type.
+-- Columns:
+--   model: the model
+--   layer: the layer, from 0
+--   heads: the layer's heads, those of undefined parity included
+--   pct_type_I_plus: percent of the layer's heads, 0 to 100 (one decimal), of parity Type I+ (heads.parity, at
+--      the model's parity_tolerance; statistics.md section 3)
+--   pct_type_II: percent of the layer's heads, 0 to 100 (one decimal), of parity Type II
+--   pct_type_I_minus: percent of the layer's heads, 0 to 100 (one decimal), of parity Type I-; the three sum to
+--      100 less the heads of undefined parity (S = 0)
 SELECT
     model,
     layer,

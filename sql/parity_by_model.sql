@@ -1,5 +1,13 @@
 -- Table 2: percent of each model's heads by parity type (at the tolerance of its extraction).
 -- Heads with an undefined parity (a zero form) count in `heads` but in no type.
+-- Columns:
+--   model: the model
+--   heads: the model's heads, those of undefined parity included (Table 2's heads)
+--   pct_type_I_plus: percent of the model's heads, 0 to 100 (one decimal), of parity Type I+: c_sym + d_sym >
+--      parity_tolerance and c_sym > d_sym (heads.parity; statistics.md section 3)
+--   pct_type_II: percent of the model's heads, 0 to 100 (one decimal), of Type II: c_sym + d_sym <= parity_tolerance
+--   pct_type_I_minus: percent of the model's heads, 0 to 100 (one decimal), of Type I-; the three sum to 100 less
+--      the heads of undefined parity (S = 0)
 SELECT
     model,
     count(*)                                                  AS heads,

@@ -1,5 +1,15 @@
 -- Table 2 at other Type II tolerances: Type II when c_sym + d_sym <= tolerance,
 -- else Type I+ when c_sym > d_sym, else Type I-.
+-- Columns:
+--   model: the model
+--   tolerance: the Type II tolerance on c_sym + d_sym: 0.01, 0.02, 0.03, 0.05 or 0.10 (0.02 = 1/50, the default
+--      parity_tolerance)
+--   heads: the model's heads, those with c_sym or d_sym NULL (S = 0) included
+--   pct_type_I_plus: percent of the heads, 0 to 100 (one decimal), with c_sym + d_sym > tolerance and
+--      c_sym > d_sym
+--   pct_type_II: percent of the heads, 0 to 100 (one decimal), with c_sym + d_sym <= tolerance
+--   pct_type_I_minus: percent of the heads, 0 to 100 (one decimal), with c_sym + d_sym > tolerance and
+--      c_sym <= d_sym; the three sum to 100 less the heads where c_sym or d_sym is NULL
 SELECT
     h.model,
     t.tolerance,

@@ -1,6 +1,12 @@
 -- Observation 1: every head's symmetric part has n positive and n negative eigenvalues.
 -- Per model: heads, balanced heads (n_pos = n_neg = head_dim), and the exceptions with why they are not n+/n-.
 -- Columns:
+--   model: the model
+--   heads: the model's heads
+--   balanced: heads with n_pos = n_neg = head_dim (Observation 1, statistics.md section 3)
+--   exceptions: heads - balanced, the heads that are not n+/n-
+--   exception_heads: the exceptions as 'L<layer>.H<head>: <n_pos>+/<n_neg>-', in layer and head order; an empty
+--      list when every head is balanced
 --   reason: why the model's exceptions are not n+/n-, each reason with its count of heads ('; ' between), NULL when
 --      every head is balanced: 'N < 2n' (S has at most N nonzero eigenvalues); 'zero gains after folding' (a
 --      QK-norm model folded with qk_norm='fold' whose L has rank below n: a zero gain zeroes rows of W_Q or W_K);

@@ -4,6 +4,18 @@
 -- "closer to Theta than to the midpoint" when theta_distance < theta_position: it accumulates along
 -- Theta, away from the midpoint (every head is at least as close to Theta as to the midpoint, which
 -- lies on Theta, so the literal comparison would always hold).
+-- Columns:
+--   model: the model
+--   heads: the model's heads
+--   median_theta_distance: median of theta_distance, the Euclidean distance from the head's profile (a, b, c, d)
+--      to Theta (statistics.md section 7), >= 0; NULL distances (a zero form) left out
+--   median_theta_position: median of theta_position, the distance of that nearest point of Theta from
+--      (1/2, 1/2, 0, 0), 0 to sqrt(3/2)
+--   median_random_theta_distance: median theta_distance of the heads' random baseline heads (near 0)
+--   median_random_theta_position: median theta_position of the random baseline heads (near 0)
+--   share_closer_to_theta: share of the heads, 0 to 1, with theta_distance < theta_position (accumulating along
+--      Theta away from the midpoint), over the heads where both are defined
+--   random_share_closer_to_theta: the same share for the random baseline heads
 SELECT
     model,
     count(*)                                                    AS heads,
