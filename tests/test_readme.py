@@ -1,6 +1,6 @@
 """README.md: its links into docs/ name files that exist, its tour runs as printed on a model of the user's own
 (a tiny random BERT saved where the tour's folder is), each command printing what the README shows below it, and
-its queries to start from run on that model."""
+its queries to start from run on that model, and what it says the demo warehouse holds is what the demo holds."""
 import contextlib
 import io
 import re
@@ -16,6 +16,7 @@ from tests import tiny_models
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 TOUR = re.compile(r"<!-- tour: begin[^>]*-->(.*?)<!-- tour: end -->", re.S)
+DEMO = re.compile(r"<!-- demo: begin[^>]*-->\s*```console\n(.*?)^```", re.S | re.M)
 QUERIES = re.compile(r"<!-- queries: begin[^>]*-->\s*```sh\n(.*?)^```", re.S | re.M)
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.S | re.M)
 NUMBER = re.compile(r"\d+(?:[.,]\d+)*(?:e[-+]?\d+)?")
@@ -158,3 +159,30 @@ def test_the_queries_to_start_from_run(own_model, monkeypatch):
         assert result.exit_code == 0, f"{words}: exit {result.exit_code}:\n{result.output}"
         assert re.search(r"^\d+ rows?", result.output, re.M) or "--format" in words, f"{words}: {result.output}"
         assert not re.search(r"^0 rows", result.output, re.M) and len(result.output.splitlines()) > 1, f"{words}: {result.output}"
+
+
+def test_what_the_readme_says_of_the_demo_is_what_the_demo_holds(demo_db):
+    """The README's output-value block, run on the warehouse `make warehouse` builds: every row as printed, each
+    number to the digits shown (a changed statistic or view makes the README's account of the demo fail here)."""
+    blocks = DEMO.findall(README.read_text())
+    assert len(blocks) == 1, "the README has no (or more than one) <!-- demo: begin --> block"
+    steps = console_steps(blocks[0])
+    assert len(steps) >= 2, steps
+    for command, expected in steps:
+        words = shlex.split(command)
+        assert words[:2] == ["headforms", "sql"], command
+        result = CliRunner().invoke(cli.main, [*words[1:], "--db", str(demo_db)])
+        assert result.exit_code == 0, f"{command}: exit {result.exit_code}:\n{result.output}"
+        printed = [line.rstrip() for line in result.output.splitlines()]
+        shown = [line for line in expected if line.startswith(BOX_ROW) or line[:1].isdigit()]
+        got = [line for line in printed if line.startswith(BOX_ROW) or line[:1].isdigit()]
+        assert len(got) == len(shown), f"{command}:\n{result.output}"
+        for want, line in zip(shown, got):
+            cells, values = re.split("[│┆]", want), re.split("[│┆]", line)
+            assert len(cells) == len(values), (want, line)
+            for cell, value in zip(cells, values):
+                if NUMBER.fullmatch(cell.strip().lstrip("-")) and "." in cell:
+                    digits = len(cell.strip().split(".")[1])
+                    assert abs(float(cell) - float(value)) <= 0.5 * 10 ** -digits, (command, want, line)
+                else:
+                    assert cell.strip() == value.strip(), (command, want, line)
