@@ -39,6 +39,10 @@ Sections, each a function below, printed in this order:
                      its measures before and after the extractions) and the folder's and hub's
                      walls over it, with their cores busy; deleted at the end
                      (`--only 24b` runs this section alone, `--divide K` at N/K and n/K);
+5e. both_circuits_24b the same shape with untied embeddings of the real vocabulary (no MLP), extracted cold
+                     with `--circuits qk` and with `--circuits qk,ov`, each against its floor (the OV circuit's
+                     reduction and spectra, copying scores and W_E^T W_U added for qk,ov), with peak RSS
+                     (`--only 24b-ov`);
 5d. device_24b       (`--only device --device cuda`, on a machine with that torch device) the same shape
                      (v and o tensors, no MLP) extracted cold by whole processes with `--device` and on
                      the CPU: walls, cores busy and peak RSS, each over the shape's floor on this
@@ -94,6 +98,7 @@ sys.path.insert(0, str(ROOT))
 
 import duckdb  # noqa: E402
 import numpy as np  # noqa: E402
+from threadpoolctl import threadpool_limits  # noqa: E402
 
 from tests import floor  # noqa: E402
 
@@ -132,6 +137,7 @@ PAPER_ROPE = {"pythia-70m-deduped": (16, 10000.0), "Mistral-Small-24B-Base": (12
 SYN_LAYERS, SYN_N, SYN_HEADS, SYN_KV, SYN_HEAD_DIM = 40, 5120, 32, 8, 128
 SYN_LAYERS_PER_SHARD = 4
 SYN_MLP_ROWS = 1024          # gate/up/down are (1024, 5120) here (32768 in the real model)
+SYN_VOCAB = 131072           # the embedding's and LM head's rows (section 5e; the real model's vocabulary)
 
 TARGETS = {
     "demo_wall_s": 15.0,
@@ -780,8 +786,9 @@ def _bf16_pool(rng, count: int) -> np.ndarray:
     return bits | exponent
 
 
-def write_synthetic(folder: Path, mlp_rows: int) -> dict:
-    """config.json, model.safetensors.index.json and bf16 shards; returns byte counts."""
+def write_synthetic(folder: Path, mlp_rows: int, vocab: int = 0) -> dict:
+    """config.json, model.safetensors.index.json and bf16 shards; returns byte counts. With `vocab`, also an untied
+    embedding and LM head of that many rows and the final norm, in a file of their own ("embeddings" bytes)."""
     rng = np.random.default_rng(24)
     N, n = SYN_N, SYN_HEAD_DIM
     shapes = {
@@ -831,11 +838,31 @@ def write_synthetic(folder: Path, mlp_rows: int) -> dict:
                 else:
                     other_bytes += end - begin
                 weight_map[name] = fname
-    index = {"metadata": {"total_size": qk_bytes + other_bytes}, "weight_map": weight_map}
+    embedding_bytes = 0
+    if vocab:
+        extra = {"lm_head.weight": (vocab, N), "model.embed_tokens.weight": (vocab, N), "model.norm.weight": (N,)}
+        fname, meta, offset = "model-embeddings.safetensors", {"__metadata__": {"format": "pt"}}, 0
+        for name, shape in extra.items():
+            meta[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + 2 * math.prod(shape)]}
+            offset += 2 * math.prod(shape)
+        head = json.dumps(meta, separators=(",", ":")).encode()
+        head += b" " * (-len(head) % 8)
+        header_sizes.append(8 + len(head))
+        with open(folder / fname, "wb") as f:
+            f.write(len(head).to_bytes(8, "little") + head)
+            for name, shape in extra.items():
+                left = 2 * math.prod(shape)
+                while left:  # windows of the pool, as many as the tensor needs
+                    start, size = 2 * int(rng.integers(0, largest)), min(left, 2 * largest)
+                    f.write(pool[start:start + size].data)
+                    left -= size
+                weight_map[name] = fname
+        embedding_bytes = offset
+    index = {"metadata": {"total_size": qk_bytes + other_bytes + embedding_bytes}, "weight_map": weight_map}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     small = (folder / "config.json").stat().st_size + (folder / "model.safetensors.index.json").stat().st_size
-    return {"qk": qk_bytes, "other": other_bytes, "headers": sum(header_sizes), "header_sizes": header_sizes,
-            "small": small, "qk_spans": qk_spans, "files": sorted(folder.iterdir())}
+    return {"qk": qk_bytes, "other": other_bytes, "embeddings": embedding_bytes, "headers": sum(header_sizes),
+            "header_sizes": header_sizes, "small": small, "qk_spans": qk_spans, "files": sorted(folder.iterdir())}
 
 
 def hub_24b(folder: Path, files: list[Path]) -> dict:
@@ -1058,6 +1085,75 @@ def synthetic_24b(tmp_root: Path, start_s: float) -> dict | None:
                 "budget_exact": budget_exact, "read_gbps": read_gbps, "wall": res["wall"], "rchar": io_["rchar"],
                 "rerun_rchar": rerun["io"]["rchar"], "rerun_read_bytes": rerun["io"]["read_bytes"],
                 "hub_rss": hub["rss"], "qk": info["qk"], "inproc_rchar": inproc_rchar}
+    finally:
+        shutil.rmtree(folder.parent, ignore_errors=True)
+
+
+def both_circuits_24b(tmp_root: Path, start_s: float) -> dict | None:
+    """Section 5e: the 24B shape with its embeddings (untied, SYN_VOCAB rows; no MLP tensors) extracted cold by
+    `headforms extract FOLDER` and by `--circuits qk,ov`, whole processes, each against its floor measured in the
+    same run on the checkpoint's own layer 0 (times 40): the QK circuit's reduction, spectra, distances and
+    baseline; for qk,ov also the OV circuit's (W_O^T, W_V), each layer's copying scores, W_E^T W_U once (one
+    timing: it is the largest call) and the V, O and embedding bytes at the same cold throughput. The target:
+    qk,ov's ratio to its floor within 1.1x of qk's."""
+    from headforms.extract import ReadOptions, open_checkpoint
+    from headforms.warehouse.running.load import LoadOptions, deltas
+
+    vocab = SYN_VOCAB * SYN_N // 5120
+    header(f"5e. both circuits at the 24B shape ({SYN_LAYERS} x {SYN_HEADS} heads, {SYN_KV} kv, N={SYN_N}, "
+           f"n={SYN_HEAD_DIM}, untied embeddings of {vocab} tokens, bf16): --circuits qk against qk,ov")
+    qk = SYN_LAYERS * (SYN_HEADS + SYN_KV) * SYN_HEAD_DIM * SYN_N * 2
+    need = 2.4 * qk + 4 * vocab * SYN_N
+    if shutil.disk_usage(tmp_root).free < need:
+        print(f"SKIPPED: {shutil.disk_usage(tmp_root).free / GB:.1f} GB free under {tmp_root}, need {need / GB:.1f} GB")
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="headforms-24b-ov-", dir=tmp_root)) / "Mistral-Small-24B-synthetic"
+    try:
+        info = write_synthetic(folder, 0, vocab)
+        print(f"written: Q/K {info['qk'] / GB:.3f} GB, V and O {info['other'] / GB:.3f} GB, embeddings and LM head "
+              f"{info['embeddings'] / GB:.3f} GB")
+        runs = {}
+        for circuits in ("qk", "qk,ov"):
+            evict(info["files"])
+            runs[circuits] = run_cli(["extract", str(folder), "--circuits", circuits, "--db",
+                                      str(folder.parent / f"{circuits.replace(',', '_')}.duckdb")],
+                                     env={"HEADFORMS_CACHE": str(folder.parent / f"cache-{circuits}")})
+        os.environ["HEADFORMS_CACHE"] = str(folder.parent / "cache-floor")
+        try:
+            with contextlib.closing(open_checkpoint(str(folder), ReadOptions(circuits=("qk", "ov")))) as ckpt:
+                ckpt.digest.defer()
+                spec, layer = ckpt.spec, ckpt.read_circuits(0)
+                w_e, w_u = ckpt.read_embeddings()
+        finally:
+            os.environ.pop("HEADFORMS_CACHE")
+        (wq, wk), (w_v, w_o) = layer["qk"], layer["ov"]
+        qk_parts = floor.layer_floor(wq, wk, spec.kv_index, rope=spec.rope, deltas=deltas(spec, LoadOptions()) or ())
+        ov_parts = floor.layer_floor(w_o.transpose(0, 2, 1), w_v, spec.kv_index)
+        with threadpool_limits(limits=1):  # timed once, as floor.gram_floor does, keeping its product
+            t0 = time.perf_counter()
+            gram = w_e.T @ w_u
+            gram_seconds = time.perf_counter() - t0
+        del w_e, w_u
+        ov_parts["copying"] = floor.copying_floor(w_v, w_o, spec.kv_index, gram)
+        evict(info["files"])
+        gbps = floor.read_gbps([(folder / name, begin, end) for name, begin, end in info["qk_spans"]])
+        floors = {"qk": floor.Floor(floor.add_parts({}, qk_parts, spec.n_layers), floor.cores(), start_s, info["qk"],
+                                    gbps, [f"one layer's parts x {spec.n_layers} layers"])}
+        both = floor.add_parts(floor.add_parts(floors["qk"].parts, ov_parts, spec.n_layers), {"copying": gram_seconds})
+        floors["qk,ov"] = floor.Floor(both, floor.cores(), start_s, info["qk"] + info["other"] + info["embeddings"],
+                                      gbps, [f"the OV circuits' part: {sum(ov_parts.values()) * spec.n_layers:.2f} s "
+                                             f"of one layer's parts x {spec.n_layers} layers (copying scores "
+                                             f"{ov_parts['copying'] * spec.n_layers:.2f} s) and W_E^T W_U "
+                                             f"{gram_seconds:.2f} s once, at one thread"])
+        ratios = {}
+        for circuits, res in runs.items():
+            bound = floors[circuits]
+            ratios[circuits] = res["wall"] / bound.total
+            print(f"--circuits {circuits}: {bound.describe()}")
+            print(f"  extract: {res['wall']:.1f} s wall = {ratios[circuits]:.2f}x its floor; "
+                  f"{res['cpu'] / res['wall']:.2f} of {bound.cores} cores busy; peak RSS {res['rss_bytes'] / GB:.2f} GB")
+        return {"ratio": ratios["qk,ov"], "qk_ratio": ratios["qk"], "rss": runs["qk,ov"]["rss_bytes"],
+                "qk_rss": runs["qk"]["rss_bytes"], "walls": {c: r["wall"] for c, r in runs.items()}}
     finally:
         shutil.rmtree(folder.parent, ignore_errors=True)
 
@@ -1584,6 +1680,12 @@ def targets_table(r: dict) -> bool:
         ov = r["ov"]
         add("demo --circuits qk,ov, CLI wall / floor", f"{ov['ratio']:.2f}x",
             f"<= 1.1 x qk's {ov['qk_ratio']:.2f}x", ov["ratio"] <= 1.1 * ov["qk_ratio"])
+    if r.get("ov_24b"):
+        ov = r["ov_24b"]
+        add("24B shape --circuits qk,ov, CLI wall / floor", f"{ov['ratio']:.2f}x",
+            f"<= 1.1 x qk's {ov['qk_ratio']:.2f}x", ov["ratio"] <= 1.1 * ov["qk_ratio"])
+        add("24B shape --circuits qk,ov, peak RSS", f"{ov['rss'] / GB:.2f} GB", f"qk alone {ov['qk_rss'] / GB:.2f} GB",
+            None)
     if "straightforward" in r:
         sf = r["straightforward"]
         add("speed-up over the straightforward computation", f"{sf['ratio']:.0f}x", "information", None)
@@ -1640,9 +1742,9 @@ def main() -> int:
     parser.add_argument("--full", action="store_true", help="straightforward computation on all 342 demo heads")
     parser.add_argument("--skip-24b", action="store_true", help="leave out the synthetic 24B-shaped checkpoint")
     parser.add_argument("--hub-only", action="store_true", help="run only section 8 (hub by range)")
-    parser.add_argument("--only", choices=["24b", "demo", "paper", "executors", "device"],
-                        help="run only this section (24b: 5 and its targets; demo: 2, 2b and 2c; paper: 6; "
-                             "executors: 8; device: 5d)")
+    parser.add_argument("--only", choices=["24b", "24b-ov", "demo", "paper", "executors", "device"],
+                        help="run only this section (24b: 5 and its targets; 24b-ov: 5e; demo: 2, 2b and 2c; "
+                             "paper: 6; executors: 8; device: 5d)")
     parser.add_argument("--device", default="cuda", help="torch device of --only device (default: %(default)s)")
     parser.add_argument("--workers", type=int, default=2, metavar="K",
                         help="workers of section 8's --jobs and Ray runs (default: %(default)s)")
@@ -1668,6 +1770,9 @@ def main() -> int:
     if args.only == "24b":
         results["synthetic"] = synthetic_24b(Path(args.tmp), start)
         return 0 if results["synthetic"] and targets_24b(results["synthetic"]) else 1
+    if args.only == "24b-ov":
+        results["ov_24b"] = both_circuits_24b(Path(args.tmp), start)
+        return 0 if results["ov_24b"] and targets_table(results) else 1
     if args.only == "device":
         return 0 if device_24b(Path(args.tmp), start, args.device) else 1
     with tempfile.TemporaryDirectory(prefix="headforms-bench-", dir=args.tmp) as tmp:
@@ -1695,6 +1800,7 @@ def main() -> int:
             results["straightforward"] = straightforward(model_layers, demo["db"], args.full, split)
             del model_layers, layers
             results["synthetic"] = None if args.skip_24b else synthetic_24b(Path(args.tmp), start)
+            results["ov_24b"] = None if args.skip_24b else both_circuits_24b(Path(args.tmp), start)
             syn = results["synthetic"]
             results["projection"] = projection(syn["raw_gbps"] if syn else None, start)
             results["fixed"] = fixed_costs(tmp, demo, split, results["straightforward"])
