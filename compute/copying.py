@@ -6,12 +6,22 @@ never formed: the model's N x N Gram G = W_E^T W_U is taken once, and each head'
 """
 from __future__ import annotations
 
+from concurrent.futures import Future
+from typing import Callable
+
 import numpy as np
 
+# G's column blocks, each its own product: a pool's single-threaded workers share the model's largest call (at the
+# 24B shape, 131072 x 5120 by 131072 x 5120: 178 s on one thread), and G is the same whatever the number of workers.
+GRAM_BLOCKS = 16
 
-def unembedding_gram(w_e: np.ndarray, w_u: np.ndarray) -> np.ndarray:
-    """G = W_E^T W_U (N x N) from the embedding W_E and unembedding W_U, both (vocab, N)."""
-    return np.asarray(w_e, dtype=np.float64).T @ np.asarray(w_u, dtype=np.float64)
+
+def unembedding_gram(w_e: np.ndarray, w_u: np.ndarray, map_: Callable = map) -> np.ndarray:
+    """G = W_E^T W_U (N x N) from the embedding W_E and unembedding W_U, both (vocab, N), its GRAM_BLOCKS column
+    blocks computed through `map_` (a thread pool's map)."""
+    e, u = np.asarray(w_e, dtype=np.float64), np.asarray(w_u, dtype=np.float64)
+    edges = np.linspace(0, u.shape[1], GRAM_BLOCKS + 1).astype(int)
+    return np.concatenate(list(map_(lambda b: e.T @ u[:, edges[b]:edges[b + 1]], range(GRAM_BLOCKS))), axis=1)
 
 
 def eigenvalue_share(eigenvalues: np.ndarray) -> np.ndarray:
@@ -36,3 +46,24 @@ def copying_scores(w_v: np.ndarray, w_o: np.ndarray, kv_index: np.ndarray,
         return np.full(len(o), np.nan), residual
     through = v @ gram  # (Hkv, n, N): once per key/value group, the n N^2 products a head would repeat
     return eigenvalue_share(np.linalg.eigvals(through[kv] @ o)), residual
+
+
+def start_copying_scores(submit: Callable[..., Future], w_v: np.ndarray, w_o: np.ndarray, kv_index: np.ndarray,
+                         gram: np.ndarray | None, pieces: int) -> Callable[[], tuple[np.ndarray, np.ndarray]]:
+    """copying_scores in up to `pieces` pieces of whole key/value groups (a group's heads share W_V G), each
+    submitted (a pool's submit); returns the function collecting them into copying_scores' two arrays."""
+    kv = np.asarray(kv_index)
+    groups = np.array_split(np.unique(kv), min(pieces, len(np.unique(kv))))
+    started = []
+    for group in groups:
+        heads = np.flatnonzero(np.isin(kv, group))
+        started.append((heads, submit(copying_scores, w_v[group], w_o[heads], np.searchsorted(group, kv[heads]),
+                                      gram)))
+
+    def collect() -> tuple[np.ndarray, np.ndarray]:
+        copying, residual = np.empty(len(kv)), np.empty(len(kv))
+        for heads, future in started:
+            copying[heads], residual[heads] = future.result()
+        return copying, residual
+
+    return collect

@@ -17,6 +17,7 @@ from headforms.compute.bootstrap import RESAMPLES
 from headforms.compute.reduction import device_problem
 from headforms.compute.rotary import DEFAULT_DISTANCES, PROFILE_COLUMNS, Rotation
 from headforms.compute.statistics import PARITY_TOLERANCE, lobes
+from headforms.compute import threads
 from headforms.compute.threads import Pool
 from headforms.extract import Checkpoint, ExtractError
 from headforms.warehouse.storing.failures import stage
@@ -99,7 +100,7 @@ def unembedding_gram(ckpt: Checkpoint) -> np.ndarray | None:
     if ref is None or ref() is not ckpt:
         with stage("read", ckpt.name, "embeddings"):
             w_e, w_u = ckpt.read_embeddings()
-        gram = None if w_u is None else copying.unembedding_gram(w_e, w_u)
+        gram = None if w_u is None else copying.unembedding_gram(w_e, w_u, threads.map_threads)
         _GRAMS.clear()  # one model at a time: an executor's worker moves on to the next model's layers
         _GRAMS[id(ckpt)] = (weakref.ref(ckpt), gram)
     return gram
@@ -132,13 +133,15 @@ def start_rows(ckpt: Checkpoint, opts: LoadOptions, layer: int, weights: Weights
             w_v, w_o = weights.ov
             ov_later = start_layer(pool, w_o.transpose(0, 2, 1), w_v, spec.kv_index, layer=layer, seed=opts.seed,
                                    parity_tolerance=opts.parity_tolerance, device=opts.device)
-            scores = copying.copying_scores(w_v, w_o, spec.kv_index, unembedding_gram(ckpt))
+            copying_later = copying.start_copying_scores(pool.submit, w_v, w_o, spec.kv_index,
+                                                         unembedding_gram(ckpt), threads.WORKERS)
 
     def collect() -> LayerRows:
         with stage("compute", ckpt.name, layer):
             tables = layer_tables(ckpt.name, layer, spec.kv_index, spec.head_dim, later())
             if ov_later is not None:
                 ov = layer_tables(ckpt.name, layer, spec.kv_index, spec.head_dim, ov_later())
+                scores = copying_later()
                 ov["heads"] = ov["heads"].append_column("copying_score", pa.array(scores[0], from_pandas=True)) \
                     .append_column("residual_copying_score", pa.array(scores[1], from_pandas=True))
                 tables |= {f"ov_{table}": rows for table, rows in ov.items()}
