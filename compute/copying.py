@@ -53,7 +53,8 @@ def start_copying_scores(submit: Callable[..., Future], w_v: np.ndarray, w_o: np
     """copying_scores in up to `pieces` pieces of whole key/value groups (a group's heads share W_V G), each
     submitted (a pool's submit); returns the function collecting them into copying_scores' two arrays."""
     kv = np.asarray(kv_index)
-    groups = np.array_split(np.unique(kv), min(pieces, len(np.unique(kv))))
+    present = np.unique(kv)
+    groups = np.array_split(present, min(pieces, len(present)))
     started = []
     for group in groups:
         heads = np.flatnonzero(np.isin(kv, group))

@@ -343,23 +343,8 @@ def create_views(con: duckdb.DuckDBPyConnection, temporary: bool = False) -> Non
     elif not _stored_as_they_are(con):
         _create_views(con, "VIEW")
     if statements := comment_statements(con, SCHEMA, VIEWS, temporary_only=temporary):
-        _in_one_transaction(con, statements)
-
-
-def _in_one_transaction(con: duckdb.DuckDBPyConnection, statements: list[str]) -> None:
-    """The statements as one transaction (a fresh warehouse's ~530 comments: 0.30 s, against 0.86 s committed one by
-    one), or within the caller's where one is open."""
-    try:
-        con.execute("BEGIN TRANSACTION")
-    except duckdb.TransactionException:  # the caller's transaction holds them
-        con.execute("; ".join(statements))
-        return
-    try:
-        con.execute("; ".join(statements))
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
-    con.execute("COMMIT")
+        with transaction(con):  # one commit: a fresh warehouse's ~530 comments in 0.30 s, against 0.86 s one by one
+            con.execute("; ".join(statements))
 
 
 def _create_views(con: duckdb.DuckDBPyConnection, kind: str) -> None:
