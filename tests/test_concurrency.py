@@ -400,8 +400,10 @@ def recorded_task(folder: str, ref, opts, layer: int):
 
 def test_writer_computes_layers_while_the_workers_start(survey, tmp_path, monkeypatch):
     """Until a worker is up, the writer computes the layers itself, in order (here: the workers' start is held
-    back until it has computed two, and its third waits for them), then the workers compute the rest: the same
-    warehouse as the serial build, and the checkpoint the writer opened for its layers closed with the executor."""
+    back until it has started two; a third it takes before it sees them up waits for them, and whether it takes one
+    is a race between its second layer's end and the thread that marks the workers up), then the workers compute
+    the rest: the same warehouse as the serial build, and the checkpoint the writer opened for its layers closed
+    with the executor."""
     files, serial = survey
     folder = tmp_path / "computed"
     folder.mkdir()
@@ -421,7 +423,8 @@ def test_writer_computes_layers_while_the_workers_start(survey, tmp_path, monkey
     assert [result.status for _, result in results] == ["extracted"] * len(files)
     computed = {tuple(path.name.rsplit("-", 2)[:2]): int(path.name.rsplit("-", 1)[1]) for path in folder.iterdir()}
     assert len(computed) == sum(shape["n_layers"] for shape in SURVEY.values())
-    assert sorted(key for key, pid in computed.items() if pid == here) == [("m0", "0"), ("m0", "1"), ("m0", "2")]
+    here_layers = sorted(key for key, pid in computed.items() if pid == here)
+    assert here_layers in ([("m0", "0"), ("m0", "1")], [("m0", "0"), ("m0", "1"), ("m0", "2")]), here_layers
     assert not executors._OPEN
     assert_same(values(db), values(serial))
 
