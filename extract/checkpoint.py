@@ -30,6 +30,19 @@ def first_line(error: BaseException, typed: bool = False) -> str:
 
 
 @dataclass(frozen=True)
+class FormPart:
+    """One of the bilinear forms a head's score is the sum of, where it is more than one (multi-head latent
+    attention's 'nope' and 'rope': extract.latent): its head size, the key head of each query head, whether RoPE
+    rotates it, and the positive per-token factor on x_j^T L x_i besides score_scale."""
+
+    name: str
+    head_dim: int
+    kv_index: tuple[int, ...]
+    rotary: bool
+    factor: str
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """Shape and attention conventions of a model, normalised across architectures."""
 
@@ -46,11 +59,18 @@ class ModelSpec:
     rope: "Rope | None" = None  # RoPE's conventions (extract.rope) when positional == "rope"
     fold_norm: str | None = None  # None, or "gain" / "center" when the preceding norm was folded in
     softcap: float | None = None  # the logit is softcap * tanh(s / softcap) of the score s the form gives
+    parts: tuple[FormPart, ...] | None = None  # a head's score as several forms (heads.part); None: one, 'whole'
 
     @property
     def kv_index(self) -> np.ndarray:
         """Key head used by each query head (the usual repeat_kv order)."""
         return np.arange(self.n_heads) // (self.n_heads // self.n_kv_heads)
+
+    @property
+    def forms(self) -> tuple[FormPart, ...]:
+        """The forms each head is stored as: its parts, or its one 'whole' form."""
+        return self.parts or (FormPart(WHOLE, self.head_dim, tuple(int(g) for g in self.kv_index),
+                                       self.rope is not None, "1"),)
 
 
 @dataclass(frozen=True)
@@ -71,6 +91,7 @@ class ReadOptions:
         object.__setattr__(self, "circuits", tuple(c for c in CIRCUITS if c in circuits))
 
 
+WHOLE = "whole"  # heads.part of a head whose score is one form
 CIRCUITS = ("qk", "ov")  # a head's query-key form L = W_K^T W_Q and output-value map OV = W_O W_V
 
 
@@ -111,7 +132,8 @@ class Checkpoint:
 
     def read_circuits(self, layer: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """The circuits of options.circuits of a layer, every tensor read in one go, as float64 arrays:
-        "qk": (W_Q (n_heads, n, N), W_K (n_kv_heads, n, N)); "ov": (W_V (n_kv_heads, n, N), W_O (n_heads, N, n)),
+        "qk": (W_Q (n_heads, n, N), W_K (n_kv_heads, n, N)), or where spec.parts is set a dict part name -> its
+        (W_Q, W_K) (their width may be a smaller span's, extract.latent); "ov": (W_V (n_kv_heads, n, N), W_O (n_heads, N, n)),
         so head h adds W_O[h] @ W_V[kv_index[h]] @ sum_j A_ij x_j to the attention output (before its bias).
 
         Biases are not read: a V bias adds the constant W_O[h] b_V to a head's output (each row of A sums to 1),

@@ -20,6 +20,7 @@ from headforms.compute.statistics import PARITY_TOLERANCE, lobes
 from headforms.compute import threads
 from headforms.compute.threads import Pool
 from headforms.extract import Checkpoint, ExtractError
+from headforms.extract.checkpoint import WHOLE
 from headforms.warehouse.storing.failures import stage
 
 
@@ -74,8 +75,7 @@ class Weights:
     """One layer's maps as read (float64): Q/K, and V/O when the output-value circuit is asked for, with the
     seconds and the network bytes the read took."""
 
-    wq: np.ndarray
-    wk: np.ndarray
+    qk: dict[str, tuple[np.ndarray, np.ndarray]]  # part (spec.forms) -> (W_Q (H, n, width), W_K (Hkv, n, width))
     seconds: float
     bytes_fetched: int
     ov: tuple[np.ndarray, np.ndarray] | None = None  # (W_V (Hkv, n, N), W_O (H, N, n))
@@ -87,7 +87,8 @@ def read_weights(ckpt: Checkpoint, layer: int) -> Weights:
     t0, fetched = time.perf_counter(), ckpt.bytes_fetched or 0
     with stage("read", ckpt.name, layer):
         circuits = ckpt.read_circuits(layer)
-    return Weights(*circuits["qk"], time.perf_counter() - t0, (ckpt.bytes_fetched or 0) - fetched, circuits.get("ov"))
+    qk = circuits["qk"] if ckpt.spec.parts else {WHOLE: circuits["qk"]}
+    return Weights(qk, time.perf_counter() - t0, (ckpt.bytes_fetched or 0) - fetched, circuits.get("ov"))
 
 
 _GRAMS: dict[int, tuple[weakref.ref, np.ndarray | None]] = {}
@@ -123,9 +124,13 @@ def start_rows(ckpt: Checkpoint, opts: LoadOptions, layer: int, weights: Weights
     spec = ckpt.spec
     rotation = Rotation.of(spec.rope.pairing, spec.rope.frequencies) if spec.rope is not None else None
     with stage("compute", ckpt.name, layer):
-        later = start_layer(pool, weights.wq, weights.wk, spec.kv_index, layer=layer, seed=opts.seed,
-                            parity_tolerance=opts.parity_tolerance, device=opts.device, rotation=rotation,
-                            deltas=deltas(spec, opts))
+        # each form of the heads (spec.forms: one, or a latent-attention head's parts) analysed on its own; maps
+        # given in a smaller span than N (extract.latent) count their ambient zeros and baseline in N
+        later = {form.name: start_layer(
+            pool, *weights.qk[form.name], np.asarray(form.kv_index), layer=layer, seed=opts.seed,
+            parity_tolerance=opts.parity_tolerance, device=opts.device, rotation=rotation if form.rotary else None,
+            deltas=deltas(spec, opts), ambient=spec.d_model if weights.qk[form.name][0].shape[2] != spec.d_model
+            else None) for form in spec.forms}
         ov_later = None
         if weights.ov is not None:
             # OV_h = W_O[h] W_V[g] is analysed as its transpose W_V[g]^T W_O[h]^T, the L of "queries" W_O[h]^T and
@@ -138,9 +143,12 @@ def start_rows(ckpt: Checkpoint, opts: LoadOptions, layer: int, weights: Weights
 
     def collect() -> LayerRows:
         with stage("compute", ckpt.name, layer):
-            tables = layer_tables(ckpt.name, layer, spec.kv_index, spec.head_dim, later())
+            forms = [layer_tables(ckpt.name, layer, np.asarray(form.kv_index), form.head_dim,
+                                  later[form.name](), form.name) for form in spec.forms]
+            tables = {table: pa.concat_tables([form[table] for form in forms if table in form])
+                      for table in dict.fromkeys(table for form in forms for table in form)}
             if ov_later is not None:
-                ov = layer_tables(ckpt.name, layer, spec.kv_index, spec.head_dim, ov_later())
+                ov = layer_tables(ckpt.name, layer, spec.kv_index, spec.head_dim, ov_later(), None)
                 scores = copying_later()
                 ov["heads"] = ov["heads"].append_column("copying_score", pa.array(scores[0], from_pandas=True)) \
                     .append_column("residual_copying_score", pa.array(scores[1], from_pandas=True))
@@ -175,13 +183,15 @@ def _table(columns: dict, rows: int) -> pa.Table:
 
 
 def layer_tables(model: str, layer: int, kv_index: np.ndarray, head_dim: int,
-                 analysis: LayerAnalysis) -> dict[str, pa.Table]:
+                 analysis: LayerAnalysis, part: str | None = WHOLE) -> dict[str, pa.Table]:
     """The rows of heads, eigenvalues, fits (and distance_profiles) for one analysed layer, as Arrow
-    tables built from whole numpy columns (no per-row work, no intermediate frames)."""
+    tables built from whole numpy columns (no per-row work, no intermediate frames); every row of the heads'
+    form `part` (None: the ov tables, which have no part)."""
     stats, sp = analysis.statistics, analysis.spectra
     n_heads = sp.n_heads
     heads = np.arange(n_heads)
-    head_cols = {"model": model, "layer": layer, "head": heads, "kv_head": kv_index}
+    key = {"model": model, "layer": layer} | ({} if part is None else {"part": part})
+    head_cols = key | {"head": heads, "kv_head": kv_index}
     head_cols.update({k: pa.array(v, pa.string()) if k == "parity" else v for k, v in stats.items()})
     head_cols["balanced"] = (stats["n_pos"] == head_dim) & (stats["n_neg"] == head_dim)
 
@@ -198,14 +208,14 @@ def layer_tables(model: str, layer: int, kv_index: np.ndarray, head_dim: int,
         parts.append((head_idx, idx, values.real[keep], values.imag[keep] if np.iscomplexobj(values)
                       else np.zeros(len(idx))))
     head_idx, idx, value, imag = (np.concatenate(column) for column in zip(*parts))
-    eigen = _table({
-        "model": model, "layer": layer, "head": head_idx.astype(np.int32),
+    eigen = _table(key | {
+        "head": head_idx.astype(np.int32),
         "spectrum": _repeat(list(spectra), [len(p[0]) for p in parts]), "idx": idx.astype(np.int32),
         "value": value.astype(np.float64), "imag": imag.astype(np.float64)}, len(idx))
 
     combos = [(sample, family, cols) for sample, families in analysis.fits.items() for family, cols in families.items()]
-    fits = _table({
-        "model": model, "layer": layer, "head": np.tile(heads, len(combos)),
+    fits = _table(key | {
+        "head": np.tile(heads, len(combos)),
         "sample": _repeat([sample for sample, _, _ in combos], [n_heads] * len(combos)),
         "family": _repeat([family for _, family, _ in combos], [n_heads] * len(combos)),
         **{column: np.concatenate([cols[column] for _, _, cols in combos]) for column in combos[0][2]},
@@ -213,8 +223,8 @@ def layer_tables(model: str, layer: int, kv_index: np.ndarray, head_dim: int,
     tables = {"heads": _table(head_cols, n_heads), "eigenvalues": eigen, "fits": fits}
     if analysis.distances is not None:
         dist = analysis.distances
-        tables["distance_profiles"] = _table({
-            "model": model, "layer": layer, "head": np.tile(heads, len(dist["delta"])),
+        tables["distance_profiles"] = _table(key | {
+            "head": np.tile(heads, len(dist["delta"])),
             "delta": dist["delta"].ravel(),
             **{k: pa.array(dist[k].ravel(), pa.string()) if k == "parity" else dist[k].ravel()
                for k in PROFILE_COLUMNS}}, dist["delta"].size)

@@ -11,6 +11,7 @@ import polars as pl
 
 from headforms.compute import bootstrap
 from headforms.compute.threads import Pool
+from headforms.extract.checkpoint import WHOLE
 from headforms.warehouse.storing.failures import stage
 from headforms.warehouse.storing.store import insert, query
 
@@ -55,13 +56,14 @@ def write_summaries(con, model: str, resamples: int, seed: int) -> None:
     """Compute and insert the model's intervals, head types and copying intervals (inside the caller's transaction);
     a failure names its step (failures.stage), which models.failed_step records. The intervals' resampling runs on
     the pool while the head types are found in this thread."""
+    parts = query(con, "SELECT DISTINCT part FROM heads WHERE model = ? ORDER BY part", [model])["part"].to_list()
     with Pool() as pool:
         with stage("summaries (intervals)", model):
-            intervals = later_intervals(con, pool, model, resamples, seed)
+            intervals = [later_intervals(con, pool, model, resamples, seed, part) for part in parts]
         with stage("summaries (head types)", model):
-            types = model_head_types(con, model, seed)
+            types = pl.concat([model_head_types(con, model, seed, part) for part in parts])
         with stage("summaries (intervals)", model):
-            insert(con, "intervals", intervals())
+            insert(con, "intervals", pl.concat([collect() for collect in intervals]))
             copying = copying_intervals(con, model, resamples, seed)
             if copying.height:
                 insert(con, "copying_intervals", copying)
@@ -69,20 +71,22 @@ def write_summaries(con, model: str, resamples: int, seed: int) -> None:
         insert(con, "head_types", types)
 
 
-def model_intervals(con, model: str, resamples: int, seed: int) -> pl.DataFrame:
-    """95% bootstrap intervals of every figure of FIGURES for one model, by both methods (rows of `intervals`)."""
+def model_intervals(con, model: str, resamples: int, seed: int, part: str = WHOLE) -> pl.DataFrame:
+    """95% bootstrap intervals of every figure of FIGURES for one model's heads of one form (heads.part), by both
+    methods (rows of `intervals`)."""
     with Pool() as pool:
-        return later_intervals(con, pool, model, resamples, seed)()
+        return later_intervals(con, pool, model, resamples, seed, part)()
 
 
-def later_intervals(con, pool: Pool, model: str, resamples: int, seed: int) -> Callable[[], pl.DataFrame]:
+def later_intervals(con, pool: Pool, model: str, resamples: int, seed: int,
+                    part: str = WHOLE) -> Callable[[], pl.DataFrame]:
     """`model_intervals`, its resampling started now on `pool` (a piece per method and aggregate, compute.threads)
     and the function returned collecting it."""
     columns = ", ".join(f"{expr} AS f{i}" for i, (_, _, _, expr) in enumerate(FIGURES))
     heads = query(con, f"""
         SELECT h.layer, {columns} FROM heads h JOIN models m USING (model)
-        JOIN spectral_geometry g USING (model, layer, head)
-        WHERE h.model = ? ORDER BY h.layer, h.head""", [model])
+        JOIN spectral_geometry g USING (model, layer, head, part)
+        WHERE h.model = ? AND h.part = ? ORDER BY h.layer, h.head""", [model, part])
     values = heads.drop("layer").to_numpy().astype(float)
     layer = heads["layer"].to_numpy()
     groups = {"layer": np.stack([np.flatnonzero(layer == k) for k in np.unique(layer)]),
@@ -98,7 +102,8 @@ def later_intervals(con, pool: Pool, model: str, resamples: int, seed: int) -> C
         figures = [i for *_, piece_figures in chosen for i in piece_figures]
         rows = np.concatenate([piece.result() for piece in pieces])
         return pl.DataFrame([
-            pl.Series("model", [model] * len(figures)), pl.Series("view", [FIGURES[i][0] for i in figures]),
+            pl.Series("model", [model] * len(figures)), pl.Series("part", [part] * len(figures)),
+            pl.Series("view", [FIGURES[i][0] for i in figures]),
             pl.Series("figure", [FIGURES[i][1] for i in figures]),
             pl.Series("method", [method for _, method, _, piece_figures in chosen for _ in piece_figures]),
             *(pl.Series(name, rows[:, k], nan_to_null=True) for k, name in enumerate(("estimate", "low", "high"))),
@@ -114,7 +119,8 @@ def copying_intervals(con, model: str, resamples: int, seed: int) -> pl.DataFram
     scores in no median. No rows for a model without ov_heads rows."""
     rows = query(con, f"""
         SELECT o.layer, h.parity, {", ".join(f"o.{c}" for c in COPYING)}
-        FROM ov_heads o JOIN heads h USING (model, layer, head) WHERE o.model = ? ORDER BY o.layer, o.head""", [model])
+        FROM ov_heads o JOIN heads h USING (model, layer, head)
+        WHERE o.model = ? AND h.part = 'whole' ORDER BY o.layer, o.head""", [model])
     if not rows.height:
         return pl.DataFrame()
     values = rows.select(COPYING).to_numpy().astype(float)  # NULL as NaN, as bootstrap.median ignores it
@@ -139,13 +145,14 @@ def copying_intervals(con, model: str, resamples: int, seed: int) -> pl.DataFram
     }).with_columns(pl.col(pl.Float64).fill_nan(None))
 
 
-def model_head_types(con, model: str, seed: int) -> pl.DataFrame:
-    """Figure 5 coordinates, k-means type and silhouette of each head with a nonzero S (rows of `head_types`)."""
+def model_head_types(con, model: str, seed: int, part: str = WHOLE) -> pl.DataFrame:
+    """Figure 5 coordinates, k-means type and silhouette of each head with a nonzero S (rows of `head_types`), the
+    heads of one form (heads.part) together: a latent-attention head's two parts are spectra of different sizes."""
     from headforms.compute.head_types import DIMENSIONS, head_types, projection, unit_spectra
 
     spectra = query(con, """
         SELECT layer, head, list(value ORDER BY idx) AS eig FROM eigenvalues
-        WHERE model = ? AND spectrum = 'S' GROUP BY layer, head ORDER BY layer, head""", [model])
+        WHERE model = ? AND part = ? AND spectrum = 'S' GROUP BY layer, head ORDER BY layer, head""", [model, part])
     points = unit_spectra(np.array(spectra["eig"].to_list(), dtype=float))
     keep = ~np.isnan(points).any(axis=1)
     found = projection(points[keep])
@@ -153,6 +160,6 @@ def model_head_types(con, model: str, seed: int) -> pl.DataFrame:
     coords = np.zeros((len(found), DIMENSIONS))  # fewer than three heads lie in fewer directions: 0 on the others
     coords[:, :found.shape[1]] = found
     return pl.DataFrame({
-        "model": model, "layer": spectra["layer"].filter(keep), "head": spectra["head"].filter(keep),
+        "model": model, "layer": spectra["layer"].filter(keep), "head": spectra["head"].filter(keep), "part": part,
         "x": coords[:, 0], "y": coords[:, 1], "z": coords[:, 2],
         "type": types.astype(np.int32), "silhouette": scores})

@@ -47,6 +47,7 @@ CREATE TABLE IF NOT EXISTS heads (
     model                    VARCHAR NOT NULL,  -- the model (models.model)
     layer                    INTEGER NOT NULL,  -- layer, from 0
     head                     INTEGER NOT NULL,  -- query head within the layer, from 0
+    part                     VARCHAR NOT NULL DEFAULT 'whole',  -- the head's form: 'whole', or a latent-attention head's 'nope' / 'rope' (statistics.md section 8)
     kv_head                  INTEGER NOT NULL,  -- the key head h // (n_heads / n_kv_heads) whose W_K it reads (GQA)
     frobenius                DOUBLE,    -- ||L||, the Frobenius norm of L = W_K^T W_Q (statistics.md section 1)
     n_pos                    INTEGER NOT NULL,  -- eigenvalues of S above tol = 1e-9 max|eig(S)|
@@ -80,13 +81,14 @@ CREATE TABLE IF NOT EXISTS heads (
     theta_position           DOUBLE,    -- distance of the nearest point of Theta from (1/2, 1/2, 0, 0)
     random_theta_distance    DOUBLE,    -- theta_distance of the Gaussian head
     random_theta_position    DOUBLE,    -- theta_position of the Gaussian head
-    PRIMARY KEY (model, layer, head)
+    PRIMARY KEY (model, layer, head, part)
 );
 -- Columns added after the first release: warehouses built before them still open (the values stay NULL).
 ALTER TABLE heads ADD COLUMN IF NOT EXISTS theta_distance DOUBLE;
 ALTER TABLE heads ADD COLUMN IF NOT EXISTS theta_position DOUBLE;
 ALTER TABLE heads ADD COLUMN IF NOT EXISTS random_theta_distance DOUBLE;
 ALTER TABLE heads ADD COLUMN IF NOT EXISTS random_theta_position DOUBLE;
+ALTER TABLE heads ADD COLUMN IF NOT EXISTS part VARCHAR DEFAULT 'whole';  -- older warehouses: every head 'whole'
 
 -- Long-form spectra (statistics.md section 2), idx from 0 in decreasing order:
 --   'S'       eigenvalues of S, min(N, 2n) values (the ambient zeros are implicit)
@@ -105,10 +107,11 @@ CREATE TABLE IF NOT EXISTS eigenvalues (
     model    VARCHAR NOT NULL,   -- the model (models.model)
     layer    INTEGER NOT NULL,   -- layer, from 0
     head     INTEGER NOT NULL,   -- query head within the layer
+    part     VARCHAR NOT NULL DEFAULT 'whole',  -- the head's form (heads.part)
     spectrum VARCHAR NOT NULL,   -- 'S', 'S_pos', 'S_neg', 'T_sv', 'T_sigma', 'L', 'L_sv' (the table's comment)
     idx      INTEGER NOT NULL,   -- from 0, decreasing (by magnitude for 'L')
     value    DOUBLE NOT NULL,    -- the value (real part for 'L')
-    imag     DOUBLE NOT NULL     -- imaginary part ('L'), else 0; key: (model, layer, head, spectrum, idx)
+    imag     DOUBLE NOT NULL     -- imaginary part ('L'), else 0; key: (model, layer, head, part, spectrum, idx)
 );
 
 -- Distribution fits (statistics.md section 4), location fixed at 0, scipy's parametrisation:
@@ -121,6 +124,7 @@ CREATE TABLE IF NOT EXISTS fits (
     model      VARCHAR NOT NULL,   -- the model (models.model)
     layer      INTEGER NOT NULL,   -- layer, from 0
     head       INTEGER NOT NULL,   -- query head within the layer
+    part       VARCHAR NOT NULL DEFAULT 'whole',  -- the head's form (heads.part)
     sample     VARCHAR NOT NULL,   -- 'L_abs' (the n largest |eig(L)|), 'S_pos', 'S_neg', 'T' (sigma(T))
     family     VARCHAR NOT NULL,   -- 'gamma', 'lognormal', 'weibull', 'gengamma'
     shape      DOUBLE,             -- scipy's shape: gamma k, lognormal s, weibull c, gengamma a; NULL: no estimate
@@ -133,7 +137,7 @@ CREATE TABLE IF NOT EXISTS fits (
     aic        DOUBLE,             -- 2 k - 2 loglik, k free parameters: 2, or 3 for gengamma
     bic        DOUBLE,             -- k ln(n) - 2 loglik
     n          INTEGER NOT NULL,   -- sample size (values fitted)
-    status     VARCHAR NOT NULL    -- 'ok', 'boundary', 'failed'; key: (model, layer, head, sample, family)
+    status     VARCHAR NOT NULL    -- 'ok', 'boundary', 'failed'; key: (model, layer, head, part, sample, family)
 );
 -- Every ok fit in Prentice's (1974) generalized-gamma coordinates, log x = mu + sigma w (README "### Fit
 -- status, AIC and BIC"): gamma q = sigma, lognormal q = 0, Weibull q = 1; NULL unless status = 'ok'.
@@ -148,6 +152,7 @@ ALTER TABLE fits ADD COLUMN IF NOT EXISTS limit_law VARCHAR;  -- a boundary fit'
 -- replacement (all heads of each drawn layer); 'head': heads are resampled. estimate = the view's value.
 CREATE TABLE IF NOT EXISTS intervals (
     model     VARCHAR NOT NULL,   -- the model (models.model)
+    part      VARCHAR NOT NULL DEFAULT 'whole',  -- the heads' form whose figure it is (heads.part)
     view      VARCHAR NOT NULL,   -- the view of sql/ holding the figure
     figure    VARCHAR NOT NULL,   -- its column there
     method    VARCHAR NOT NULL,   -- 'layer' or 'head'
@@ -156,7 +161,7 @@ CREATE TABLE IF NOT EXISTS intervals (
     high      DOUBLE,             -- 97.5% percentile of the resampled figure
     resamples INTEGER NOT NULL,   -- B (extract --resamples)
     seed      BIGINT NOT NULL,    -- extract --seed; resamples drawn with (seed, 0) for 'layer', (seed, 1) for 'head'
-    PRIMARY KEY (model, view, figure, method)
+    PRIMARY KEY (model, part, view, figure, method)
 );
 
 -- Figure 5: each head's sorted unit-length spectrum of S projected on the model's three leading
@@ -166,12 +171,13 @@ CREATE TABLE IF NOT EXISTS head_types (
     model      VARCHAR NOT NULL,  -- the model (models.model)
     layer      INTEGER NOT NULL,  -- layer, from 0
     head       INTEGER NOT NULL,  -- query head within the layer
+    part       VARCHAR NOT NULL DEFAULT 'whole',  -- the head's form (heads.part); types are found per part
     x          DOUBLE NOT NULL,   -- Figure 5: coordinate on the first leading right singular direction
     y          DOUBLE NOT NULL,   -- on the second (0 for a model of one head)
     z          DOUBLE NOT NULL,   -- on the third (0 for a model of one or two heads)
     type       INTEGER NOT NULL,  -- k-means type, 0 = the largest; k in 2..8 by the best mean silhouette
     silhouette DOUBLE NOT NULL,   -- the head's silhouette in [-1, 1] (0 when the model has one type)
-    PRIMARY KEY (model, layer, head)
+    PRIMARY KEY (model, layer, head, part)
 );
 -- RoPE models: the statistics of L_delta = W_K^T R(delta) W_Q at each relative distance delta = i - j
 -- (query position minus key position) of models.distances; delta = 0 is the heads row's L.
@@ -179,6 +185,7 @@ CREATE TABLE IF NOT EXISTS distance_profiles (
     model            VARCHAR NOT NULL,  -- the model (models.model)
     layer            INTEGER NOT NULL,  -- layer, from 0
     head             INTEGER NOT NULL,  -- query head within the layer
+    part             VARCHAR NOT NULL DEFAULT 'whole',  -- the head's form (heads.part); a part without RoPE has none
     delta            INTEGER NOT NULL,  -- relative distance i - j, one of models.distances
     frobenius        DOUBLE,    -- ||L_delta||
     symmetric_energy DOUBLE,    -- ||S_delta||^2 / ||L_delta||^2, S_delta the symmetric part of L_delta
@@ -187,7 +194,7 @@ CREATE TABLE IF NOT EXISTS distance_profiles (
     c                DOUBLE,    -- heads.c of L_delta
     d                DOUBLE,    -- heads.d of L_delta
     parity           VARCHAR,   -- 'I+', 'II', 'I-' at the model's parity_tolerance
-    pairing          DOUBLE     -- 1 - ||lambda_+ - lambda_-|| / ||S_delta||; key: (model, layer, head, delta)
+    pairing          DOUBLE     -- 1 - ||lambda_+ - lambda_-|| / ||S_delta||; key: (model, layer, head, part, delta)
 );
 
 -- Columns added after the first release (old warehouses gain them when opened for writing).
@@ -198,6 +205,13 @@ ALTER TABLE models ADD COLUMN IF NOT EXISTS distances INTEGER[];   -- RoPE: the 
 -- and names the step; the same extract command finishes only that.
 ALTER TABLE models ADD COLUMN IF NOT EXISTS failed_step VARCHAR;  -- NULL, or the step that failed after the layers
 ALTER TABLE models ADD COLUMN IF NOT EXISTS attention_softcap DOUBLE;  -- logit = cap * tanh(s / cap) of the form's s
+-- Warehouses built before head parts: every row is a 'whole' head's (their keys lack part, so a latent-attention
+-- model, whose heads have two parts, is refused there: rebuild the warehouse to store one).
+ALTER TABLE eigenvalues ADD COLUMN IF NOT EXISTS part VARCHAR DEFAULT 'whole';
+ALTER TABLE fits ADD COLUMN IF NOT EXISTS part VARCHAR DEFAULT 'whole';
+ALTER TABLE intervals ADD COLUMN IF NOT EXISTS part VARCHAR DEFAULT 'whole';
+ALTER TABLE head_types ADD COLUMN IF NOT EXISTS part VARCHAR DEFAULT 'whole';
+ALTER TABLE distance_profiles ADD COLUMN IF NOT EXISTS part VARCHAR DEFAULT 'whole';
 
 -- Behaviour beside form (statistics.md section 8; `headforms behaviour`): per head, scores from the model's own
 -- forward pass over `sequences` seeded random sequences of `length` tokens, each repeated once, and its mean

@@ -81,18 +81,20 @@ def _shadow_missing_tables(con: duckdb.DuckDBPyConnection) -> None:
 
 
 # Columns schema.sql adds to existing tables (`ALTER TABLE t ADD COLUMN IF NOT EXISTS c TYPE`).
-_ADDED_COLUMN = re.compile(r"^ALTER TABLE (\w+) ADD COLUMN IF NOT EXISTS (\w+) (\w+)", re.MULTILINE)
+_ADDED_COLUMN = re.compile(r"^ALTER TABLE (\w+) ADD COLUMN IF NOT EXISTS (\w+) (\w+)(?: DEFAULT ('[^']*'))?",
+                           re.MULTILINE)
 
 
 def _shadow_added_columns(con: duckdb.DuckDBPyConnection) -> None:
     """A warehouse written by an older version, opened read-only, lacks columns schema.sql adds later:
-    temporary views of its tables with those columns as NULL, so this version's views can read it."""
+    temporary views of its tables with those columns as their default (NULL unless one is declared), so this
+    version's views can read it."""
     present = set(con.execute("SELECT table_name, column_name FROM duckdb_columns() "
                               "WHERE database_name = current_database() AND schema_name = 'main'").fetchall())
     missing: dict[str, list[str]] = {}
-    for table, column, kind in _ADDED_COLUMN.findall(SCHEMA.read_text()):
+    for table, column, kind, default in _ADDED_COLUMN.findall(SCHEMA.read_text()):
         if (table, column) not in present and any(t == table for t, _ in present):
-            missing.setdefault(table, []).append(f"NULL::{kind} AS {column}")
+            missing.setdefault(table, []).append(f"{default or 'NULL'}::{kind} AS {column}")
     [(database,)] = con.execute("SELECT current_database()").fetchall()
     for table, columns in missing.items():
         con.execute(f'CREATE TEMP VIEW {table} AS SELECT *, {", ".join(columns)} FROM "{database}".main.{table}')
