@@ -8,9 +8,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from headforms.extract import gguf_file
+from headforms.extract import gguf_file, latent
 from headforms.extract.discover import discovered_families
-from headforms.extract.layouts import LAYOUTS, REFUSED, Layout, _no_refusal
+from headforms.extract.layouts import LATENT_NORMS, LAYOUTS, REFUSED, Layout, _no_refusal
 
 COLUMNS = ("format", "family", "positional", "packing", "score_scale", "notes")
 TABLE_FILE = Path(__file__).resolve().parent.parent / "docs" / "architectures.md"
@@ -26,7 +26,8 @@ def _switched(layout: Layout, field: str, show) -> str:
 def _hf_row(family: str, layout: Layout) -> dict:
     norms = [("", layout.qk_norm)] + [(f"{v.when}: ", v.fields["qk_norm"]) for v in layout.variants
                                       if "qk_norm" in v.fields]
-    notes = [f"{when}QK-norm ({kind} gains): refused unless --qk-norm fold" for when, kind in norms if kind]
+    notes = [latent.TREATMENT if kind == LATENT_NORMS else f"{when}QK-norm ({kind} gains): refused unless --qk-norm fold"
+             for when, kind in norms if kind]
     if layout.softcap:
         notes.append(f"soft-capped: the logit is cap * tanh(s / cap), cap = {layout.softcap} when set; the form "
                      "gives s (models.attention_softcap)")

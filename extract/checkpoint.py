@@ -60,6 +60,7 @@ class ModelSpec:
     fold_norm: str | None = None  # None, or "gain" / "center" when the preceding norm was folded in
     softcap: float | None = None  # the logit is softcap * tanh(s / softcap) of the score s the form gives
     parts: tuple[FormPart, ...] | None = None  # a head's score as several forms (heads.part); None: one, 'whole'
+    form: object = field(default=None, compare=False, repr=False)  # the parts' builder's own spec (extract.latent)
 
     @property
     def kv_index(self) -> np.ndarray:

@@ -19,10 +19,11 @@ from gguf import GGMLQuantizationType, GGUFValueType
 
 from headforms.extract.checkpoint import (Checkpoint, Digest, ExtractError, ModelSpec, ReadOptions, first_line,
                                           hf_cache_commit)
+from headforms.extract import latent
 from headforms.extract.formats import extent_problem, header_cut, refuse_foreign
 from headforms.extract.layouts import SEPARATE, Layout
 from headforms.extract.norms import GGUF_NORMS, norm_for
-from headforms.extract.rope import gguf_rope
+from headforms.extract.rope import DEFAULT_THETA, gguf_rope
 
 
 def _inverse_sqrt_head_dim(meta: dict, arch: str, spec: dict) -> float:
@@ -61,7 +62,7 @@ class GGUFArchitecture:
     """Positional scheme: "rope", "learned" (absolute embeddings added to x) or "alibi"."""
     packings: tuple[str, ...] = ("separate",)
     """Q/K tensors the converter writes, first present wins: "separate" attn_q/attn_k, "fused" attn_qkv (rows
-    Q|K|V); none for a refused latent-attention architecture."""
+    Q|K|V), "latent" multi-head latent attention's down- and up-projections (extract.latent)."""
     rope_pairing: str | None = None
     """RoPE pairs of a head's rows as stored: "interleaved" (2i, 2i+1) or "split-half" (i, i + n/2); None: no RoPE."""
     qk_norm: str | None = None
@@ -78,7 +79,9 @@ class GGUFArchitecture:
     @property
     def packing(self) -> str:
         """The Q/K tensors in words, for `headforms architectures`."""
-        return " or ".join({"separate": "attn_q, attn_k", "fused": "attn_qkv (Q|K|V)"}[p] for p in self.packings)
+        return " or ".join({"separate": "attn_q, attn_k", "fused": "attn_qkv (Q|K|V)",
+                            "latent": "latent: attn_q_a, attn_q_b (or attn_q), attn_kv_a_mqa, attn_kv_b (or attn_k_b)"}[p]
+                           for p in self.packings)
 
     @property
     def notes(self) -> str:
@@ -88,6 +91,8 @@ class GGUFArchitecture:
             notes.append(f"QK-norm ({self.qk_norm} gains): refused unless --qk-norm fold")
         elif self.qk_norm == "layer":
             notes.append("refused when the file has QK LayerNorm")
+        elif self.qk_norm == "latent":
+            notes.append(latent.TREATMENT)
         if self.softcap:
             notes.append(f"soft-capped: the logit is cap * tanh(s / cap), cap = attn_logit_softcapping (default "
                          f"{self.softcap:g}); the form gives s (models.attention_softcap)")
@@ -133,9 +138,7 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     # Known to llama.cpp, refused with the reason:
     "grok": GGUFArchitecture("rope", refusal="llama.cpp soft-caps its attention logits (a tanh of q.k), "
                                              "so the score is not bilinear in x"),
-    "deepseek2": GGUFArchitecture("rope", packings=(), refusal="multi-head latent attention normalises the latent kv "
-                                                  "(attn_kv_a_norm; q's attn_q_a_norm too where present) inside "
-                                                  "the projection, so the score is not bilinear in x"),
+    "deepseek2": GGUFArchitecture("rope", packings=("latent",), rope_pairing="interleaved", qk_norm="latent"),
     "llama4": GGUFArchitecture("rope", refusal="its RoPE layers L2-normalise q and k, and its other layers scale q "
                                                "by a temperature that grows with position"),
 }
@@ -338,6 +341,44 @@ def open_gguf(path: Path, *, name: str, source: str, options: ReadOptions = Read
                            checkpoint_bytes=path.stat().st_size, options=options)
 
 
+# GGUF deepseek2 (llama.cpp): role -> tensor stem of blk.{i}; kv_b is stored whole (attn_kv_b, as Hugging Face's), or,
+# by converters since MLA's absorption, as attn_k_b (H, kv_lora, nope: each head's k rows transposed) and attn_v_b.
+LATENT_TENSORS = {"q": "attn_q", "q_a": "attn_q_a", "q_a_norm": "attn_q_a_norm", "q_b": "attn_q_b",
+                  "kv_a": "attn_kv_a_mqa", "kv_a_norm": "attn_kv_a_norm", "kv_b": "attn_kv_b", "k_b": "attn_k_b"}
+
+
+def latent_roles(meta: dict, names: set[str], path, qk_norm: str) -> tuple[latent.LatentSpec, dict]:
+    """(LatentSpec, role -> (tensor stem, shape)) of a GGUF deepseek2 file from its metadata and tensor names, kv_b
+    whole or split into k_b; llama.cpp's RoPE for deepseek2 rotates consecutive pairs, its score scale is
+    1/sqrt(nope + rope)."""
+    arch = meta.get("general.architecture")
+
+    def key(suffix: str, optional: bool = False):
+        value = meta.get(f"{arch}.{suffix}")
+        if value is None and not optional:
+            raise ExtractError(f"GGUF file {path} lacks the scalar metadata {arch}.{suffix}")
+        return value
+
+    rope = key("rope.dimension_count")
+    head_k = key("attention.key_length_mla", optional=True) or key("attention.key_length")
+    head_v = key("attention.value_length_mla", optional=True) or key("attention.value_length")
+    lora = "blk.0.attn_q_a.weight" in names
+    raw = {"model_type": "deepseek_v2", "num_hidden_layers": key("block_count"),
+           "num_attention_heads": key("attention.head_count"), "hidden_size": key("embedding_length"),
+           "q_lora_rank": key("attention.q_lora_rank") if lora else None,
+           "kv_lora_rank": key("attention.kv_lora_rank"), "qk_rope_head_dim": rope,
+           "qk_nope_head_dim": head_k - rope, "v_head_dim": head_v,
+           "rope_theta": float(key("rope.freq_base", optional=True) or DEFAULT_THETA)}
+    spec = latent.latent_spec({k: int(v) if isinstance(v, (int, np.integer)) else v for k, v in raw.items()},
+                              qk_norm, label=f"GGUF file {path} (its metadata)")
+    shapes = spec.shapes()
+    if "blk.0.attn_k_b.weight" in names:
+        del shapes["kv_b"]
+        shapes["k_b"] = (spec.n_heads, spec.kv_lora_rank, spec.nope)
+    return replace(spec, architecture=arch, config=meta), {role: (LATENT_TENSORS[role], shape)
+                                                           for role, shape in shapes.items()}
+
+
 def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source: str, pinned: str | None,
                     checkpoint_bytes: int, options: ReadOptions, meter=None, revision_kind: str = "hub",
                     digest: Digest | None = None) -> Checkpoint:
@@ -376,15 +417,24 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
         raise ExtractError(f"GGUF file {path}: {n_heads} query heads do not group over {n_kv_heads} kv heads")
 
     tensors = {t.name: t for t in reader.tensors}
-    first = {"separate": "blk.0.attn_q.weight", "fused": "blk.0.attn_qkv.weight"}
+    first = {"separate": "blk.0.attn_q.weight", "fused": "blk.0.attn_qkv.weight", "latent": "blk.0.attn_kv_a_mqa.weight"}
     packing = next((p for p in layout.packings if first[p] in tensors), layout.packings[0])
+    form = None  # a latent-attention file's LatentSpec: each head read as its two parts (extract.latent)
     q_rows, k_rows = n_heads * head_dim, n_kv_heads * head_dim
     circuits = options.circuits
     roles = ({"q": ("attn_q", (q_rows, d_model)), "k": ("attn_k", (k_rows, d_model))} if packing == "separate"
              else {"qkv": ("attn_qkv", (q_rows + k_rows + n_kv_heads * value_dim, d_model))})
     ov_roles = ({"v": ("attn_v", (n_kv_heads * value_dim, d_model))} if packing == "separate" else {}) | {
         "o": ("attn_output", (d_model, n_heads * value_dim))}
-    if layout.qk_norm and "blk.0.attn_q_norm.weight" in tensors:
+    if packing == "latent":
+        if fold_norm != "none":
+            raise ExtractError(f"GGUF {arch}: fold_norm='{fold_norm}' is not built for multi-head latent attention")
+        if "ov" in circuits:
+            raise ExtractError(f"GGUF {arch}: the ov circuit is refused: multi-head latent attention's values are "
+                               "read through the kv latent's RMSNorm; its OV maps are not built yet")
+        form, roles = latent_roles(meta, set(tensors), path, qk_norm)
+        ov_roles = {}
+    elif layout.qk_norm and "blk.0.attn_q_norm.weight" in tensors:
         if qk_norm == "refuse" or layout.qk_norm == "layer":
             raise ExtractError(_qk_norm_refusal(arch, layout))
         per_head = layout.qk_norm == "head"
@@ -400,10 +450,11 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
         for role, (stem, shape) in roles.items():
             tensor = tensors.get(f"blk.{i}.{stem}.weight")
             if tensor is None:
-                raise ExtractError(f"GGUF file {path} has no tensor blk.{i}.{stem}.weight")
+                raise ExtractError(f"GGUF file {path} has no tensor blk.{i}.{stem}.weight (layer {i})")
             actual = tuple(int(d) for d in tensor.shape[::-1])  # GGUF lists dims innermost first
             if actual != shape:
-                raise ExtractError(f"GGUF tensor {tensor.name} has shape {actual}, expected {shape}")
+                raise ExtractError(f"GGUF tensor {tensor.name} has shape {actual}, expected {shape} from the file's "
+                                   "metadata")
             if not dequantizable(tensor.tensor_type):
                 raise ExtractError(f"cannot dequantize tensor {tensor.name}: the gguf package does not support "
                                    f"type {tensor.tensor_type.name}")
@@ -413,7 +464,8 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
     shape = {"n_layers": n_layers, "n_heads": n_heads, "d_model": d_model, "head_dim": head_dim}
     rope = {"rope_pairing": layout.rope_pairing, "rope_theta": key("rope.freq_base", 10000.0),
             "rope_dims": key("rope.dimension_count", head_dim)} if layout.positional == "rope" else {}
-    spec = ModelSpec(
+    spec = replace(latent.model_spec(form), config={**meta, "parts": latent.model_spec(form).config["parts"]}) \
+        if form is not None else ModelSpec(
         architecture=arch, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, d_model=d_model,
         head_dim=head_dim, score_scale=SCALE_RULES[layout.score_scale](meta, arch, shape),
         positional=layout.positional,
@@ -442,7 +494,9 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
             arrays |= {"q": qkv[:q_rows], "k": qkv[q_rows:q_rows + k_rows], "v": qkv[q_rows + k_rows:]}
         gain = _weight(gains[layer], fetched[-1], layer) if norm is not None else None
         out = {}
-        if "qk" in circuits:
+        if "qk" in circuits and form is not None:
+            out["qk"] = latent.latent_parts(arrays, form)
+        elif "qk" in circuits:
             w_q, w_k = fold.qk_maps(arrays, spec)
             out["qk"] = (w_q, w_k) if norm is None else norm.fold(w_q, w_k, gain, fold_norm)
         if "ov" in circuits:

@@ -633,8 +633,8 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
         raw = {role: arrays[tensor] for role, tensor in roles.items() if role != "gain"}
         out = {}
         if "qk" in circuits:
-            w_q, w_k = layout.qk_maps(raw, spec)
-            out["qk"] = norm.fold(w_q, w_k, arrays[roles["gain"]], fold_norm) if norm is not None else (w_q, w_k)
+            maps = layout.qk_maps(raw, spec)  # (W_Q, W_K), or with spec.parts a mapping part -> (W_Q, W_K)
+            out["qk"] = norm.fold(*maps, arrays[roles["gain"]], fold_norm) if norm is not None else maps
         if "ov" in circuits:
             w_v, w_o = layout.ov_maps(raw, spec)
             out["ov"] = (norm.fold_map(w_v, arrays[roles["gain"]], fold_norm) if norm is not None else w_v, w_o)

@@ -17,20 +17,19 @@ reduced through U once and every head's maps are m wide instead of N (where m < 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Callable
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
-from gguf import GGUFValueType
-from scipy.linalg import solve_triangular
 
-from headforms.extract import hf
-from headforms.extract.checkpoint import ExtractError, first_line
-from headforms.extract.gguf_file import _file_refusal, _open_reader, _weight
-from headforms.extract.rope import DEFAULT_THETA
+from headforms.extract.checkpoint import ExtractError, FormPart, ModelSpec, first_line
+from headforms.extract.rope import DEFAULT_THETA, Rope
 
 FAMILIES = ("deepseek_v2", "deepseek_v3")
+# The treatment in words, for `headforms architectures`.
+TREATMENT = ("multi-head latent attention: each head stored as two parts, 'nope' (through the kv latent) and 'rope' "
+             "(through the shared rotary key), the latents' RMSNorm gains folded (needs --qk-norm fold); the ov "
+             "circuit refused")
 PARTS = ("nope", "rope")
 PREFIXES = ("model.", "")
 _ATTENTION = "layers.{i}.self_attn."
@@ -59,6 +58,8 @@ class LatentSpec:
     pairing: str                 # the rope rows' pairs: 'interleaved' (2k, 2k+1) or 'split-half' (k, k + rope/2)
     frequencies: tuple[float, ...]  # radians per position, one per pair, as transformers computes them
     config: dict
+    theta: float = DEFAULT_THETA  # RoPE's base
+    scaling: str = "default"     # its rope_type
 
     @property
     def width(self) -> int:
@@ -89,18 +90,28 @@ class Part:
 
 
 @dataclass(frozen=True)
-class LatentLayer:
+class LatentLayer(Mapping):
     """A layer's parts in the common span of its down-projections D (m, N): W = W' U^T, U = basis (N x m,
-    orthonormal) with D^T = U R; where m >= N there is no smaller span and W' = W (r None)."""
+    orthonormal) with D^T = U R; where m >= N there is no smaller span and W' = W (r None). As a mapping, part
+    name -> (W_Q, W_K): what Checkpoint.read_circuits gives as "qk" for a model with parts."""
 
     parts: dict[str, Part]
     down: np.ndarray = field(repr=False)  # D = [W_qa; W_kva] (or [W_q; W_kva])
     r: np.ndarray | None = field(default=None, repr=False)
 
+    def __getitem__(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        return self.parts[name].wq, self.parts[name].wk
+
+    def __iter__(self):
+        return iter(self.parts)
+
+    def __len__(self) -> int:
+        return len(self.parts)
+
     @property
     def basis(self) -> np.ndarray | None:
         """U = D^T R^-1, solved when asked for (the spectra need only R): for tests and per-token scores."""
-        return None if self.r is None else solve_triangular(self.r, self.down, trans="T").T
+        return None if self.r is None else np.linalg.solve(self.r.T, self.down).T  # R^T U^T = D
 
 
 def _count(config: dict, key: str, label: str, optional: bool = False) -> int | None:
@@ -122,9 +133,6 @@ def latent_spec(raw: dict, qk_norm: str = "fold", label: str = "config.json") ->
         raise ExtractError(f"{architecture} normalises its latent q and kv (q_a_layernorm, kv_a_layernorm), so the "
                            "score is not bilinear in x; pass qk_norm='fold' to fold the norm gains in (each head "
                            "is then two forms, scored per token by 1/rms of the latents)")
-    if raw.get("quantization_config"):
-        method = raw["quantization_config"].get("quant_method", "unknown")
-        raise ExtractError(f"{architecture} is refused: quantized checkpoints ({method}) are not supported")
     if raw.get("attention_bias"):
         raise ExtractError(f"{architecture} is refused: attention_bias adds a bias to the latents before their "
                            "RMSNorm, so the score is not bilinear in x")
@@ -140,10 +148,28 @@ def latent_spec(raw: dict, qk_norm: str = "fold", label: str = "config.json") ->
         raise ExtractError(f"{label}: qk_rope_head_dim {rope} is odd; RoPE rotates pairs")
     frequencies, factor, scale = _rope(raw, architecture, rope, (nope + rope) ** -0.5)
     pairing = "interleaved" if architecture == "deepseek_v2" or raw.get("rope_interleave", True) else "split-half"
+    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
     return LatentSpec(architecture=architecture, n_layers=n_layers, n_heads=n_heads, d_model=d_model,
                       q_lora_rank=q_lora, kv_lora_rank=kv_lora, nope=nope, rope=rope, v_head_dim=v_dim,
                       score_scale=scale, rope_factor=factor**2, pairing=pairing, frequencies=frequencies,
-                      config=dict(raw))
+                      config=dict(raw), theta=float(params.get("rope_theta") or raw.get("rope_theta") or DEFAULT_THETA),
+                      scaling=params.get("rope_type", params.get("type")) or "default")
+
+
+def model_spec(latent: LatentSpec) -> ModelSpec:
+    """The ModelSpec of an MLA model: each head stored as its two parts (FormPart 'nope' through the kv latent, one
+    key per head; 'rope' through the rotary key all heads share), RoPE on the rope part, the norm gains folded."""
+    lora = latent.q_lora_rank is not None
+    parts = (FormPart("nope", latent.nope, tuple(range(latent.n_heads)), False,
+                      "1/(rms_q(x_i) rms_kv(x_j))" if lora else "1/rms_kv(x_j)"),
+             FormPart("rope", latent.rope, (0,) * latent.n_heads, True, "1/rms_q(x_i)" if lora else "1"))
+    rope = Rope(theta=latent.theta, rotary_dims=latent.rope, pairing=latent.pairing, scaling=latent.scaling,
+                frequencies=latent.frequencies, attention_factor=float(np.sqrt(latent.rope_factor)))
+    config = dict(latent.config) | {"parts": {p.name: {"head_dim": p.head_dim, "factor": p.factor} for p in parts}}
+    return ModelSpec(architecture=latent.architecture, n_layers=latent.n_layers, n_heads=latent.n_heads,
+                     n_kv_heads=latent.n_heads, d_model=latent.d_model, head_dim=latent.nope + latent.rope,
+                     score_scale=latent.score_scale, positional="rope", qk_norm="folded", config=config, rope=rope,
+                     parts=parts, form=latent)
 
 
 def _rope(raw: dict, architecture: str, dims: int, scale: float) -> tuple[tuple[float, ...], float, float]:
@@ -215,110 +241,3 @@ def latent_parts(t: dict[str, np.ndarray], spec: LatentSpec) -> LatentLayer:
         "rope": Part("rope", np.ascontiguousarray(spec.rope_factor * q[:, nope:]), k_rope, np.zeros(h, np.intp),
                      "1/rms_q(x_i)" if lora else "1", True),
     }, down, r)
-
-
-@dataclass
-class LatentCheckpoint:
-    """An MLA checkpoint folder, its tensors checked against config.json up front: a reader of one layer's parts."""
-
-    name: str
-    spec: LatentSpec
-    reader: Callable[[int], LatentLayer]
-    close: Callable[[], None]
-
-    def read_layer(self, layer: int) -> LatentLayer:
-        return self.reader(layer)
-
-
-def open_latent_folder(folder: Path, *, name: str, qk_norm: str = "fold") -> LatentCheckpoint:
-    """An MLA Hugging Face folder as a LatentCheckpoint: config validated, every layer's tensors present with the
-    shapes the config implies and a float dtype, or one ExtractError line."""
-    folder = Path(folder)
-    spec = latent_spec(hf._read_config(folder), qk_norm)
-    weights = hf._find_weights(folder)
-    first = _ATTENTION.format(i=0) + TENSORS["kv_a"]
-    prefix = next((p for p in PREFIXES if p + first in weights.where), PREFIXES[0])
-    hf._check_tensors(weights, [(tensor, shape, layer) for layer in range(spec.n_layers)
-                                for tensor, shape in tensors_for(spec, prefix, layer).values()])
-
-    def reader(layer: int) -> LatentLayer:
-        if not 0 <= layer < spec.n_layers:
-            raise ExtractError(f"layer {layer} out of range: {name} has {spec.n_layers} layers")
-        roles = tensors_for(spec, prefix, layer)
-        arrays = weights.read([tensor for tensor, _ in roles.values()])
-        for tensor, array in arrays.items():
-            if not np.isfinite(array).all():
-                raise ExtractError(f"layer {layer}: tensor '{tensor}' has non-finite values")
-        return latent_parts({role: arrays[tensor] for role, (tensor, _) in roles.items()}, spec)
-
-    return LatentCheckpoint(name=name, spec=spec, reader=reader, close=weights.close)
-
-
-# GGUF deepseek2 (llama.cpp): role -> tensor of blk.{i}; kv_b is stored whole (attn_kv_b, as Hugging Face's), or, by
-# converters since MLA's absorption, as attn_k_b (H, kv_lora, nope: each head's k rows transposed) and attn_v_b.
-GGUF_TENSORS = {"q": "attn_q", "q_a": "attn_q_a", "q_a_norm": "attn_q_a_norm", "q_b": "attn_q_b",
-                "kv_a": "attn_kv_a_mqa", "kv_a_norm": "attn_kv_a_norm", "kv_b": "attn_kv_b", "k_b": "attn_k_b"}
-
-
-def gguf_latent_spec(meta: dict, names: set[str], path) -> tuple[LatentSpec, bool]:
-    """(LatentSpec, whether kv_b is split into k_b) of a GGUF deepseek2 file from its metadata and tensor names;
-    llama.cpp's RoPE for deepseek2 rotates consecutive pairs, its score scale is 1/sqrt(nope + rope)."""
-    arch = meta.get("general.architecture")
-    if arch != "deepseek2":
-        raise ExtractError(f"GGUF {arch} is not multi-head latent attention (expected deepseek2)")
-    if reason := _file_refusal(meta, arch):
-        raise ExtractError(f"GGUF {arch} is refused: {reason}")
-
-    def key(suffix: str, optional: bool = False):
-        value = meta.get(f"{arch}.{suffix}")
-        if value is None and not optional:
-            raise ExtractError(f"GGUF file {path} lacks the scalar metadata {arch}.{suffix}")
-        return value
-
-    rope = key("rope.dimension_count")
-    head_k = key("attention.key_length_mla", optional=True) or key("attention.key_length")
-    head_v = key("attention.value_length_mla", optional=True) or key("attention.value_length")
-    lora = "blk.0.attn_q_a.weight" in names
-    raw = {"model_type": "deepseek_v2", "num_hidden_layers": key("block_count"),
-           "num_attention_heads": key("attention.head_count"), "hidden_size": key("embedding_length"),
-           "q_lora_rank": key("attention.q_lora_rank") if lora else None,
-           "kv_lora_rank": key("attention.kv_lora_rank"), "qk_rope_head_dim": rope,
-           "qk_nope_head_dim": head_k - rope, "v_head_dim": head_v,
-           "rope_theta": float(key("rope.freq_base", optional=True) or DEFAULT_THETA)}
-    spec = latent_spec({k: int(v) if isinstance(v, (int, np.integer)) else v for k, v in raw.items()},
-                       label=f"GGUF file {path} (its metadata)")
-    return replace(spec, architecture="deepseek2", config=meta), "blk.0.attn_k_b.weight" in names
-
-
-def open_latent_gguf(path: Path, *, name: str) -> LatentCheckpoint:
-    """A GGUF deepseek2 file as a LatentCheckpoint, either layout of kv_b; every layer's tensors checked up front."""
-    path = Path(path)
-    reader = _open_reader(path)
-    meta = {k: f.contents() for k, f in reader.fields.items() if f.types and f.types[0] != GGUFValueType.ARRAY}
-    tensors = {t.name: t for t in reader.tensors}
-    spec, split = gguf_latent_spec(meta, set(tensors), path)
-    shapes = spec.shapes()
-    if split:
-        del shapes["kv_b"]
-        shapes["k_b"] = (spec.n_heads, spec.kv_lora_rank, spec.nope)
-
-    def name_of(role: str, layer: int) -> str:
-        return f"blk.{layer}.{GGUF_TENSORS[role]}.weight"
-
-    for layer in range(spec.n_layers):
-        for role, shape in shapes.items():
-            tensor = tensors.get(name_of(role, layer))
-            if tensor is None:
-                raise ExtractError(f"GGUF file {path} has no tensor {name_of(role, layer)} (layer {layer})")
-            actual = tuple(int(d) for d in tensor.shape[::-1])
-            if actual != shape:
-                raise ExtractError(f"GGUF tensor {tensor.name} has shape {actual}, expected {shape} from the "
-                                   "file's metadata")
-
-    def reader_of(layer: int) -> LatentLayer:
-        if not 0 <= layer < spec.n_layers:
-            raise ExtractError(f"layer {layer} out of range: {name} has {spec.n_layers} layers")
-        return latent_parts({role: _weight(tensors[name_of(role, layer)], tensors[name_of(role, layer)].data, layer)
-                             for role in shapes}, spec)
-
-    return LatentCheckpoint(name=name, spec=spec, reader=reader_of, close=lambda: None)

@@ -13,6 +13,7 @@ from typing import Callable
 
 import numpy as np
 
+from headforms.extract import latent
 from headforms.extract.checkpoint import ExtractError, ModelSpec
 
 @dataclass(frozen=True)
@@ -94,6 +95,16 @@ STACKED_QKV = Packing("fused [Q|K|V] blocks", _fused_rows, _stacked_split, *_fus
 GROUPED_QKV = Packing("fused, per group (q..q,k,v)", _fused_rows, _grouped_split, *_fused_ov(
     lambda w, s: w.reshape(s.n_kv_heads, s.n_heads // s.n_kv_heads + 2, s.head_dim, s.d_model)[:, -1]))
 
+
+# Multi-head latent attention (extract.latent): the down-projections, their RMSNorm gains and the up-projections.
+LATENT = Packing(
+    name="latent (q_a, q_b or q; kv_a, kv_b)",
+    shapes=lambda s: s.form.shapes(),
+    split=lambda t, s: latent.latent_parts(t, s.form),
+    ov_shapes=lambda s: {},
+    ov_split=lambda t, s: (),
+)
+LATENT_NORMS = "latent"  # Layout.qk_norm of MLA: its q and kv latents' RMSNorms, always folded
 
 _SHAPE_PROBE = ModelSpec("probe", 1, 1, 1, 1, 1, 1.0, "learned")  # a spec to list a packing's roles with
 
@@ -235,7 +246,7 @@ class Layout:
         if "ov" in circuits:
             shapes |= self.packing.ov_shapes(spec)
         per_module = {}  # one norm module per head (stablelm): role.h -> its gain of size n
-        if spec.qk_norm == "folded" and "qk" in circuits:
+        if spec.qk_norm == "folded" and "qk" in circuits and self.qk_norm != LATENT_NORMS:  # latent: packing roles
             gains = {"head": lambda heads: (spec.head_dim,), "projection": lambda heads: (heads * spec.head_dim,),
                      "centred": lambda heads: (heads, spec.head_dim)}[self.qk_norm]
             for role, heads in (("q_norm", spec.n_heads), ("k_norm", spec.n_kv_heads)):
@@ -247,12 +258,15 @@ class Layout:
         return {role: (prefix + self.tensors[role].format(i=layer), shape) for role, shape in shapes.items()} | per_module
 
     def qk_maps(self, tensors: dict[str, np.ndarray], spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
-        """W_Q (H, n, N) and W_K (Hkv, n, N) from a layer's raw tensors, norm gains folded when present.
+        """W_Q (H, n, N) and W_K (Hkv, n, N) from a layer's raw tensors, norm gains folded when present (a latent
+        layout: its parts, a mapping part -> (W_Q, W_K), extract.latent).
 
         A centred norm (LayerNorm without bias) first subtracts each head's mean row: q - mean(q) = C q
         with the centring matrix C, so C W_Q is the map the RMS then normalises. Copies to contiguous
         arrays so no view keeps a fused tensor's V block alive.
         """
+        if self.qk_norm == LATENT_NORMS:  # a latent-attention layer: its parts (extract.latent), gains folded
+            return self.packing.split(tensors, spec)
         w_q, w_k = self.packing.split(tensors, spec)
         if spec.qk_norm == "folded" and self.qk_norm == "centred":
             w_q, w_k = w_q - w_q.mean(axis=1, keepdims=True), w_k - w_k.mean(axis=1, keepdims=True)
@@ -378,6 +392,16 @@ _FALCON_VARIANTS = (
 _GPT_BIGCODE_VARIANTS = (_MULTI_QUERY,)
 
 
+# DeepSeek-V2/V3 (and the checkpoints reusing deepseek_v3: Kimi-K2): each head two forms, extract.latent. The OV
+# circuit's values run through the kv latent's RMSNorm too (W_O W_vb diag(g) W_kva / rms_kv(x_j)): not built yet.
+_latent = Layout(positional="rope", prefixes=_LLAMA_PREFIXES,
+                 tensors={role: "layers.{i}.self_attn." + name for role, name in latent.TENSORS.items()},
+                 packing=LATENT, qk_norm=LATENT_NORMS, embeddings=_LLAMA_EMBEDDINGS,
+                 scale=Scale("1/sqrt(qk_nope_head_dim + qk_rope_head_dim), times yarn's mscale^2",
+                             lambda config, n: n**-0.5),
+                 ov_refused="multi-head latent attention's values are read through the kv latent's RMSNorm; its OV "
+                            "maps are not built yet")
+
 LAYOUTS: dict[str, Layout] = {
     "gpt2": Layout(positional="learned", prefixes=("transformer.", ""),
                    tensors={"qkv": "h.{i}.attn.c_attn.weight", "o": "h.{i}.attn.c_proj.weight"}, packing=CONV1D_QKV,
@@ -403,6 +427,8 @@ LAYOUTS: dict[str, Layout] = {
     "gemma2": _llama_like(defaults=_GEMMA2_DEFAULTS, scale=QUERY_PRE_ATTN_SCALE, softcap=_SOFTCAP,
                           embeddings=_GEMMA_EMBEDDINGS),
     "qwen3": _llama_like(defaults={"head_dim": 128}, qk_norm="head"),
+    "deepseek_v2": _latent,
+    "deepseek_v3": _latent,
     "olmo2": _llama_like(qk_norm="projection"),
     "gemma3_text": _llama_like(defaults=_GEMMA3_DEFAULTS, scale=QUERY_PRE_ATTN_SCALE, softcap=_SOFTCAP,
                                qk_norm="head", norm_offset=1.0, embeddings=_GEMMA_EMBEDDINGS),
@@ -482,10 +508,6 @@ _LLAMA4 = ("its NoPE layers multiply q by a temperature log(1 + floor((i + 1) / 
            "layers rotate complex pairs (2i, 2i+1) and L2-normalise q and k after the rotation")
 # Families transformers knows whose attention score is not scale * x_j^T L x_i: refused by name, never discovered.
 REFUSED = {
-    "deepseek_v2": "multi-head latent attention normalises the latent q and kv (q_a_layernorm, kv_a_layernorm) "
-                   "inside the projection, so the score is not bilinear in x",
-    "deepseek_v3": "multi-head latent attention normalises the latent q and kv (q_a_layernorm, kv_a_layernorm) "
-                   "inside the projection, so the score is not bilinear in x",
     "diffllama": "differential attention subtracts two softmaxes, so no single bilinear score exists",
     "llama4": _LLAMA4,
     "llama4_text": _LLAMA4,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import fnmatch
 
-from headforms.extract import quantized
+from headforms.extract import latent, quantized
 from headforms.extract.checkpoint import ExtractError, ModelSpec, ReadOptions
 from headforms.extract.discover import discover_layout
-from headforms.extract.layouts import LAYOUTS, REFUSED, SUPPORTED, Layout, layout_key
+from headforms.extract.layouts import LATENT_NORMS, LAYOUTS, REFUSED, SUPPORTED, Layout, layout_key
 from headforms.extract.rope import hf_rope
 
 # config.json spellings of the shape fields, first present wins (families name them differently).
@@ -99,6 +99,11 @@ def model_spec(raw: dict, options: ReadOptions = ReadOptions()) -> tuple[Layout,
     reason = _refusal(layout, raw, config)
     if reason:
         raise ExtractError(f"{architecture} is refused: {reason}")
+    if layout.qk_norm == LATENT_NORMS:  # each head's two parts (extract.latent), or its refusal in one line
+        if options.fold_norm != "none":
+            raise ExtractError(f"{architecture}: fold_norm='{options.fold_norm}' is not built for multi-head latent "
+                               "attention (its pre-attention norm feeds the down-projections of every head)")
+        return layout, latent.model_spec(latent.latent_spec(raw, qk_norm))
     if layout.qk_norm and qk_norm == "refuse":
         raise ExtractError(
             f"{architecture} uses QK-norm, so the attention score is not bilinear in x; "

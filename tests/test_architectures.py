@@ -10,7 +10,7 @@ import transformers
 from click.testing import CliRunner
 
 from headforms import cli
-from headforms.extract import gguf_file
+from headforms.extract import gguf_file, latent
 from headforms.extract.architectures import architectures, markdown, table_block
 from headforms.extract.layouts import LAYOUTS, REFUSED, layout_key
 from tests import tiny_models as tm
@@ -29,6 +29,7 @@ def test_every_listed_family_is_proven_by_a_tiny_model():
     for tiny in tm.TINY.values():
         config = getattr(transformers, tiny.config_class)(**tiny.kwargs).to_dict()
         proven.add(layout_key(config, tiny.tower))
+    proven |= set(latent.FAMILIES)  # their two parts per head: proven by their logits in tests/test_latent.py
     listed = {row["family"] for row in architectures() if row["format"] == "hf" and row["family"] not in REFUSED}
     assert listed == set(LAYOUTS) and listed <= proven
     assert len({family.partition(".")[0] for family in proven}) >= 35
@@ -44,7 +45,8 @@ def test_rows_follow_the_tables():
     assert rows["hf", "gpt_neo"]["score_scale"] == "1 (unscaled)"
     assert "--qk-norm fold" in rows["hf", "qwen3"]["notes"]
     assert "tower vision" in rows["hf", "clip.vision"]["notes"]
-    assert rows["hf", "deepseek_v3"]["notes"] == f"refused: {REFUSED['deepseek_v3']}"
+    assert rows["hf", "deepseek_v3"]["notes"] == latent.TREATMENT
+    assert rows["hf", "diffllama"]["notes"] == f"refused: {REFUSED['diffllama']}"
     gguf = {family for fmt, family in rows if fmt == "gguf"}
     assert gguf == set(gguf_file.GGUF_ARCHITECTURES)
 

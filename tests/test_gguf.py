@@ -411,12 +411,16 @@ def test_every_architecture_reproduces_model_logits(arch, name, overrides, tiny,
 
 def test_every_architecture_in_the_table_is_proven():
     """The table is the whole truth: each architecture read is in GGUF_CASES, and its fields are well-formed."""
-    assert {case[0] for case in GGUF_CASES} == {name for name, a in GGUF_ARCHITECTURES.items() if a.refusal is None}
+    latent = {name for name, a in GGUF_ARCHITECTURES.items() if a.packings == ("latent",)}
+    assert latent == {"deepseek2"}  # its two parts per head: proven by the logits in tests/test_latent.py
+    assert {case[0] for case in GGUF_CASES} | latent == {name for name, a in GGUF_ARCHITECTURES.items()
+                                                         if a.refusal is None}
     for arch in GGUF_ARCHITECTURES.values():
-        assert arch.score_scale in SCALE_RULES and set(arch.packings) <= {"separate", "fused"}
+        assert arch.score_scale in SCALE_RULES and set(arch.packings) <= {"separate", "fused", "latent"}
         if arch.refusal is None:
             assert (arch.rope_pairing in ("interleaved", "split-half")) == (arch.positional == "rope")
-        assert arch.positional in ("rope", "learned", "alibi") and arch.qk_norm in (None, "head", "projection", "layer")
+        assert arch.positional in ("rope", "learned", "alibi") and arch.qk_norm in (None, "head", "projection", "layer",
+                                                                                 "latent")
 
 
 def test_table_in_words():
@@ -424,7 +428,7 @@ def test_table_in_words():
     assert GGUF_ARCHITECTURES["phi2"].packing == "attn_q, attn_k or attn_qkv (Q|K|V)"
     assert GGUF_ARCHITECTURES["llama"].notes == "RoPE pairs interleaved as stored"
     assert "refused unless --qk-norm fold" in GGUF_ARCHITECTURES["qwen3"].notes
-    assert GGUF_ARCHITECTURES["gpt2"].notes == "" and GGUF_ARCHITECTURES["deepseek2"].packing == ""
+    assert GGUF_ARCHITECTURES["gpt2"].notes == "" and GGUF_ARCHITECTURES["deepseek2"].packing.startswith("latent: ")
     assert GGUF_ARCHITECTURES["grok"].notes.endswith("refused: " + GGUF_ARCHITECTURES["grok"].refusal)
     assert GGUF_ARCHITECTURES["gemma2"].notes.startswith("RoPE pairs split-half as stored; soft-capped: the logit is")
 
@@ -497,7 +501,6 @@ def test_gemma3_norm_gains_stored_plus_one(tiny, tmp_path):
 
 @pytest.mark.parametrize(("arch", "metadata", "reason"), [
     ("grok", {}, "llama.cpp soft-caps its attention logits"),
-    ("deepseek2", {}, "multi-head latent attention normalises the latent kv"),
     ("llama4", {}, "L2-normalise q and k"),
     ("qwen2", {"{arch}.attn_logit_softcapping": 30.0}, "attn_logit_softcapping=30 makes the score a tanh"),
     ("llama", {"{arch}.rope.scaling.type": "yarn"}, "rope scaling 'yarn'"),

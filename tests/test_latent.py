@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from headforms.cli import main
 from headforms.compute.analysis import analyse_layer
 from headforms.compute.rotary import Rotation
-from headforms.extract import ExtractError
-from headforms.extract.latent import latent_spec, open_latent_folder, open_latent_gguf
+from headforms.extract import ExtractError, ReadOptions, open_checkpoint
+from headforms.extract.latent import latent_spec
 
 VOCAB = 64
 _SHAPE = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16,
@@ -110,6 +110,11 @@ def predicted(spec, layer, x, rms_q, rms_kv):
     return spec.score_scale * (a / rms_kv[:, None, None, :] + b) / rms_q[:, None, :, None]
 
 
+def opened(path):
+    """The checkpoint as every run opens it (headforms.extract.open_checkpoint), its latent norms folded."""
+    return open_checkpoint(str(path), ReadOptions(qk_norm="fold"))
+
+
 def saved(name: str, folder, **overrides):
     model = build(name, **overrides)
     model.save_pretrained(folder)
@@ -119,9 +124,9 @@ def saved(name: str, folder, **overrides):
 @pytest.mark.parametrize("name", list(MODELS))
 def test_parts_reproduce_model_logits(name, tmp_path):
     model, folder = saved(name, tmp_path)
-    ckpt = open_latent_folder(folder, name="tiny")
-    spec = ckpt.spec
-    assert spec.score_scale == model.model.layers[0].self_attn.scaling
+    ckpt = opened(folder)
+    spec = ckpt.spec.form
+    assert ckpt.spec.score_scale == model.model.layers[0].self_attn.scaling
     traced = trace(model)
     causal = np.tril(np.ones((48, 48), bool))
     for index, (x, logits, rms_q, rms_kv) in enumerate(traced):
@@ -143,17 +148,17 @@ def test_parts_reproduce_model_logits(name, tmp_path):
 def test_the_parts_are_two_forms_not_one(tmp_path):
     """Scoring the rope part with the nope part's factor (one form at unit RMS per token) misses the logits."""
     model, folder = saved("deepseek_v3", tmp_path)
-    ckpt = open_latent_folder(folder, name="tiny")
+    ckpt = opened(folder)
     x, logits, rms_q, rms_kv = trace(model)[0]
     layer = ckpt.read_layer(0)
-    one_form = predicted(ckpt.spec, layer, x, rms_q, rms_kv * 0 + 1) / rms_kv[:, None, None, :]
+    one_form = predicted(ckpt.spec.form, layer, x, rms_q, rms_kv * 0 + 1) / rms_kv[:, None, None, :]
     causal = np.tril(np.ones((48, 48), bool))
     assert np.abs(one_form - logits)[..., causal].max() > 1e-2 * np.abs(logits[..., causal]).max()
 
 
 def test_yarn_scales_only_the_rope_part(tmp_path):
     model, folder = saved("deepseek_v3_yarn", tmp_path)
-    spec = open_latent_folder(folder, name="tiny").spec
+    spec = opened(folder).spec.form
     attention = model.model.layers[0].self_attn
     mscale = 0.1 * 0.6 * np.log(4.0) + 1.0  # transformers' yarn_get_mscale(factor, mscale_all_dim)
     assert spec.score_scale == pytest.approx(12**-0.5 * mscale**2, rel=1e-12) == attention.scaling
@@ -172,7 +177,6 @@ def _config(**changes) -> dict:
     ({"qk_rope_head_dim": 5}, "qk_rope_head_dim 5 is odd"),
     ({"kv_lora_rank": 0}, "kv_lora_rank must be a positive integer, got 0"),
     ({"attention_bias": True}, "attention_bias adds a bias to the latents"),
-    ({"quantization_config": {"quant_method": "fp8"}}, "quantized checkpoints (fp8)"),
 ])
 def test_bad_configs_refused_in_one_line(changes, message):
     with pytest.raises(ExtractError) as error:
@@ -191,29 +195,104 @@ def test_config_disagreeing_with_tensors(tmp_path):
     (folder / "config.json").write_text(json.dumps(config | {"kv_lora_rank": 12}))
     with pytest.raises(ExtractError, match=r"tensor 'model.layers.0.self_attn.kv_a_proj_with_mqa.weight' has shape "
                                            r"\(20, 64\), expected \(16, 64\) from config.json"):
-        open_latent_folder(folder, name="tiny")
+        opened(folder)
     (folder / "config.json").write_text(json.dumps(config | {"kv_lora_rank": 80}))
     with pytest.raises(ExtractError, match="kv_lora_rank 80 is larger than the width N = 64"):
-        open_latent_folder(folder, name="tiny")
+        opened(folder)
 
 
-@pytest.mark.parametrize("flags", [[], ["--qk-norm", "fold"]])
-def test_cli_still_refuses_latent_attention_in_one_line(flags, tmp_path):
+def test_cli_refuses_latent_attention_without_fold_in_one_line(tmp_path):
     _, folder = saved("deepseek_v3", tmp_path / "ckpt")
     db = tmp_path / "w.duckdb"
-    result = CliRunner().invoke(main, ["extract", str(folder), "--db", str(db), *flags])
+    result = CliRunner().invoke(main, ["extract", str(folder), "--db", str(db)])
     assert result.exit_code != 0
     lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: deepseek_v3 is refused")
+    assert len(lines) == 1 and "--qk-norm fold" in lines[0] and lines[0].startswith("Error: deepseek_v3 normalises")
     assert not db.exists()
+
+
+def dense_parts(model) -> list[dict[str, np.ndarray]]:
+    """Per layer, part -> (H, N, N) forms L = K^T Q written out from the model's own parameters in the full width N
+    (not through extract.latent's common span): q = W_qb diag(g_q) W_qa (or W_q), k_nope,h = W_kvb,h diag(g_kv)
+    W_kva[:kv_lora], the shared k_rope = W_kva[kv_lora:], the rope part times a^2."""
+    c = model.config
+    h, nope, rope, lora = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.kv_lora_rank
+    a2 = float(model.model.rotary_emb.attention_scaling) ** 2
+    out = []
+    for layer in model.model.layers:
+        m = layer.self_attn
+        w = {name: p.detach().double().numpy() for name, p in m.named_parameters()}
+        q = (w["q_b_proj.weight"] * w["q_a_layernorm.weight"]) @ w["q_a_proj.weight"] if m.q_a_proj is not None \
+            else w["q_proj.weight"]
+        q = q.reshape(h, nope + rope, -1)
+        kv_a = w["kv_a_proj_with_mqa.weight"]
+        kv_b = (w["kv_b_proj.weight"] * w["kv_a_layernorm.weight"]).reshape(h, nope + c.v_head_dim, lora)[:, :nope]
+        k_nope = kv_b @ kv_a[:lora]
+        k_rope = kv_a[lora:]
+        out.append({"nope": np.einsum("hna,hnb->hab", k_nope, q[:, :nope]),
+                    "rope": a2 * np.einsum("na,hnb->hab", k_rope, q[:, nope:])})
+    return out
+
+
+@pytest.mark.parametrize("name", ["deepseek_v3_yarn", "deepseek_v2_lite"])
+def test_extract_stores_each_part_with_the_spectra_of_its_dense_form(name, tmp_path):
+    """`headforms extract --qk-norm fold` stores every head as its two parts; each part's stored spectrum of S, its
+    symmetric energy and its counts equal those of the form written out densely from the model's parameters."""
+    import duckdb
+
+    model, folder = saved(name, tmp_path / "ckpt")
+    db = tmp_path / "w.duckdb"
+    result = CliRunner().invoke(main, ["extract", str(folder), "--db", str(db), "--qk-norm", "fold"])
+    assert result.exit_code == 0, result.output
+    con = duckdb.connect(str(db), read_only=True)
+    heads = con.sql("SELECT layer, head, part, symmetric_energy, n_pos, n_neg, n_zero_ambient FROM heads "
+                    "ORDER BY layer, part, head").fetchall()
+    assert [(r[0], r[2]) for r in heads[::4]] == [(0, "nope"), (0, "rope"), (1, "nope"), (1, "rope")]
+    spectra = dict(((l, h, p), v) for l, h, p, v in con.sql(
+        "SELECT layer, head, part, list(value ORDER BY idx) FROM eigenvalues WHERE spectrum = 'S' "
+        "GROUP BY ALL").fetchall())
+    for layer, forms in enumerate(dense_parts(model)):
+        for part, form in forms.items():
+            s = (form + form.swapaxes(1, 2)) / 2
+            eig = np.linalg.eigvalsh(s)[:, ::-1]
+            energy = (s**2).sum(axis=(1, 2)) / (form**2).sum(axis=(1, 2))
+            for head in range(4):
+                row = next(r for r in heads if r[:3] == (layer, head, part))
+                assert row[3] == pytest.approx(energy[head], rel=1e-9)
+                n = {"nope": 8, "rope": 4}[part]
+                assert row[4] == row[5] == n and row[6] == 64 - 2 * n  # Theorem 3 per part: n each side
+                stored = np.array(spectra[layer, head, part])
+                dense = np.r_[eig[head, :n], eig[head, -n:]]
+                np.testing.assert_allclose(stored, dense, atol=1e-10 * np.abs(dense).max())
+    parts = con.sql("SELECT part, count(*) FROM distance_profiles GROUP BY part").fetchall()
+    assert parts == [("rope", 8 * len(con.sql("SELECT DISTINCT delta FROM distance_profiles").fetchall()))]
+    [(config,)] = con.sql("SELECT config FROM models").fetchall()
+    assert json.loads(config)["parts"]["nope"]["head_dim"] == 8
+
+
+def test_gguf_extracts_the_parts_of_the_folder(tmp_path):
+    """A GGUF deepseek2 file (split kv_b) gives the statistics of the same model's folder, to the float32 it stores."""
+    import duckdb
+
+    model, folder = saved("deepseek_v3", tmp_path / "ckpt")
+    path = write_gguf(model, tmp_path / "m.gguf", split=True)
+    for source, db in ((folder, "a.duckdb"), (path, "b.duckdb")):
+        result = CliRunner().invoke(main, ["extract", str(source), "--db", str(tmp_path / db), "--qk-norm", "fold",
+                                           "--name", "m"])
+        assert result.exit_code == 0, result.output
+    rows = [duckdb.connect(str(tmp_path / db), read_only=True).sql(
+        "SELECT layer, head, part, symmetric_energy, pairing, parity FROM heads ORDER BY ALL").fetchall()
+        for db in ("a.duckdb", "b.duckdb")]
+    assert len(rows[0]) == 16 and [r[:3] for r in rows[0]] == [r[:3] for r in rows[1]]
+    np.testing.assert_allclose([r[3:5] for r in rows[0]], [r[3:5] for r in rows[1]], rtol=1e-5)
 
 
 def test_the_common_span_keeps_every_statistic_spectrum_and_fit(tmp_path):
     """Each part analysed in the layer's m-wide basis (ambient N given) equals the part analysed at width N, and its
     spectrum of S is dense numpy's of the N x N form."""
     _, folder = saved("deepseek_v3", tmp_path)
-    ckpt = open_latent_folder(folder, name="tiny")
-    spec, layer = ckpt.spec, ckpt.read_layer(1)
+    ckpt = opened(folder)
+    spec, layer = ckpt.spec.form, ckpt.read_layer(1)
     basis = layer.basis
     assert basis.shape == (64, 44) and np.allclose(basis.T @ basis, np.eye(44), atol=1e-12)
     rotation = Rotation.of(spec.pairing, spec.frequencies)
@@ -308,8 +387,8 @@ def test_gguf_parts_reproduce_model_logits(name, split, mla_lengths, tmp_path):
     """Both of llama.cpp's layouts of kv_b, read from a GGUF deepseek2 file, reproduce the model's logits (to the
     float32 the file stores)."""
     model = build(name)
-    ckpt = open_latent_gguf(write_gguf(model, tmp_path / "m.gguf", split=split, mla_lengths=mla_lengths), name="g")
-    spec = ckpt.spec
+    ckpt = opened(write_gguf(model, tmp_path / "m.gguf", split=split, mla_lengths=mla_lengths))
+    spec = ckpt.spec.form
     assert (spec.architecture, spec.nope, spec.rope, spec.v_head_dim) == ("deepseek2", 8, 4, 8)
     assert spec.score_scale == model.model.layers[0].self_attn.scaling
     causal = np.tril(np.ones((48, 48), bool))
@@ -321,12 +400,92 @@ def test_gguf_parts_reproduce_model_logits(name, split, mla_lengths, tmp_path):
 def test_gguf_bad_files_refused_in_one_line(tmp_path):
     model = build("deepseek_v3")
     with pytest.raises(ExtractError, match=r"GGUF file .* has no tensor blk.1.attn_k_b.weight \(layer 1\)"):
-        open_latent_gguf(write_gguf(model, tmp_path / "a.gguf", split=True, drop="blk.1.attn_k_b"), name="g")
+        opened(write_gguf(model, tmp_path / "a.gguf", split=True, drop="blk.1.attn_k_b"))
     path = write_gguf(model, tmp_path / "b.gguf", split=False, kv_lora_rank=12)
     with pytest.raises(ExtractError, match=r"GGUF tensor blk.0.attn_kv_a_mqa.weight has shape \(20, 64\), expected "
                                            r"\(16, 64\) from the file's metadata"):
-        open_latent_gguf(path, name="g")
+        opened(path)
     path = write_gguf(model, tmp_path / "c.gguf", split=False, kv_lora_rank=80)
     with pytest.raises(ExtractError, match=r"GGUF file .*c.gguf \(its metadata\): kv_lora_rank 80 is larger than "
                                            r"the width N = 64"):
-        open_latent_gguf(path, name="g")
+        opened(path)
+
+
+def test_a_warehouse_keyed_without_part_refuses_a_latent_model_and_is_unchanged(tmp_path):
+    """A warehouse built before head parts keys heads by (model, layer, head): a latent model is refused in one line
+    before anything is written (a 'whole' model still extracts into it)."""
+    import duckdb
+
+    from headforms.warehouse.storing.store import create_schema
+
+    _, folder = saved("deepseek_v3", tmp_path / "ckpt")
+    db = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(db))
+    create_schema(con)
+    table = con.execute("SELECT sql FROM duckdb_tables() WHERE table_name = 'heads'").fetchone()[0]
+    old_key = table.replace("PRIMARY KEY(model, layer, head, part)", "PRIMARY KEY(model, layer, head)")
+    assert old_key != table
+    for (view,) in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall():
+        con.execute(f"DROP VIEW IF EXISTS {view} CASCADE")
+    con.execute("DROP TABLE heads")
+    con.execute(old_key)
+    con.close()
+    before = db.read_bytes()
+    result = CliRunner().invoke(main, ["extract", str(folder), "--db", str(db), "--qk-norm", "fold"])
+    assert result.exit_code != 0
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "built before head parts" in lines[0] and "(nope, rope)" in lines[0]
+    assert db.read_bytes() == before
+
+
+def test_fp8_block_scaled_from_the_hub_is_its_dequantized_weights(tmp_path, monkeypatch):
+    """DeepSeek-V3's own format: every projection of the attention FP8 with 128 x 128 block scales (24 x 40 here,
+    partial at the edges), its scales in another shard, fetched by range from the local hub: the parts read are those
+    of the weights dequantized by transformers' own CPU code (1e-12), and reproduce that dequantized model's logits."""
+    import re
+
+    from safetensors.torch import save_file
+
+    from tests.hub_server import serve_hub
+    from tests.test_hub import serve
+    from tests.test_quantized import FP8_BLOCK, fp8_block
+
+    model = build("deepseek_v3")
+    state, dense = {k: v.clone() for k, v in model.state_dict().items()}, {}
+    for name in [n for n in state if re.search(r"\.(q_a|q_b|kv_a|kv_b)_proj(_with_mqa)?\.weight$", n)]:
+        tensors, dense[name] = fp8_block(state.pop(name).double().numpy())
+        state |= {name[:-len("weight")] + suffix: t.contiguous() for suffix, t in tensors.items()}
+    folder = tmp_path / "fp8"
+    folder.mkdir()
+    model.config.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": FP8_BLOCK}
+    (folder / "config.json").write_text(json.dumps(config))
+    scales = [n for n in state if n.endswith("scale_inv")]
+    shards = {"model-00001-of-00002.safetensors": [n for n in state if n not in scales],
+              "model-00002-of-00002.safetensors": scales}
+    for shard, names in shards.items():
+        save_file({n: state[n] for n in names}, str(folder / shard))
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {n: shard for shard, names in shards.items() for n in names}}))
+    with torch.no_grad():  # the model as its dequantized weights
+        params = dict(model.named_parameters())
+        for name, w in dense.items():
+            params[name].copy_(torch.from_numpy(w))
+    plain = tmp_path / "dense"
+    model.save_pretrained(plain)
+    server = serve_hub(monkeypatch, tmp_path, hf_home=False)
+    try:
+        serve(server, "org/deepseek-fp8", folder)
+        hub, reference = opened("org/deepseek-fp8"), opened(plain)
+        assert hub.quantization.startswith("fp8, 8-bit float, 24x40 blocks")
+        causal = np.tril(np.ones((48, 48), bool))
+        for index, (x, logits, rms_q, rms_kv) in enumerate(trace(model)):
+            ours, theirs = hub.read_layer(index), reference.read_layer(index)
+            for part in ("nope", "rope"):
+                for a, b in zip(ours[part], theirs[part]):
+                    np.testing.assert_allclose(a, b, rtol=0, atol=1e-12 * np.abs(b).max())
+            got = predicted(hub.spec.form, ours, x, rms_q, rms_kv)
+            assert np.abs(got - logits)[..., causal].max() / np.abs(got[..., causal]).max() < 1e-6
+    finally:
+        server.close()

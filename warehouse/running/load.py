@@ -116,6 +116,12 @@ def _plan(con, ckpt: Checkpoint, opts: LoadOptions) -> _Plan:
     """Compare `ckpt` with what the warehouse holds of it: refuse a changed source unless forced."""
     name, n_layers = ckpt.name, ckpt.spec.n_layers
     deltas(ckpt.spec, opts)  # refuses distances a RoPE model's conventions do not allow, before any write
+    if ckpt.spec.parts and "part" not in query(con, "SELECT constraint_column_names AS key FROM duckdb_constraints() "
+                                                    "WHERE table_name = 'heads' AND constraint_type = 'PRIMARY KEY' "
+                                                    "AND database_name = current_database()")["key"].explode():
+        raise WarehouseError(f"model '{name}' stores each head as its parts ({', '.join(p.name for p in ckpt.spec.parts)}), "
+                             "and this warehouse was built before head parts (its heads are keyed without part): "
+                             "extract it into a new warehouse (--db), or rebuild this one")
     record = _model_record(ckpt, opts)
     columns = ", ".join("coalesce(circuits, 'qk') AS circuits" if key == "circuits" else key for key in IDENTITY)
     old = query(con, f"SELECT {columns}, complete FROM models WHERE model = ?", [name])  # models before: qk
