@@ -47,7 +47,7 @@ CREATE TABLE IF NOT EXISTS heads (
     model                    VARCHAR NOT NULL,  -- the model (models.model)
     layer                    INTEGER NOT NULL,  -- layer, from 0
     head                     INTEGER NOT NULL,  -- query head within the layer, from 0
-    part                     VARCHAR NOT NULL DEFAULT 'whole',  -- the head's form: 'whole', or a latent-attention head's 'nope' / 'rope' (statistics.md section 8)
+    part                     VARCHAR NOT NULL DEFAULT 'whole',  -- the head's form: 'whole', or a latent-attention head's 'nope' / 'rope' (statistics.md, "Parts of a head")
     kv_head                  INTEGER NOT NULL,  -- the key head h // (n_heads / n_kv_heads) whose W_K it reads (GQA)
     frobenius                DOUBLE,    -- ||L||, the Frobenius norm of L = W_K^T W_Q (statistics.md section 1)
     n_pos                    INTEGER NOT NULL,  -- eigenvalues of S above tol = 1e-9 max|eig(S)|
