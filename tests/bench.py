@@ -43,6 +43,10 @@ Sections, each a function below, printed in this order:
                      with `--circuits qk` and with `--circuits qk,ov`, each against its floor (the OV circuit's
                      reduction and spectra, copying scores and W_E^T W_U added for qk,ov), with peak RSS
                      (`--only 24b-ov`);
+5f. latent_v3        (`--only v3`; `--divide K` for N, the latent ranks and the heads over K) DeepSeek-V3's
+                     attention in FP8 e4m3 with 128 x 128 block scales, `--qk-norm fold` from the folder and from
+                     the local hub server: wall over the floor of its layer 0 x 61, peak RSS, and the bytes the
+                     hub served against the FP8 tensors and scales the forms need (target <= 1.05x).
 5d. device_24b       (`--only device --device cuda`, on a machine with that torch device) the same shape
                      (v and o tensors, no MLP) extracted cold by whole processes with `--device` and on
                      the CPU: walls, cores busy and peak RSS, each over the shape's floor on this
@@ -1138,7 +1142,8 @@ def both_circuits_24b(tmp_root: Path, start_s: float) -> dict | None:
         evict(info["files"])
         gbps = floor.read_gbps([(folder / name, begin, end) for name, begin, end in info["qk_spans"]])
         floors = {"qk": floor.Floor(floor.add_parts({}, qk_parts, spec.n_layers), floor.cores(), start_s, info["qk"],
-                                    gbps, [f"one layer's parts x {spec.n_layers} layers"])}
+                                    gbps, [f"one layer's parts x {spec.n_layers} layers (the common span: its QR only, not "
+                                   "the up-projections' products through it)"])}
         both = floor.add_parts(floor.add_parts(floors["qk"].parts, ov_parts, spec.n_layers), {"copying": gram_seconds})
         floors["qk,ov"] = floor.Floor(both, floor.cores(), start_s, info["qk"] + info["other"] + info["embeddings"],
                                       gbps, [f"the OV circuits' part: {sum(ov_parts.values()) * spec.n_layers:.2f} s "
@@ -1154,6 +1159,143 @@ def both_circuits_24b(tmp_root: Path, start_s: float) -> dict | None:
                   f"{res['cpu'] / res['wall']:.2f} of {bound.cores} cores busy; peak RSS {res['rss_bytes'] / GB:.2f} GB")
         return {"ratio": ratios["qk,ov"], "qk_ratio": ratios["qk"], "rss": runs["qk,ov"]["rss_bytes"],
                 "qk_rss": runs["qk"]["rss_bytes"], "walls": {c: r["wall"] for c, r in runs.items()}}
+    finally:
+        shutil.rmtree(folder.parent, ignore_errors=True)
+
+
+# Section 5f: DeepSeek-V3's attention (61 layers, 128 heads, N = 7168, q_lora 1536, kv_lora 512, nope 128, rope 64,
+# v 128) in its published format, FP8 e4m3 with 128 x 128 block scales (weight_scale_inv); `--divide K` divides N,
+# the latent ranks and the heads by K.
+V3 = {"layers": 61, "heads": 128, "N": 7168, "q_lora": 1536, "kv_lora": 512, "nope": 128, "rope": 64, "v": 128}
+V3_BLOCK = 128
+
+
+def write_latent_fp8(folder: Path, shape: dict) -> dict:
+    """A DeepSeek-V3-shaped checkpoint of the attention tensors alone (no MLP or experts: the rest of its 690 GB is
+    never read), FP8 values of random finite bytes with float32 block scales, one shard per 8 layers and every
+    scale in the shard after its weight's (the index decides); returns the bytes and files."""
+    rng = np.random.default_rng(3)
+    N, H, ql, kl, nope, rope, v = (shape[k] for k in ("N", "heads", "q_lora", "kv_lora", "nope", "rope", "v"))
+    shapes = {"q_a_proj": (ql, N), "q_b_proj": (H * (nope + rope), ql), "kv_a_proj_with_mqa": (kl + rope, N),
+              "kv_b_proj": (H * (nope + v), kl), "o_proj": (N, H * v)}
+    norms = {"q_a_layernorm": (ql,), "kv_a_layernorm": (kl,)}
+    finite = np.setdiff1d(np.arange(256, dtype=np.uint8), [0x7F, 0xFF])  # e4m3fn's NaNs left out
+    pool = rng.choice(finite, size=2 * max(math.prod(s) for s in shapes.values()))
+    config = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": N,
+              "num_hidden_layers": shape["layers"], "num_attention_heads": H, "num_key_value_heads": H,
+              "q_lora_rank": ql, "kv_lora_rank": kl, "qk_nope_head_dim": nope, "qk_rope_head_dim": rope,
+              "v_head_dim": v, "rope_theta": 10000, "rope_interleave": True, "max_position_embeddings": 163840,
+              "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                               "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+              "vocab_size": 129280, "torch_dtype": "bfloat16",
+              "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                      "weight_block_size": [V3_BLOCK, V3_BLOCK]}}
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    per_shard = 8
+    shards = math.ceil(shape["layers"] / per_shard) + 1
+    tensors: dict[int, dict[str, tuple[str, tuple, bytes | None]]] = {s: {} for s in range(shards)}
+    form_bytes = 0
+    for i in range(shape["layers"]):
+        s = i // per_shard
+        prefix = f"model.layers.{i}.self_attn."
+        for name, dims in shapes.items():
+            start = int(rng.integers(0, len(pool) - math.prod(dims)))
+            tensors[s][prefix + name + ".weight"] = ("F8_E4M3", dims, pool[start:start + math.prod(dims)])
+            scale = (-(-dims[0] // V3_BLOCK), -(-dims[1] // V3_BLOCK))
+            tensors[s + 1][prefix + name + ".weight_scale_inv"] = ("F32", scale, (
+                rng.uniform(0.5, 1.5, scale) * 2.0**-8 / np.sqrt(dims[1])).astype(np.float32))
+            if name != "o_proj":
+                form_bytes += math.prod(dims) + 4 * math.prod(scale)
+        for name, dims in norms.items():
+            tensors[s][prefix + name + ".weight"] = ("BF16", dims, _bf16_pool(rng, dims[0]).view(np.uint8))
+            form_bytes += 2 * dims[0]
+    weight_map, files = {}, []
+    for s, named in tensors.items():
+        if not named:
+            continue
+        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        meta, offset = {"__metadata__": {"format": "pt"}}, 0
+        for name, (dtype, dims, data) in named.items():
+            size = np.asarray(data).nbytes
+            meta[name] = {"dtype": dtype, "shape": list(dims), "data_offsets": [offset, offset + size]}
+            offset += size
+        head = json.dumps(meta, separators=(",", ":")).encode()
+        head += b" " * (-len(head) % 8)
+        with open(folder / fname, "wb") as f:
+            f.write(len(head).to_bytes(8, "little") + head)
+            for name, (_, _, data) in named.items():
+                f.write(np.ascontiguousarray(data).tobytes())
+                weight_map[name] = fname
+        files.append(folder / fname)
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return {"form_bytes": form_bytes, "files": files, "total": sum(f.stat().st_size for f in files)}
+
+
+def latent_v3(tmp_root: Path, start_s: float, divide: int) -> dict | None:
+    """Section 5f: `headforms extract --qk-norm fold` of the DeepSeek-V3-shaped FP8 checkpoint from the folder and
+    from the local hub server by range (a fresh range cache): wall against the floor measured on its own layer 0
+    (the common span's QR and products, each part's reduction, spectra, distances and baseline) x 61, peak RSS, and
+    the bytes fetched against the FP8 tensors and scales the forms need."""
+    from headforms.extract import ReadOptions, latent, open_checkpoint
+    from headforms.warehouse.running.load import LoadOptions, deltas
+    from tests.hub_server import HubServer
+
+    shape = V3 | {k: V3[k] // divide for k in ("N", "q_lora", "kv_lora", "heads")}
+    header(f"5f. multi-head latent attention at the DeepSeek-V3 shape ({shape['layers']} layers x {shape['heads']} "
+           f"heads, N={shape['N']}, q_lora {shape['q_lora']}, kv_lora {shape['kv_lora']}, nope {shape['nope']}, "
+           f"rope {shape['rope']}; FP8 e4m3, 128 x 128 block scales" + (f"; divided by {divide}" if divide > 1 else "")
+           + ")")
+    folder = Path(tempfile.mkdtemp(prefix="headforms-v3-", dir=tmp_root)) / "DeepSeek-V3-synthetic"
+    try:
+        info = write_latent_fp8(folder, shape)
+        print(f"written: {info['total'] / GB:.3f} GB of attention tensors; the forms need {info['form_bytes'] / GB:.3f} "
+              f"GB of them (q_a, q_b, kv_a, kv_b, their scales and the latent norms; not o_proj)")
+        evict(info["files"])
+        local = run_cli(["extract", str(folder), "--qk-norm", "fold", "--db", str(folder.parent / "folder.duckdb")],
+                        env={"HEADFORMS_CACHE": str(folder.parent / "cache-folder")}, io_stats=True)
+        server = HubServer()
+        try:
+            server.repos["bench/deepseek-v3-synthetic"] = {f.name: f for f in [*info["files"],
+                                                                               folder / "config.json",
+                                                                               folder / "model.safetensors.index.json"]}
+            hub = run_cli(["extract", "bench/deepseek-v3-synthetic", "--qk-norm", "fold", "--db",
+                           str(folder.parent / "hub.duckdb")],
+                          env={"HF_ENDPOINT": server.endpoint, "HF_HUB_OFFLINE": "0",
+                               "HEADFORMS_CACHE": str(folder.parent / "cache-hub")})
+            fetched = sum(n for name, n in server.served.items() if name.endswith(".safetensors"))
+        finally:
+            server.close()
+        os.environ["HEADFORMS_CACHE"] = str(folder.parent / "cache-floor")
+        try:
+            with contextlib.closing(open_checkpoint(str(folder), ReadOptions(qk_norm="fold"))) as ckpt:
+                ckpt.digest.defer()
+                spec = ckpt.spec
+                layer = ckpt.read_circuits(0)["qk"]
+        finally:
+            os.environ.pop("HEADFORMS_CACHE")
+        with threadpool_limits(limits=1):
+            span_seconds = floor.best(lambda: latent.common_span(layer.down))[0]
+        parts = {"qr": span_seconds}  # the layer's common span: a QR, beside each part's own
+        for form in spec.forms:
+            wq, wk = layer[form.name]
+            parts = floor.add_parts(parts, floor.layer_floor(wq, wk, np.asarray(form.kv_index),
+                                                     rope=spec.rope if form.rotary else None,
+                                                     deltas=(deltas(spec, LoadOptions()) or ()) if form.rotary else ()))
+        evict(info["files"])
+        gbps = floor.read_gbps([(f, 0, f.stat().st_size) for f in info["files"][:2]])
+        bound = floor.Floor(floor.add_parts({}, parts, spec.n_layers), floor.cores(), start_s, info["form_bytes"],
+                            gbps, [f"one layer's parts x {spec.n_layers} layers (the common span: its QR only, not "
+                                   "the up-projections' products through it)"])
+        print(f"floor: {bound.describe()}")
+        for label, res in (("folder", local), ("hub", hub)):
+            print(f"  {label}: {res['wall']:.1f} s wall = {res['wall'] / bound.total:.2f}x its floor; "
+                  f"{res['cpu'] / res['wall']:.2f} of {bound.cores} cores busy; peak RSS {res['rss_bytes'] / GB:.2f} GB")
+        read = local["io"].get("rchar", 0)
+        print(f"  bytes: folder read {read / GB:.3f} GB (rchar), the hub served {fetched / GB:.3f} GB = "
+              f"{fetched / info['form_bytes']:.3f}x the forms' tensors (target <= 1.05x)")
+        return {"ratio": local["wall"] / bound.total, "hub_ratio": hub["wall"] / bound.total,
+                "fetched_over_forms": fetched / info["form_bytes"], "rss": max(local["rss_bytes"], hub["rss_bytes"])}
     finally:
         shutil.rmtree(folder.parent, ignore_errors=True)
 
@@ -1742,8 +1884,8 @@ def main() -> int:
     parser.add_argument("--full", action="store_true", help="straightforward computation on all 342 demo heads")
     parser.add_argument("--skip-24b", action="store_true", help="leave out the synthetic 24B-shaped checkpoint")
     parser.add_argument("--hub-only", action="store_true", help="run only section 8 (hub by range)")
-    parser.add_argument("--only", choices=["24b", "24b-ov", "demo", "paper", "executors", "device"],
-                        help="run only this section (24b: 5 and its targets; 24b-ov: 5e; demo: 2, 2b and 2c; "
+    parser.add_argument("--only", choices=["24b", "24b-ov", "v3", "demo", "paper", "executors", "device"],
+                        help="run only this section (24b: 5 and its targets; 24b-ov: 5e; v3: 5f; demo: 2, 2b and 2c; "
                              "paper: 6; executors: 8; device: 5d)")
     parser.add_argument("--device", default="cuda", help="torch device of --only device (default: %(default)s)")
     parser.add_argument("--workers", type=int, default=2, metavar="K",
@@ -1751,7 +1893,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, metavar="R",
                         help="section 8's interleaved rounds (default: %(default)s)")
     parser.add_argument("--divide", type=int, default=1, metavar="K",
-                        help="section 5 at the 24B shape with N and n divided by K (development runs)")
+                        help="section 5 at the 24B shape with N and n divided by K, 5f's widths and heads by K "
+                             "(development runs)")
     parser.add_argument("--tmp", default=tempfile.gettempdir(), help="where temporary files go (default: %(default)s)")
     args = parser.parse_args()
     print(f"headforms bench: {os.cpu_count()} CPUs ({floor.cores()} usable; {machine()}), numpy {np.__version__}, "
@@ -1775,6 +1918,9 @@ def main() -> int:
         return 0 if results["ov_24b"] and targets_table(results) else 1
     if args.only == "device":
         return 0 if device_24b(Path(args.tmp), start, args.device) else 1
+    if args.only == "v3":
+        res = latent_v3(Path(args.tmp), start, args.divide)
+        return 0 if res and res["fetched_over_forms"] <= 1.05 else 1
     with tempfile.TemporaryDirectory(prefix="headforms-bench-", dir=args.tmp) as tmp:
         tmp = Path(tmp)
         if args.only == "paper":
