@@ -286,7 +286,9 @@ class _BarProgress:
         click.echo(f"{result.model}: {result.status}; {_counted(result.layers, 'layer')}, {_counted(result.heads, 'head')} "
                    f"in {result.seconds:.1f} s ({result.heads / max(result.seconds, 1e-9):.0f} heads/s; "
                    f"{spec.architecture}, {spec.n_layers} x {spec.n_heads} heads, "
-                   f"N={spec.d_model}, n={spec.head_dim}, revision {ckpt.revision}"
+                   f"N={spec.d_model}, "
+                   + (f"each head as parts {', '.join(f'{p.name} (n={p.head_dim})' for p in spec.parts)}"
+                      if spec.parts else f"n={spec.head_dim}") + f", revision {ckpt.revision}"
                    + (f"; dequantized from {ckpt.quantization}" if ckpt.quantization else "") + ")"
                    + (f"; {ckpt.bytes_fetched / 1e6:.1f} MB fetched of a {ckpt.checkpoint_bytes / 1e6:.1f} MB checkpoint"
                       if ckpt.bytes_fetched is not None else ""))

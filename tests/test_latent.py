@@ -244,6 +244,7 @@ def test_extract_stores_each_part_with_the_spectra_of_its_dense_form(name, tmp_p
     db = tmp_path / "w.duckdb"
     result = CliRunner().invoke(main, ["extract", str(folder), "--db", str(db), "--qk-norm", "fold"])
     assert result.exit_code == 0, result.output
+    assert "N=64, each head as parts nope (n=8), rope (n=4), revision" in result.output
     con = duckdb.connect(str(db), read_only=True)
     heads = con.sql("SELECT layer, head, part, symmetric_energy, n_pos, n_neg, n_zero_ambient FROM heads "
                     "ORDER BY layer, part, head").fetchall()
