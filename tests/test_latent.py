@@ -490,3 +490,15 @@ def test_fp8_block_scaled_from_the_hub_is_its_dequantized_weights(tmp_path, monk
             assert np.abs(got - logits)[..., causal].max() / np.abs(got[..., causal]).max() < 1e-6
     finally:
         server.close()
+
+
+def test_behaviour_refuses_a_latent_model_in_one_line(tmp_path):
+    _, folder = saved("deepseek_v3", tmp_path / "ckpt")
+    db = tmp_path / "w.duckdb"
+    assert CliRunner().invoke(main, ["extract", str(folder), "--db", str(db), "--qk-norm", "fold"]).exit_code == 0
+    before = db.read_bytes()
+    result = CliRunner().invoke(main, ["behaviour", str(folder), "--db", str(db)])
+    assert result.exit_code != 0
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert errors == [errors[0]] and "not built for heads stored as parts (nope, rope" in errors[0]
+    assert "Traceback" not in result.output and db.read_bytes() == before

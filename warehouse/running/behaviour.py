@@ -61,6 +61,10 @@ def stored_model(con, ckpt) -> dict:
     if model["revision"] != ckpt.revision:
         raise ExtractError(f"{ckpt.name} in the warehouse was extracted from revision {model['revision']}, "
                            f"{ckpt.source} is now {ckpt.revision}: extract it again with force=True")
+    if ckpt.spec.parts:
+        raise ExtractError(f"{ckpt.name}: behaviour is not built for heads stored as parts "
+                           f"({', '.join(p.name for p in ckpt.spec.parts)}: multi-head latent attention), whose "
+                           "self-logits need the latents' per-token RMS factors from the forward pass")
     if model["fold_norm"]:
         raise ExtractError(f"{ckpt.name} was extracted with fold_norm={model['fold_norm']!r} (the norm feeding "
                            "attention folded into W_Q, W_K): behaviour compares the form on the attention's own input; "
