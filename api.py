@@ -276,7 +276,7 @@ def status(db: str | Path | None = None, *, wait: float = READ_WAIT) -> Status:
         frame = query(con, """
             SELECT m.model, m.architecture, m.n_layers, count(DISTINCT l.layer) AS layers_done,
                    m.n_layers * m.n_heads AS heads_expected,
-                   (SELECT count(*) FROM heads h WHERE h.model = m.model) AS heads,
+                   (SELECT count(DISTINCT (h.layer, h.head)) FROM heads h WHERE h.model = m.model) AS heads,
                    m.complete, m.source, m.revision, m.tool_version, m.extracted_at
             FROM models m LEFT JOIN layers l USING (model)
             GROUP BY ALL ORDER BY m.model""")
@@ -357,26 +357,27 @@ def table(db: str | Path | None, view: str):
 
 
 def heads(db: str | Path | None = None, model: str | None = None):
-    """One row per head (every statistic of statistics.md section 3), of one model or all."""
+    """One row per head and part (heads.part; every statistic of statistics.md section 3), of one model or all."""
     from headforms.warehouse.storing.store import query
 
     con = connect(db)
     try:
         where = "WHERE model = ?" if model is not None else ""
-        return query(con, f"SELECT * FROM heads {where} ORDER BY model, layer, head",
+        return query(con, f"SELECT * FROM heads {where} ORDER BY model, layer, head, part",
                      [model] if model is not None else None)
     finally:
         con.close()
 
 
-def spectra(db: str | Path | None, model: str, layer: int, head: int):
-    """A head's spectra in long form: spectrum ('S', 'S_pos', 'S_neg', 'T_sv', 'T_sigma', 'L', 'L_sv'), idx, value, imag."""
+def spectra(db: str | Path | None, model: str, layer: int, head: int, *, part: str = "whole"):
+    """A head's spectra in long form: spectrum ('S', 'S_pos', 'S_neg', 'T_sv', 'T_sigma', 'L', 'L_sv'), idx, value,
+    imag; of its form `part` (heads.part: 'whole', or a latent-attention head's 'nope' or 'rope')."""
     from headforms.warehouse.storing.store import query
 
     con = connect(db)
     try:
         return query(con, "SELECT spectrum, idx, value, imag FROM eigenvalues WHERE model = ? AND layer = ? "
-                          "AND head = ? ORDER BY spectrum, idx", [model, layer, head])
+                          "AND head = ? AND part = ? ORDER BY spectrum, idx", [model, layer, head, part])
     finally:
         con.close()
 
@@ -508,7 +509,14 @@ def analyse(w_q, w_k, *, kv_index=None, parity_tolerance: float | None = None, s
     tables = layer_tables(model, layer, kv_index, w_q.shape[1], result)
     frames = {name: pl.from_arrow(tables[name]).with_columns(pl.col(pl.Categorical).cast(pl.Utf8))
               for name in ("heads", "eigenvalues", "fits")}
-    return Analysis(**frames)
+    return Analysis(**{name: _part_after_head(frame) for name, frame in frames.items()})
+
+
+def _part_after_head(frame):
+    """A frame of layer_tables with its `part` column where the warehouse's tables have it: right after head."""
+    columns = [c for c in frame.columns if c != "part"]
+    at = columns.index("head") + 1
+    return frame.select(columns[:at] + ["part"] + columns[at:])
 
 
 def _as_numpy(w):

@@ -4,7 +4,8 @@
 -- Heads of undefined parity (a zero form) are in no type; a model without behaviour rows has no row. The output-value
 -- circuit's columns (statistics.md "The output-value circuit"): the type's median copying_score and
 -- residual_copying_score (ov_heads), NULL for a model extracted without OV (and copying_score for one without
--- unembedding); their intervals are copying_by_parity's.
+-- unembedding); their intervals are copying_by_parity's. head_behaviour and ov_heads have no part: they are joined
+-- to heads' part = 'whole' rows only (a latent-attention model, whose heads are stored as parts, has no row).
 -- Columns:
 --   model: the model (models.model), one with head_behaviour rows
 --   parity: QK parity type of the heads (heads.parity) 'I+', 'II' or 'I-', or 'I+ - I-' for the row of differences
@@ -33,7 +34,7 @@ WITH typed AS (
     SELECT b.model, h.parity, b.self_score, b.previous_score, b.induction_score, b.self_logit,
            o.copying_score, o.residual_copying_score
     FROM head_behaviour b JOIN heads h USING (model, layer, head) LEFT JOIN ov_heads o USING (model, layer, head)
-    WHERE h.parity IS NOT NULL
+    WHERE h.part = 'whole' AND h.parity IS NOT NULL
 ), medians AS (
     SELECT model, parity, count(*) AS heads,
            median(self_score) AS median_self_score, median(previous_score) AS median_previous_score,

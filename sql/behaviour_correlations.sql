@@ -5,7 +5,8 @@
 -- query (DuckDB's corr over the doubles differed in the last bits from one query to the next). The output-value
 -- circuit (statistics.md "The output-value circuit"): the self, previous-token and induction scores against each
 -- head's copying_score and residual_copying_score (ov_heads); a statistic no head of a model defines (a model
--- extracted without OV, or copying_score of one without unembedding) has no row.
+-- extracted without OV, or copying_score of one without unembedding) has no row. head_behaviour and ov_heads have
+-- no part: they are joined to heads' part = 'whole' rows only (a latent-attention model has no row).
 -- Columns:
 --   model: the model (models.model), one with head_behaviour rows
 --   score: the head's behaviour score (head_behaviour): 'self_score' or 'self_logit' against the form's
@@ -21,6 +22,7 @@ WITH joined AS (
            h.c_sym - h.d_sym AS c_sym_minus_d_sym, h.symmetric_energy, h.pairing,
            o.copying_score, o.residual_copying_score
     FROM head_behaviour b JOIN heads h USING (model, layer, head) LEFT JOIN ov_heads o USING (model, layer, head)
+    WHERE h.part = 'whole'
 ), form_scores AS (
     UNPIVOT (SELECT model, self_score, self_logit, c_sym_minus_d_sym, symmetric_energy, pairing FROM joined)
     ON self_score, self_logit INTO NAME score VALUE x

@@ -2,6 +2,7 @@
 -- heads counted by QK parity (heads.parity) and OV parity (ov_heads.parity), all nine pairs of types. Heads whose
 -- parity is NULL in either circuit (a zero form or a zero OV) are left out of the counts and of the shares' total;
 -- a model without ov_heads rows (extracted with `qk` alone), or none of whose heads has both parities, has no row.
+-- ov_heads has no part: it is joined to heads' part = 'whole' rows only (a latent-attention model has no OV rows).
 -- Columns:
 --   model: the model
 --   qk_parity: the heads' QK parity, 'I+', 'II' or 'I-' (heads.parity)
@@ -11,7 +12,7 @@
 WITH paired AS (
     SELECT h.model, h.parity AS qk_parity, o.parity AS ov_parity
     FROM heads h JOIN ov_heads o USING (model, layer, head)
-    WHERE h.parity IS NOT NULL AND o.parity IS NOT NULL
+    WHERE h.part = 'whole' AND h.parity IS NOT NULL AND o.parity IS NOT NULL
 ), totals AS (
     SELECT model, count(*) AS total FROM paired GROUP BY model
 ), types AS (

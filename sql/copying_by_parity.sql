@@ -4,6 +4,8 @@
 -- residual copying score (of OV alone) with its interval. The row 'I+ - I-' is the difference of those two types'
 -- medians and shares: do the heads that favour their own token copy more than those that avoid it? Heads of
 -- undefined QK parity are in no type; a model without unembedding (copying_score NULL) has NULL copying figures.
+-- ov_heads and copying_intervals have no part: they are joined to heads' part = 'whole' rows only (a latent-attention
+-- model has no OV rows).
 -- Columns:
 --   model: the model
 --   parity: QK parity type 'I+', 'II', 'I-', or 'I+ - I-' for the difference of the two types' figures
@@ -23,7 +25,7 @@
 WITH typed AS (
     SELECT o.model, h.parity, o.copying_score, o.residual_copying_score
     FROM ov_heads o JOIN heads h USING (model, layer, head)
-    WHERE h.parity IS NOT NULL
+    WHERE h.part = 'whole' AND h.parity IS NOT NULL
 ), medians AS (
     SELECT model, parity, count(*) AS heads, median(copying_score) AS median_copying_score,
            avg((copying_score > 0)::INT) AS share_copying,

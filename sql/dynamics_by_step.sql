@@ -1,10 +1,12 @@
 -- Training dynamics: per training checkpoint (models with a training_step, extract --revisions or the
 -- pythia-dynamics set), Table 2's parity shares and the medians of pairing and symmetric energy,
--- beside the random baseline's medians, in step order per base model.
+-- beside the random baseline's medians, in step order per base model; per part (heads.part) of a checkpoint whose
+-- heads have parts (parity_by_model and model_medians joined on model and part).
 -- Columns:
 --   base_model: the model whose training run the checkpoint belongs to (models.base_model)
 --   training_step: the checkpoint's training step, from its revision's name step<N> (models.training_step)
 --   model: the checkpoint as stored (models.model)
+--   part: the heads' form (heads.part): 'whole', or a latent-attention head's 'nope' or 'rope' part, each its own row
 --   revision: the checkpoint's revision (models.revision)
 --   heads: the checkpoint's heads, those of undefined parity included (parity_by_model)
 --   pct_type_I_plus: percent (0 to 100, one decimal) of the heads of type I+, heads of undefined parity in the
@@ -23,6 +25,7 @@ SELECT
     m.base_model,
     m.training_step,
     m.model,
+    p.part,
     m.revision,
     p.heads,
     p.pct_type_I_plus,
@@ -35,6 +38,6 @@ SELECT
     mm.share_above_random
 FROM models m
 JOIN parity_by_model p USING (model)
-JOIN model_medians mm USING (model)
+JOIN model_medians mm USING (model, part)
 WHERE m.training_step IS NOT NULL
-ORDER BY m.base_model, m.training_step, m.model
+ORDER BY m.base_model, m.training_step, m.model, p.part

@@ -5,12 +5,14 @@
 -- Best: the smallest histogram error, AIC or BIC, the largest log-likelihood, among the head's fits
 -- where it is defined (a failed fit has none; a boundary fit counts with its limit law's values).
 -- Tie rule: where t families tie exactly for best, each is credited 1/t of the head, so the shares
--- of a model and sample add up to one and no family wins a tie by its name.
+-- of a model and sample add up to one and no family wins a tie by its name. Per part (fits.part): a
+-- latent-attention model's parts are fitted, compared and counted apart.
 -- Columns:
 --   model: the model (models.model)
+--   part: the fitted heads' form (fits.part): 'whole', or a latent-attention head's 'nope' or 'rope' part
 --   sample: the fitted sample, 'L_abs', 'S_pos', 'S_neg' or 'T' (statistics.md section 4)
 --   family: the fitted family, 'gamma', 'lognormal', 'weibull' or 'gengamma'
---   heads: the family's fits of the sample in the model, one per head, boundary and failed fits included
+--   heads: the family's fits of the sample in the model (of the part), one per head, boundary and failed fits included
 --   median_hist_error: median histogram error (unit-mean sample, 20 bins; 0.12 to 0.21 in the paper) over the fits
 --      that have one (ok ones, and boundary ones with their limit law's; a failed fit has none); NULL: all failed
 --   median_ks: median Kolmogorov-Smirnov distance (0 to 1) over the same fits
@@ -30,7 +32,7 @@ WITH best AS (
         aic = min(aic) OVER head               AS best_aic,
         bic = min(bic) OVER head               AS best_bic
     FROM fits
-    WINDOW head AS (PARTITION BY model, layer, head, sample)
+    WINDOW head AS (PARTITION BY model, layer, head, part, sample)
 ),
 credit AS (
     SELECT
@@ -40,10 +42,11 @@ credit AS (
         coalesce(best_aic::DOUBLE / sum(best_aic::INT) OVER head, 0)       AS credit_aic,
         coalesce(best_bic::DOUBLE / sum(best_bic::INT) OVER head, 0)       AS credit_bic
     FROM best
-    WINDOW head AS (PARTITION BY model, layer, head, sample)
+    WINDOW head AS (PARTITION BY model, layer, head, part, sample)
 )
 SELECT
     model,
+    part,
     sample,
     family,
     count(*)                                   AS heads,
@@ -56,5 +59,5 @@ SELECT
     count(*) FILTER (WHERE status = 'boundary') AS boundary_fits,
     count(*) FILTER (WHERE status = 'failed')   AS failed_fits
 FROM credit
-GROUP BY model, sample, family
-ORDER BY model, sample, family
+GROUP BY model, part, sample, family
+ORDER BY model, part, sample, family

@@ -1,13 +1,15 @@
 -- A model beside the same weights extracted with --fold-norm (same revision, architecture and qk_norm;
 -- store both with --name): medians, parity shares, and the heads whose parity type changes. A local
 -- digest covers the bytes a run reads, the folded gains too, so two digests of one source differ by
--- construction: those are matched by source.
+-- construction: those are matched by source. Heads are paired by (layer, head, part): a latent-attention model
+-- is compared part by part, a row for each.
 -- Columns:
 --   model: the model extracted without --fold-norm (models.fold_norm NULL)
+--   part: the heads' form (heads.part): 'whole', or a latent-attention head's 'nope' or 'rope' part, each its own row
 --   folded_model: the same weights extracted with --fold-norm (same revision, or same source for two digests;
 --      same architecture and qk_norm)
 --   fold_norm: what folded_model folded, 'gain' or 'center' (models.fold_norm; statistics.md section 7)
---   heads: heads present in both models under the same (layer, head)
+--   heads: heads present in both models under the same (layer, head, part)
 --   median_symmetric_energy: median symmetric_energy (0 to 1) of those heads in model, where defined
 --   folded_median_symmetric_energy: the same median in folded_model
 --   median_pairing: median pairing (0 to 1) of those heads in model, where defined
@@ -23,6 +25,7 @@
 --      (a parity defined in one and NULL in the other counts as a change)
 SELECT
     plain.model                                                              AS model,
+    p.part                                                                   AS part,
     folded.model                                                             AS folded_model,
     folded.fold_norm                                                         AS fold_norm,
     count(*)                                                                 AS heads,
@@ -45,6 +48,6 @@ JOIN models folded
  AND folded.qk_norm IS NOT DISTINCT FROM plain.qk_norm
  AND plain.fold_norm IS NULL AND folded.fold_norm IS NOT NULL
 JOIN heads p ON p.model = plain.model
-JOIN heads f ON f.model = folded.model AND f.layer = p.layer AND f.head = p.head
-GROUP BY plain.model, folded.model, folded.fold_norm
-ORDER BY plain.model, folded.model
+JOIN heads f ON f.model = folded.model AND f.layer = p.layer AND f.head = p.head AND f.part = p.part
+GROUP BY plain.model, p.part, folded.model, folded.fold_norm
+ORDER BY plain.model, p.part, folded.model

@@ -1,9 +1,11 @@
 -- Every per-model figure with its 95% bootstrap intervals beside it: the view's own value
 -- (estimate), the interval resampling layers (layer_low, layer_high) and the one resampling heads
 -- (head_low, head_high), with B and the seed; `shown` is "estimate [layer_low, layer_high]" (the estimate
--- alone for a model of one layer, whose layer interval is undefined).
+-- alone for a model of one layer, whose layer interval is undefined). Per model and part (heads.part), as the four
+-- views and the intervals (written per part) are: a part's figure meets only that part's intervals.
 -- Columns:
 --   model: the model (models.model)
+--   part: the heads' form (heads.part): 'whole', or a latent-attention head's 'nope' or 'rope' part, each its own row
 --   view: the view holding the figure: parity_by_model, model_medians, fit_ratios_by_model or theta_accumulation
 --   figure: the figure's column in that view (pct_* in percent 0 to 100, share_* from 0 to 1, median_* in the
 --      statistic's own units)
@@ -41,12 +43,14 @@ WITH estimates AS (
         INTO NAME figure VALUE estimate)
 )
 SELECT
-    e.model, e.view, e.figure, e.estimate,
+    e.model, e.part, e.view, e.figure, e.estimate,
     l.low AS layer_low, l.high AS layer_high,
     h.low AS head_low, h.high AS head_high,
     l.resamples, l.seed,
     printf('%.4g', e.estimate) || coalesce(printf(' [%.4g, %.4g]', l.low, l.high), '') AS shown
 FROM estimates e
-LEFT JOIN intervals l ON l.model = e.model AND l.view = e.view AND l.figure = e.figure AND l.method = 'layer'
-LEFT JOIN intervals h ON h.model = e.model AND h.view = e.view AND h.figure = e.figure AND h.method = 'head'
-ORDER BY e.model, e.view, e.figure
+LEFT JOIN intervals l
+       ON l.model = e.model AND l.part = e.part AND l.view = e.view AND l.figure = e.figure AND l.method = 'layer'
+LEFT JOIN intervals h
+       ON h.model = e.model AND h.part = e.part AND h.view = e.view AND h.figure = e.figure AND h.method = 'head'
+ORDER BY e.model, e.part, e.view, e.figure

@@ -1,10 +1,12 @@
--- Per model: medians of the headline statistics, and the shares the paper quotes:
+-- Per model and part (heads.part; a latent-attention model has a row for each of its parts): medians of the
+-- headline statistics, and the shares the paper quotes:
 -- heads above their own random baseline in symmetric energy (paper: 76% to 99%),
 -- above the baseline's mean (N+1)/(2N), and with participation ratio below 2 (paper: < 1%).
 -- Shares are over the heads where the statistic is defined (a zero form has none).
 -- Columns:
 --   model: the model (models.model)
---   heads: all the model's heads, zero forms included
+--   part: the heads' form (heads.part): 'whole', or a latent-attention head's 'nope' or 'rope' part, each its own row
+--   heads: all the model's heads (of the part), zero forms included
 --   median_symmetric_energy: median symmetric_energy ||S||^2 / ||L||^2 (0 to 1; Figure 13) over the heads where
 --      defined (statistics.md section 3)
 --   median_pairing: median pairing 1 - ||lambda_+ - lambda_-|| / ||S|| (0 to 1; Figure 14; per-model medians of
@@ -26,6 +28,7 @@
 --      paper)
 SELECT
     h.model,
+    h.part,
     count(*)                                                          AS heads,
     median(h.symmetric_energy)                                        AS median_symmetric_energy,
     median(h.pairing)                                                 AS median_pairing,
@@ -40,5 +43,5 @@ SELECT
     avg((h.participation_ratio < 2)::INT)                             AS share_participation_below_2
 FROM heads h
 JOIN models m USING (model)
-GROUP BY h.model
-ORDER BY h.model
+GROUP BY h.model, h.part
+ORDER BY h.model, h.part

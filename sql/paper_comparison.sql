@@ -7,6 +7,9 @@
 -- NULL otherwise: OPT's parity shares (the published script transposes square Q/K matrices, and OPT's are
 -- square) and the published generalized-gamma best-fit shares (scipy's gengamma.fit stopping short of the
 -- maximum; OPT's also transposed). `caveat`: paper_reference's note on the figure.
+-- The paper's models are all of 'whole' heads (one bilinear form each): headforms' values are of part = 'whole' rows
+-- only (parity_by_model, model_medians, fit_ratios_by_model, heads and fits), so that a latent-attention model's
+-- parts never enter a figure the paper computed over whole heads.
 -- Columns:
 --   scope: 'model' (a figure of one model) or 'survey' (of the paper's models together), from paper_reference
 --   model: the model the figure is of, named as in the `paper` model set; NULL for a survey figure
@@ -44,16 +47,17 @@ WITH paper_models AS (
                p.heads::DOUBLE AS heads, p.pct_type_I_plus::DOUBLE AS pct_type_I_plus,
                p.pct_type_II::DOUBLE AS pct_type_II, p.pct_type_I_minus::DOUBLE AS pct_type_I_minus
         FROM models m JOIN parity_by_model p USING (model)
+        WHERE p.part = 'whole'
     ) ON COLUMNS(* EXCLUDE (model)) INTO NAME figure VALUE headforms
 ), best_fit_shares AS (  -- the published code's generalized gamma vs lognormal shares, by its rule
     SELECT model, 'generalized_gamma_best_fit_share_' || component AS figure, generalized_gamma_best_fit_share AS headforms
     FROM paper_gamma_goodness_of_fit_summary
 ), survey_heads AS (
-    SELECT h.* FROM heads h SEMI JOIN paper_models USING (model)
+    SELECT h.* FROM heads h SEMI JOIN paper_models USING (model) WHERE h.part = 'whole'
 ), hist_errors AS (  -- Figure 6: median over the paper's heads per family and sample
     SELECT median(f.hist_error) AS median_hist_error
     FROM fits f SEMI JOIN paper_models USING (model)
-    WHERE f.family IN ('gamma', 'lognormal', 'weibull')
+    WHERE f.family IN ('gamma', 'lognormal', 'weibull') AND f.part = 'whole'
     GROUP BY f.family, f.sample
 ), survey AS (  -- NULL when none of the paper's models is present
     UNPIVOT (
@@ -70,12 +74,12 @@ WITH paper_models AS (
             (SELECT max(median_hist_error) FROM hist_errors)                               AS max_median_hist_error
         FROM (SELECT min(share_above_random) AS min_share_above_random, max(share_above_random) AS max_share_above_random,
                      min(median_pairing) AS min_median_pairing, max(median_pairing) AS max_median_pairing
-              FROM model_medians SEMI JOIN paper_models USING (model)) mm,
+              FROM model_medians SEMI JOIN paper_models USING (model) WHERE part = 'whole') mm,
              (SELECT sum(excluded)::DOUBLE AS excluded_heads, sum(retained)::DOUBLE AS retained_heads,
                      min(median_mode_ratio) AS min_median_mode_ratio, max(median_mode_ratio) AS max_median_mode_ratio,
                      min(median_shape_ratio) AS min_median_shape_ratio, max(median_shape_ratio) AS max_median_shape_ratio,
                      min(median_correlation) AS min_median_correlation, max(median_correlation) AS max_median_correlation
-              FROM fit_ratios_by_model SEMI JOIN paper_models USING (model)) fr
+              FROM fit_ratios_by_model SEMI JOIN paper_models USING (model) WHERE part = 'whole') fr
         WHERE (SELECT models FROM present) > 0
     ) ON COLUMNS(*) INTO NAME figure VALUE headforms
 )

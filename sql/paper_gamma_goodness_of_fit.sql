@@ -4,6 +4,8 @@
 -- counts a model's heads layer by layer from 0; fit_gap = the better log-likelihood of the two minus this
 -- one; best_fit: the larger log-likelihood, a tie going to generalized_gamma (the published rule).
 -- A boundary generalized gamma counts with its supremum (statistics.md section 7); a failed fit is never best.
+-- The published file has no parts: only the fits of 'whole' heads (fits.part, every head of the paper's models; a
+-- latent-attention model's parts would repeat a head_index).
 -- Columns:
 --   model: the model
 --   component: the sample fitted (statistics.md section 4), named as in the published file: 'full' (L_abs, the
@@ -28,7 +30,7 @@ WITH two AS (
         any_value(f.loglik) FILTER (WHERE f.family = 'lognormal') OVER head AS ll_lognormal
     FROM fits f
     JOIN models m USING (model)
-    WHERE f.family IN ('gengamma', 'lognormal')
+    WHERE f.family IN ('gengamma', 'lognormal') AND f.part = 'whole'
     WINDOW head AS (PARTITION BY f.model, f.layer, f.head, f.sample)
 )
 SELECT

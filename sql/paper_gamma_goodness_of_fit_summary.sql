@@ -2,7 +2,8 @@
 -- aodesky/attention-bilinear-forms), from paper_gamma_goodness_of_fit: per model and component, the
 -- heads, the sample size of head 0, the median and quartiles (linear interpolation, as pandas) of the
 -- generalized gamma's KS distance, and each family's share of heads where it is best_fit (the published
--- rule: the larger log-likelihood, a tie to the generalized gamma).
+-- rule: the larger log-likelihood, a tie to the generalized gamma). As paper_gamma_goodness_of_fit, only the fits
+-- of 'whole' heads (fits.part): the published file has no parts.
 -- Beside them, three columns the published file lacks (issue 21): a converged generalized gamma contains the
 -- lognormal (Prentice's q = 0) and never loses by the published rule, so its share there is 1 wherever every
 -- fit converged; the published shares below 1 come from scipy's gengamma.fit stopping short of the maximum.
@@ -52,7 +53,7 @@ WITH published AS (
         any_value(aic) FILTER (WHERE family = 'gengamma')     AS aic_gengamma,
         any_value(aic) FILTER (WHERE family = 'lognormal')    AS aic_lognormal
     FROM fits
-    WHERE family IN ('gengamma', 'lognormal')
+    WHERE family IN ('gengamma', 'lognormal') AND part = 'whole'
     GROUP BY model, layer, head, sample
 ), ours AS (
     SELECT

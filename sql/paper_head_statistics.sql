@@ -1,6 +1,8 @@
 -- The paper's published head_statistics.csv (scripts/head_statistics.py of aodesky/attention-bilinear-forms):
 -- its columns, names and order. dim is the size of the reduced form (min(N, 2n), where n_zero is counted);
 -- balance = 1 - |n_pos - n_neg| / (n_pos + n_neg), the continuous balance score (1 for a balanced head).
+-- The published file has no parts: only heads whose score is one form (heads.part = 'whole', every head of the
+-- paper's models); a latent-attention model's 'nope' and 'rope' parts are not in it (the heads table holds them).
 -- Columns:
 --   model: the model
 --   layer: the layer, from 0
@@ -41,4 +43,5 @@ SELECT
     a, b, c, d, b_sym, c_sym, d_sym,
     trace_ratio, participation_ratio, stable_rank, leading_share
 FROM heads
+WHERE part = 'whole'
 ORDER BY model, layer, head

@@ -1,6 +1,8 @@
 -- The paper's published spectral_geometry.csv (scripts/spectral_geometry.py of
 -- aodesky/attention-bilinear-forms): spectral_geometry without `retained` (mode_ratio is NULL where a
--- head is not retained; shape_ratio is given for every head, as the published file does).
+-- head is not retained; shape_ratio is given for every head, as the published file does). The published file has no
+-- parts: only 'whole' heads (spectral_geometry.part, every head of the paper's models); a latent-attention model's
+-- parts are in spectral_geometry.
 -- Columns:
 --   model: the model
 --   layer: the layer, from 0
@@ -21,4 +23,5 @@ SELECT
     model, layer, head, mu, nu, tau, k_plus, k_minus, k_T, mode_ratio, shape_ratio,
     sigma_lambda_correlation, geometric_mean_error
 FROM spectral_geometry
+WHERE part = 'whole'
 ORDER BY model, layer, head

@@ -1,11 +1,13 @@
 -- Per head, from the gamma fits (statistics.md section 4): nu = mode of lambda_+,
 -- mu = minus the mode of lambda_-, tau = mode of sigma(T), and the shapes k_plus,
 -- k_minus, k_T. A head is retained for the ratios when all three modes exist. Only 'ok' fits give
--- modes and shapes (a boundary or failed fit has no estimates; statistics.md section 7).
+-- modes and shapes (a boundary or failed fit has no estimates; statistics.md section 7). A latent-attention
+-- head has a row per part, each from that part's own fits.
 -- Columns:
 --   model: the model
+--   part: the head's form (heads.part): 'whole', or a latent-attention head's 'nope' or 'rope'
 --   layer: the layer, from 0
---   head: the query head within its layer, from 0; one row per head of `heads`, with fits or not
+--   head: the query head within its layer, from 0; one row per row of `heads` (head and part), with fits or not
 --   mu: minus the mode (k - 1) theta of the gamma fit of S_neg (lambda_-), so < 0; NULL when that fit is not
 --      'ok' or has shape k <= 1 (no interior mode)
 --   nu: the mode of the gamma fit of S_pos (lambda_+), > 0; NULL as for mu
@@ -24,7 +26,7 @@
 --      >= 0 (0 for a rank-one form; statistics.md section 4); NULL when sigma(T) = 0
 WITH gamma AS (
     SELECT
-        model, layer, head,
+        model, layer, head, part,
         any_value(mode)  FILTER (WHERE sample = 'S_pos') AS nu,
         -any_value(mode) FILTER (WHERE sample = 'S_neg') AS mu,
         any_value(mode)  FILTER (WHERE sample = 'T')     AS tau,
@@ -33,10 +35,10 @@ WITH gamma AS (
         any_value(shape) FILTER (WHERE sample = 'T')     AS k_T
     FROM fits
     WHERE family = 'gamma' AND status = 'ok'
-    GROUP BY model, layer, head
+    GROUP BY model, layer, head, part
 )
 SELECT
-    h.model, h.layer, h.head,
+    h.model, h.part, h.layer, h.head,
     g.mu, g.nu, g.tau, g.k_plus, g.k_minus, g.k_T,
     (g.mu IS NOT NULL AND g.nu IS NOT NULL AND g.tau IS NOT NULL) AS retained,
     g.tau / sqrt(abs(g.mu) * g.nu)                                AS mode_ratio,
@@ -44,5 +46,5 @@ SELECT
     h.sigma_lambda_correlation,
     h.geometric_mean_error
 FROM heads h
-LEFT JOIN gamma g USING (model, layer, head)
-ORDER BY h.model, h.layer, h.head
+LEFT JOIN gamma g USING (model, layer, head, part)
+ORDER BY h.model, h.part, h.layer, h.head

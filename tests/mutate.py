@@ -420,12 +420,12 @@ PY_EQUIVALENT = {
      'axes = fig.subplots(max(len(models), 1), squeeze=False, sharex=True)[:, 0]  # no pairing at all: one empty panel'):
         "fig.subplots(n, ...) without its ncols of 1: 1 is subplots' default",
     ('headforms.warehouse.publishing.figures.x_training_dynamics',
-     'data = _frame(con, "select * from dynamics_by_step order by base_model, training_step")'):
+     'data = _frame(con, "select * from dynamics_by_step order by base_model, part, training_step")'):
         'SQL keywords in lower case',
-    ('headforms.warehouse.publishing.report.x__layer_body',
-     '"and family = \'gamma\' and shape is not null and scale is not null", [model, layer])'):
+    ('headforms.warehouse.publishing.report.x__layer_part_html',
+     '"and family = \'gamma\' and shape is not null and scale is not null", [model, layer, part])'):
         'SQL keywords in lower case',
-    ('headforms.warehouse.publishing.report.x__model_body',
+    ('headforms.warehouse.publishing.report.x__form_html',
      'grid = heads.pivot(on="head", index="layer", values=column, sort_columns=False).sort("layer")'):
         "the maps' head columns unsorted: their x labels are taken from the same columns, so each cell keeps its head",
     ('headforms.warehouse.running.behaviour.x_behaviour_intervals',

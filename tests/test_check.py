@@ -76,7 +76,7 @@ DAMAGE = {
         ["DELETE FROM eigenvalues WHERE model = {M} AND layer = 5 AND head = 11 AND spectrum = 'T_sigma' AND idx = 0"],
         [("violation", "eigenvalue_rows", M, 5, 11)]),
     "unknown spectrum": (
-        ["INSERT INTO eigenvalues VALUES ({G}, 0, 0, 'X', 0, 1.0, 0.0)"],
+        ["INSERT INTO eigenvalues VALUES ({G}, 0, 0, 'whole', 'X', 0, 1.0, 0.0)"],
         [("violation", "eigenvalue_rows", G, 0, 0)]),
     "eigenvalues out of order": (
         ["UPDATE eigenvalues SET value = value + 100 WHERE model = {M} AND layer = 1 AND head = 4 "
@@ -303,3 +303,50 @@ def test_a_check_that_fails_otherwise_is_a_violation_naming_the_reason(con, monk
     monkeypatch.setattr(check_module, "CHECKS", [("broken", "violation", "SELECT NULL, NULL, NULL, error('boom')")])
     assert [str(f) for f in check_warehouse(con, full=False)] == ["violation: broken: cannot run: Invalid Input Error: "
                                                                   "boom"]
+
+
+# The tiny GGUF's heads stored again as a latent-attention model's two parts: 'nope' (no distance profiles, as a part
+# without RoPE; its spectra twice the whole head's) and 'rope' (its profiles), each with its eigenvalues and fits,
+# the same keys as the whole head's.
+AS_PARTS = [
+    *(f"INSERT INTO {table} SELECT * REPLACE ('{part}' AS part) FROM {table} WHERE model = {{G}} AND part = 'whole'"
+      for part in ("nope", "rope") for table in ("heads", "eigenvalues", "fits")),
+    "INSERT INTO distance_profiles SELECT * REPLACE ('rope' AS part) FROM distance_profiles WHERE model = {G}",
+    "UPDATE heads SET kv_head = 0 WHERE model = {G} AND part = 'rope'",  # the rotary key every head shares
+    "UPDATE eigenvalues SET value = 2 * value, imag = 2 * imag WHERE model = {G} AND part = 'nope'",
+]
+PART_DAMAGE = {
+    "nothing": ([], []),
+    "a part's eigenvalue row written twice": (
+        ["INSERT INTO eigenvalues SELECT * FROM eigenvalues WHERE model = {G} AND part = 'rope' AND layer = 1 "
+         "AND head = 2 AND spectrum = 'S' AND idx = 0"],
+        [("violation", "duplicate_rows", G, 1, 2)]),
+    "a part's heads row deleted": (
+        ["DELETE FROM heads WHERE model = {G} AND part = 'nope' AND layer = 0 AND head = 3"],
+        [("violation", "orphan_rows", G, 0, 3)] * 2),
+    "a part's fit deleted": (
+        ["DELETE FROM fits WHERE model = {G} AND part = 'nope' AND layer = 1 AND head = 0 AND sample = 'T' "
+         "AND family = 'gamma'"],
+        [("violation", "fits", G, 1, 0)]),
+    "a rotary part's profile deleted": (
+        ["DELETE FROM distance_profiles WHERE model = {G} AND part = 'rope' AND layer = 1 AND head = 1 AND delta = 8"],
+        [("violation", "distance_profiles", G, 1, 1)]),
+}
+
+
+@pytest.mark.parametrize("damage", PART_DAMAGE)
+def test_the_parts_of_a_head_are_checked_as_rows_of_their_own(con, damage):
+    """A head stored as parts (heads.part) passes: its parts' rows share the whole head's keys but for part, and a
+    part without RoPE has no distance profiles; damage to one part's rows is reported at its place."""
+    statements, expected = PART_DAMAGE[damage]
+    con.begin()
+    try:
+        for statement in AS_PARTS:
+            con.execute(where(statement))
+        assert con.sql(where("SELECT count(*) FROM heads WHERE model = {G}")).fetchall() == [(3 * 8,)]
+        for statement in statements:
+            con.execute(where(statement))
+        found = check_warehouse(con, full=False)
+    finally:
+        con.rollback()
+    assert sorted((f.level, f.check, f.model, f.layer, f.head) for f in found) == sorted(expected)

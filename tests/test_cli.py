@@ -151,7 +151,7 @@ def test_read_only_connections_see_the_current_views(runner, demo_db, tmp_path):
                                      "--db", str(old), "--write"])
     assert stale.exit_code == 0
     result = runner.invoke(cli.main, ["sql", "select * from parity_by_model", "--db", str(old), "--format", "csv"])
-    assert result.output.startswith("model,heads,pct_type_I_plus")
+    assert result.output.startswith("model,part,heads,pct_type_I_plus")
 
 
 def test_progress_bar_counts_heads_and_bytes_from_the_models_start(monkeypatch):

@@ -122,7 +122,7 @@ def test_dynamics_by_step_view(dynamics_db, tmp_path):
         return (100 * (pl.col("parity") == kind).sum() / pl.len()).round(1, mode="half_away_from_zero")
 
     expected = (heads.join(models.filter(pl.col("training_step").is_not_null()), on="model")
-                .group_by("base_model", "training_step", "model", "revision")
+                .group_by("base_model", "training_step", "model", "part", "revision")
                 .agg(heads=pl.len(), pct_type_I_plus=pct("I+"), pct_type_II=pct("II"), pct_type_I_minus=pct("I-"),
                      median_pairing=pl.col("pairing").median(), median_random_pairing=pl.col("random_pairing").median(),
                      median_symmetric_energy=pl.col("symmetric_energy").median(),

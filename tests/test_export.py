@@ -131,7 +131,7 @@ def test_one_model_export(one_model_export):
     out = one_model_export
     assert {p.name for p in out.iterdir()} == EXPECTED
     csv = pl.read_csv(out / "observation1_signature_check.csv")
-    assert csv.rows() == [("SmolLM2-135M", 270, 268, 2, f"L2.H8: 63+/64-{LIST_SEPARATOR}L7.H3: 63+/64-",
+    assert csv.rows() == [("SmolLM2-135M", "whole", 270, 268, 2, f"L2.H8: 63+/64-{LIST_SEPARATOR}L7.H3: 63+/64-",
                            "W_Q and W_K rows share directions (2 heads)")]  # a zero eigenvalue set by hand, rank(L) = n
     parquet = pl.read_parquet(out / "observation1_signature_check.parquet")
     assert parquet["exception_heads"].to_list() == [["L2.H8: 63+/64-", "L7.H3: 63+/64-"]]
@@ -181,15 +181,15 @@ def test_latex_numbers_keep_the_digits_that_tell_them_apart(latex, demo_con):
     differ, down a column or inside one value's interval, print differently: the mode ratio 1.0049 of SmolLM2 is not
     a 1.00 beside an interval of 1.00."""
     out, _ = latex
-    view = demo_con.sql("SELECT * FROM fit_ratios_by_model ORDER BY model").pl()
+    view = demo_con.sql("SELECT * FROM fit_ratios_by_model ORDER BY model, part").pl()
     bounds = dict(((m, f), (lo, hi)) for m, f, lo, hi in demo_con.sql(
         "SELECT model, figure, layer_low, layer_high FROM model_intervals WHERE view = 'fit_ratios_by_model'")
         .fetchall())
     rows = _cells((out / "observations7to9_fit_ratios_by_model.tex").read_text())
-    header = ["model", "retained", "excluded", "median_mode_ratio", "median_shape_ratio", "median_correlation",
+    header = ["model", "part", "retained", "excluded", "median_mode_ratio", "median_shape_ratio", "median_correlation",
               "median_geometric_mean_error"]
     assert [row[0] for row in rows] == view["model"].to_list()
-    for column in header[3:]:
+    for column in header[4:]:
         printed = [_numbers(row[header.index(column)]) for row in rows]
         for cell, model, true in zip(printed, view["model"], view[column]):
             exact = (true, *bounds[(model, column)])
@@ -197,7 +197,7 @@ def test_latex_numbers_keep_the_digits_that_tell_them_apart(latex, demo_con):
                 assert abs(shown - real) <= 0.5 * 10 ** -places + 1e-12, (column, shown, real)
             assert len({shown for shown, _ in cell}) == len(set(exact)) == 3
         assert len({cell[0][0] for cell in printed}) == len(set(view[column]))
-    mode = rows[view["model"].to_list().index("SmolLM2-135M")][3]
+    mode = rows[view["model"].to_list().index("SmolLM2-135M")][header.index("median_mode_ratio")]
     assert _numbers(mode)[0][0] != 1.0 and mode.count("[") == 1
 
 

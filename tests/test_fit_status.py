@@ -112,10 +112,10 @@ def test_nested_fit_tests(demo_con, ties_db, ties):
     assert critical == pytest.approx(NESTED_CRITICAL, rel=1e-15)  # the view's literal is scipy's quantile
     con = connect(ties_db, read_only=True) if ties else demo_con
     fits = con.sql("select * from fits").pl()
-    wide = fits.pivot(on="family", index=["model", "layer", "head", "sample"], values=["loglik", "status"])
+    wide = fits.pivot(on="family", index=["model", "layer", "head", "part", "sample"], values=["loglik", "status"])
     rows, on_critical = [], 0
-    for (model, sample), group in wide.group_by("model", "sample"):
-        row = {"model": model, "sample": sample, "heads": group.height,
+    for (model, part, sample), group in wide.group_by("model", "part", "sample"):
+        row = {"model": model, "part": part, "sample": sample, "heads": group.height,
                "gengamma_boundary": (group["status_gengamma"] == "boundary").sum()}
         for nested in ("gamma", "weibull", "lognormal"):  # Prentice's q = sigma, 1 and 0
             both = group.filter((pl.col("status_gengamma") == "ok") & (pl.col(f"status_{nested}") == "ok"))
@@ -125,8 +125,8 @@ def test_nested_fit_tests(demo_con, ties_db, ties):
             on_critical += int((d == NESTED_CRITICAL).sum())
         rows.append(row)
     assert on_critical == (6 if ties else 0)  # each model's tied head, against gamma, Weibull and the lognormal
-    expected = pl.DataFrame(rows).sort("model", "sample")
-    actual = con.sql("select * from nested_fit_tests order by model, sample").pl()
+    expected = pl.DataFrame(rows).sort("model", "part", "sample")
+    actual = con.sql("select * from nested_fit_tests order by model, part, sample").pl()
     assert_frame_equal(actual, expected.select(actual.columns), check_dtypes=False, abs_tol=1e-12)
     for nested in ("gamma", "weibull", "lognormal"):
         assert (actual[f"tested_vs_{nested}"] == actual["heads"] - actual["gengamma_boundary"]).all()

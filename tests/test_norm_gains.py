@@ -182,16 +182,16 @@ def test_fold_norm_recorded_and_part_of_identity(compared):
 
 def test_fold_norm_comparison_view(compared):
     with duckdb.connect(str(compared / "w.duckdb"), read_only=True) as con:
-        view = con.sql("select * from fold_norm_comparison order by model, folded_model").pl()
+        view = con.sql("select * from fold_norm_comparison order by model, part, folded_model").pl()
         heads, models = con.sql("select * from heads").pl(), con.sql("select * from models").pl()
     plain = heads.join(models.filter(pl.col("fold_norm").is_null()).select("model"), on="model")
     folded = heads.join(models.filter(pl.col("fold_norm").is_not_null()).select("model", "fold_norm"), on="model")
-    both = plain.join(folded, on=["layer", "head"], suffix="_f")
+    both = plain.join(folded, on=["layer", "head", "part"], suffix="_f")
 
     def pct(column, kind):
         return (100 * (pl.col(column) == kind).sum() / pl.len()).round(1, mode="half_away_from_zero")
 
-    expected = both.group_by("model", "model_f", "fold_norm").agg(
+    expected = both.group_by("model", "part", "model_f", "fold_norm").agg(
         heads=pl.len(),
         median_symmetric_energy=pl.col("symmetric_energy").median(),
         folded_median_symmetric_energy=pl.col("symmetric_energy_f").median(),
@@ -201,7 +201,7 @@ def test_fold_norm_comparison_view(compared):
         pct_type_I_minus=pct("parity", "I-"), folded_pct_type_I_minus=pct("parity_f", "I-"),
         pct_parity_changed=(100 * (pl.col("parity") != pl.col("parity_f")).sum() / pl.len())
         .round(1, mode="half_away_from_zero"),
-    ).rename({"model_f": "folded_model"}).sort("model", "folded_model")
+    ).rename({"model_f": "folded_model"}).sort("model", "part", "folded_model")
     assert view["folded_model"].to_list() == ["gpt2-center", "gpt2-gain"]
     assert_frame_equal(view, expected.select(view.columns), check_dtypes=False, abs_tol=1e-12)
     assert (view["median_symmetric_energy"] != view["folded_median_symmetric_energy"]).all()

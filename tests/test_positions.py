@@ -313,15 +313,15 @@ def test_parity_by_distance_view(tiny_warehouse, tmp_path, zero_head):
             con.execute(f"UPDATE distance_profiles SET {', '.join(f'{c} = NULL' for c in doubles)}, parity = NULL "
                         "WHERE layer = 0 AND head = 1")
     with duckdb.connect(str(db), read_only=True) as con:
-        view = con.sql("select * from parity_by_distance order by model, delta").pl()
+        view = con.sql("select * from parity_by_distance order by model, part, delta").pl()
         base = con.sql("select * from distance_profiles").pl()
     assert base["parity"].null_count() == (4 if zero_head else 0)
-    expected = base.group_by("model", "delta").agg(
+    expected = base.group_by("model", "part", "delta").agg(
         heads=pl.len(),
         **{out: (100 * (pl.col("parity") == kind).sum() / pl.len()).round(1, mode="half_away_from_zero")
            for out, kind in (("pct_type_I_plus", "I+"), ("pct_type_II", "II"), ("pct_type_I_minus", "I-"))},
         median_pairing=pl.col("pairing").median(), median_symmetric_energy=pl.col("symmetric_energy").median(),
-    ).sort("model", "delta")
+    ).sort("model", "part", "delta")
     from polars.testing import assert_frame_equal
 
     assert_frame_equal(view, expected.select(view.columns), check_dtypes=False, abs_tol=1e-12)

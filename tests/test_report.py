@@ -107,11 +107,10 @@ def test_index_shows_the_layer_bootstrap_interval_beside_a_figure(demo_db, tmp_p
     path = tmp_path / "intervals.duckdb"
     shutil.copy(demo_db, path)
     with duckdb.connect(str(path)) as con:
-        con.execute("CREATE TABLE IF NOT EXISTS intervals (model VARCHAR, view VARCHAR, figure VARCHAR, method VARCHAR, "
-                    "estimate DOUBLE, low DOUBLE, high DOUBLE, resamples INTEGER, seed BIGINT)")
         con.execute("DELETE FROM intervals")
-        con.execute("INSERT INTO intervals VALUES ('SmolLM2-135M', 'model_medians', 'median_pairing', 'layer', NULL, "
-                    "0.8125, 0.875, 10, 0), ('SmolLM2-135M', 'model_medians', 'median_pairing', 'head', NULL, 0.5, 0.75, 10, 0)")
+        con.execute("INSERT INTO intervals VALUES "
+                    "('SmolLM2-135M', 'whole', 'model_medians', 'median_pairing', 'layer', NULL, 0.8125, 0.875, 10, "
+                    "0), ('SmolLM2-135M', 'whole', 'model_medians', 'median_pairing', 'head', NULL, 0.5, 0.75, 10, 0)")
     con = connect(path, read_only=True)
     try:
         (median,), = con.execute("SELECT median_pairing FROM model_medians WHERE model = 'SmolLM2-135M'").fetchall()

@@ -112,16 +112,16 @@ def test_theta_accumulation_view(demo_con, request, copy):
         assert heads.filter(pl.col("theta_distance") == pl.col("theta_position")).height >= 4
     if copy == "nulls_db":
         assert heads["theta_distance"].null_count() == 4
-    expected = heads.group_by("model").agg(
+    expected = heads.group_by("model", "part").agg(
         heads=pl.len(),
         **{f"median_{c}": pl.col(c).median() for c in
            ("theta_distance", "theta_position", "random_theta_distance", "random_theta_position")},
         share_closer_to_theta=(pl.col("theta_distance") < pl.col("theta_position")).mean(),
         random_share_closer_to_theta=(pl.col("random_theta_distance") < pl.col("random_theta_position")).mean(),
-    ).sort("model")
-    actual = con.sql("select * from theta_accumulation order by model").pl()
+    ).sort("model", "part")
+    actual = con.sql("select * from theta_accumulation order by model, part").pl()
     assert actual.columns == expected.columns
-    for column in expected.columns[1:]:
+    for column in expected.columns[2:]:
         np.testing.assert_allclose(actual[column].to_numpy(), expected[column].to_numpy(), rtol=1e-12, atol=0)
     # Observation 2 on the demo: trained heads lie farther along Theta than their random baseline heads
     assert (actual["median_theta_position"] > 10 * actual["median_random_theta_position"]).all()

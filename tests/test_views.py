@@ -36,7 +36,7 @@ def tables(con):
     return {name: con.sql(f"select * from {name}").pl() for name in ("heads", "fits", "models")}
 
 
-def view(con, name: str, order: str = "model") -> pl.DataFrame:
+def view(con, name: str, order: str = "model, part") -> pl.DataFrame:
     return con.sql(f"select * from {name} order by {order}").pl()
 
 
@@ -61,38 +61,40 @@ def spectral_geometry(tables) -> pl.DataFrame:
     def pick(column: str, sample: str) -> pl.Expr:
         return pl.col(column).filter(pl.col("sample") == sample).first()
 
-    per_head = gamma.group_by("model", "layer", "head").agg(
+    per_head = gamma.group_by("model", "layer", "head", "part").agg(
         nu=pick("mode", "S_pos"), mu=-pick("mode", "S_neg"), tau=pick("mode", "T"),
         k_plus=pick("shape", "S_pos"), k_minus=pick("shape", "S_neg"), k_T=pick("shape", "T"))
-    return (tables["heads"].join(per_head, on=["model", "layer", "head"], how="left")  # every head, fitted or not
+    # every head (and part), fitted or not
+    return (tables["heads"].join(per_head, on=["model", "layer", "head", "part"], how="left")
             .with_columns(
                 retained=pl.all_horizontal(pl.col("mu", "nu", "tau").is_not_null()),
                 mode_ratio=pl.col("tau") / (pl.col("mu").abs() * pl.col("nu")).sqrt(),
                 shape_ratio=pl.col("k_T") / (pl.col("k_plus") * pl.col("k_minus")).sqrt())
-            .sort("model", "layer", "head"))
+            .sort("model", "part", "layer", "head"))
 
 
 def fit_ratios(tables) -> pl.DataFrame:
     retained = pl.col("retained")
-    return spectral_geometry(tables).group_by("model").agg(
+    return spectral_geometry(tables).group_by("model", "part").agg(
         retained=retained.sum(), excluded=(~retained).sum(),
         median_mode_ratio=pl.col("mode_ratio").filter(retained).median(),
         median_shape_ratio=pl.col("shape_ratio").filter(retained).median(),
         median_correlation=pl.col("sigma_lambda_correlation").median(),
         median_geometric_mean_error=pl.col("geometric_mean_error").median(),
-    ).sort("model")
+    ).sort("model", "part")
 
 
 def test_parity_by_model(con, tables):
-    expected = tables["heads"].group_by("model").agg(heads=pl.len(), **parity_percents()).sort("model")
+    expected = tables["heads"].group_by("model", "part").agg(heads=pl.len(), **parity_percents()).sort("model", "part")
     actual = view(con, "parity_by_model")
     assert_same(actual, expected)
     assert actual["heads"].to_list() == [270, 72]
 
 
 def test_parity_by_layer(con, tables):
-    expected = tables["heads"].group_by("model", "layer").agg(heads=pl.len(), **parity_percents()).sort("model", "layer")
-    actual = view(con, "parity_by_layer", "model, layer")
+    expected = (tables["heads"].group_by("model", "part", "layer").agg(heads=pl.len(), **parity_percents())
+                .sort("model", "part", "layer"))
+    actual = view(con, "parity_by_layer", "model, part, layer")
     assert_same(actual, expected)
     assert actual.height == 30 + 6
 
@@ -104,9 +106,10 @@ def test_parity_sensitivity(con, tables):
                                   .when(total <= pl.col("tolerance")).then(pl.lit("II"))
                                   .when(pl.col("c_sym") > pl.col("d_sym")).then(pl.lit("I+"))
                                   .otherwise(pl.lit("I-"))))
-    expected = (reclassified.group_by("model", "tolerance").agg(heads=pl.len(), **parity_percents("kind"))
-                .sort("model", "tolerance"))
-    actual = view(con, "parity_sensitivity", "model, tolerance").with_columns(pl.col("tolerance").cast(pl.Float64))
+    expected = (reclassified.group_by("model", "part", "tolerance").agg(heads=pl.len(), **parity_percents("kind"))
+                .sort("model", "part", "tolerance"))
+    actual = (view(con, "parity_sensitivity", "model, part, tolerance")
+              .with_columns(pl.col("tolerance").cast(pl.Float64)))
     assert_same(actual, expected)
     # at the extraction's own tolerance (1/50) it is Table 2 itself
     at_default = actual.filter(pl.col("tolerance") == 0.02).drop("tolerance")
@@ -120,7 +123,7 @@ def test_model_medians(con, tables):
         """Share of the group's heads where left > right; NULL comparisons are left out, as SQL's avg does."""
         return (left > right).cast(pl.Int32).mean()
 
-    expected = heads.group_by("model").agg(
+    expected = heads.group_by("model", "part").agg(
         heads=pl.len(),
         **{f"median_{c}": pl.col(c).median() for c in (
             "symmetric_energy", "pairing", "rho", "lobe_departure", "participation_ratio", "stable_rank",
@@ -128,12 +131,12 @@ def test_model_medians(con, tables):
         share_above_random=above(pl.col("symmetric_energy"), pl.col("random_symmetric_energy")),
         share_above_baseline_mean=above(pl.col("symmetric_energy"), (pl.col("d_model") + 1) / (2 * pl.col("d_model"))),
         share_participation_below_2=above(pl.lit(2.0), pl.col("participation_ratio")),
-    ).sort("model")
+    ).sort("model", "part")
     assert_same(view(con, "model_medians"), expected)
 
 
 def test_spectral_geometry(con, tables):
-    actual = view(con, "spectral_geometry", "model, layer, head")
+    actual = view(con, "spectral_geometry", "model, part, layer, head")
     expected = spectral_geometry(tables)
     assert_same(actual, expected)
     assert actual.height == 342
@@ -148,21 +151,22 @@ def test_fit_ratios_by_model(con, tables):
 
 def test_survey_ranges(con, tables):
     ratios = fit_ratios(tables)
+    assert set(ratios["part"]) == {"whole"}  # the demo's heads are whole: one row per statistic
     total = ratios["retained"].sum() + ratios["excluded"].sum()
     expected = pl.DataFrame([
-        ("mode_ratio", ratios["median_mode_ratio"].min(), ratios["median_mode_ratio"].max(),
+        ("mode_ratio", "whole", ratios["median_mode_ratio"].min(), ratios["median_mode_ratio"].max(),
          ratios.height, ratios["retained"].sum(), ratios["excluded"].sum()),
-        ("shape_ratio", ratios["median_shape_ratio"].min(), ratios["median_shape_ratio"].max(),
+        ("shape_ratio", "whole", ratios["median_shape_ratio"].min(), ratios["median_shape_ratio"].max(),
          ratios.height, ratios["retained"].sum(), ratios["excluded"].sum()),
-        ("sigma_lambda_correlation", ratios["median_correlation"].min(), ratios["median_correlation"].max(),
+        ("sigma_lambda_correlation", "whole", ratios["median_correlation"].min(), ratios["median_correlation"].max(),
          ratios.height, total, 0),
-    ], schema=["statistic", "low", "high", "models", "retained_heads", "excluded_heads"], orient="row")
+    ], schema=["statistic", "part", "low", "high", "models", "retained_heads", "excluded_heads"], orient="row")
     actual = con.sql("select * from survey_ranges").pl().with_columns(pl.col("^.*_heads$").cast(pl.Int64))
     assert_same(actual, expected)
 
 
 def test_fit_errors_by_model(con, tables):
-    head = ["model", "layer", "head", "sample"]
+    head = ["model", "layer", "head", "part", "sample"]
 
     def credit(best: pl.Expr) -> pl.Expr:
         """1/t for each of the t families tied for best at a head, 0 for the others."""
@@ -174,7 +178,7 @@ def test_fit_errors_by_model(con, tables):
         best_loglik=credit(pl.col("loglik") == pl.col("loglik").max().over(head)),
         best_aic=credit(pl.col("aic") == pl.col("aic").min().over(head)),
         best_bic=credit(pl.col("bic") == pl.col("bic").min().over(head)))
-    expected = fits.group_by("model", "sample", "family").agg(
+    expected = fits.group_by("model", "part", "sample", "family").agg(
         heads=pl.len(),
         median_hist_error=pl.col("hist_error").median(),
         median_ks=pl.col("ks").median(),
@@ -184,15 +188,16 @@ def test_fit_errors_by_model(con, tables):
         share_best_bic=pl.col("best_bic").mean(),
         boundary_fits=(pl.col("status") == "boundary").sum(),
         failed_fits=(pl.col("status") == "failed").sum(),
-    ).sort("model", "sample", "family")
-    actual = view(con, "fit_errors_by_model", "model, sample, family")
+    ).sort("model", "part", "sample", "family")
+    actual = view(con, "fit_errors_by_model", "model, part, sample, family")
     assert_same(actual, expected)
     # one best family per head and sample that has a fit (failed fits are never best): a (model, sample)'s
     # shares add up to the share of such heads, one on the demo itself
     shares = ["share_best_hist_error", "share_best_loglik", "share_best_aic", "share_best_bic"]
-    fitted = (tables["fits"].group_by("model", "layer", "head", "sample").agg(fitted=(pl.col("status") != "failed").any())
-              .group_by("model", "sample").agg(pl.col("fitted").mean()))
-    sums = actual.group_by("model", "sample").agg(pl.col(shares).sum()).join(fitted, on=["model", "sample"])
+    fitted = (tables["fits"].group_by(head).agg(fitted=(pl.col("status") != "failed").any())
+              .group_by("model", "part", "sample").agg(pl.col("fitted").mean()))
+    sums = (actual.group_by("model", "part", "sample").agg(pl.col(shares).sum())
+            .join(fitted, on=["model", "part", "sample"]))
     for share in shares:
         assert ((sums[share] - sums["fitted"]).abs() < 1e-9).all()
     # charged its third parameter, the generalized gamma no longer wins nearly every head
@@ -203,7 +208,7 @@ def test_fit_errors_by_model(con, tables):
 def signature(heads: pl.DataFrame) -> pl.DataFrame:
     """signature_check recomputed; a model without exceptions has an empty list."""
     label = pl.format("L{}.H{}: {}+/{}-", "layer", "head", "n_pos", "n_neg")
-    return (heads.sort("model", "layer", "head").group_by("model", maintain_order=True)
+    return (heads.sort("model", "part", "layer", "head").group_by("model", "part", maintain_order=True)
             .agg(heads=pl.len(), balanced=pl.col("balanced").sum(), exceptions=(~pl.col("balanced")).sum(),
                  exception_heads=label.filter(~pl.col("balanced"))))
 
@@ -219,7 +224,8 @@ def test_signature_check(con, tables):
     actual = signature_view(con)
     assert_same(actual, signature(tables["heads"]))
     if tables["heads"]["parity"].null_count() == 0:  # the demo itself: every head balanced
-        assert actual.rows() == [("SmolLM2-135M", 270, 270, 0, []), ("all-MiniLM-L6-v2", 72, 72, 0, [])]
+        assert actual.rows() == [("SmolLM2-135M", "whole", 270, 270, 0, []),
+                                 ("all-MiniLM-L6-v2", "whole", 72, 72, 0, [])]
 
 
 def test_signature_check_lists_exceptions(demo_db, tmp_path):
@@ -231,4 +237,4 @@ def test_signature_check_lists_exceptions(demo_db, tmp_path):
                        WHERE model = 'SmolLM2-135M' AND (layer, head) IN ((7, 3), (2, 8))""")
         actual = signature_view(con)
         assert_same(actual, signature(con.sql("select * from heads").pl()))
-    assert actual.row(0) == ("SmolLM2-135M", 270, 268, 2, ["L2.H8: 63+/64-", "L7.H3: 63+/64-"])
+    assert actual.row(0) == ("SmolLM2-135M", "whole", 270, 268, 2, ["L2.H8: 63+/64-", "L7.H3: 63+/64-"])

@@ -324,15 +324,16 @@ def _digits(parts: list[list[float | None]], groups: list[list[int]]) -> list[in
 
 def _layer_intervals(con: duckdb.DuckDBPyConnection, view: str, frame: pl.DataFrame):
     """The frame with, for each per-model figure model_intervals holds of this view, its layer-bootstrap interval's
-    ends as <figure>_layer_low and <figure>_layer_high; and the (label, value, low, high) to print them by."""
-    found = con.sql("SELECT model, figure, layer_low, layer_high FROM model_intervals WHERE view = $view "
+    ends as <figure>_layer_low and <figure>_layer_high (matched by model and part); and the (label, value, low,
+    high) to print them by."""
+    found = con.sql("SELECT model, part, figure, layer_low, layer_high FROM model_intervals WHERE view = $view "
                     "AND layer_low IS NOT NULL", params={"view": view}).pl()
-    if not found.height or "model" not in frame.columns:
+    if not found.height or not {"model", "part"} <= set(frame.columns):
         return frame, []
-    wide = found.pivot(on="figure", index="model", values=["layer_low", "layer_high"], separator="|")
+    wide = found.pivot(on="figure", index=["model", "part"], values=["layer_low", "layer_high"], separator="|")
     wide = wide.rename({c: f"{c.split('|')[1]}_{c.split('|')[0]}" for c in wide.columns if "|" in c})
     figures_ = [c for c in frame.columns if f"{c}_layer_low" in wide.columns]
-    return (frame.join(wide, on="model", how="left", maintain_order="left"),
+    return (frame.join(wide, on=["model", "part"], how="left", maintain_order="left"),
             [(c, c, f"{c}_layer_low", f"{c}_layer_high") for c in figures_])
 
 

@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
 from matplotlib.textpath import text_to_path
 
+from headforms.extract.checkpoint import WHOLE
 from headforms.warehouse.publishing import numbers
 from headforms.warehouse.storing.store import VIEWS
 
@@ -38,9 +39,21 @@ def _frame(con: duckdb.DuckDBPyConnection, sql: str) -> pl.DataFrame:
     return con.sql(sql).pl()
 
 
+def panel_name(model: str, part: str | None = WHOLE) -> str:
+    """A panel's name: its model, and the part after it for a latent-attention head's part (heads.part)."""
+    return model if part in (WHOLE, None) else f"{model} ({part})"
+
+
 def _by_model(frame: pl.DataFrame) -> list[tuple[str, pl.DataFrame]]:
-    """(model, rows) in the frame's order."""
-    return [(key[0], rows) for key, rows in frame.group_by("model", maintain_order=True)]
+    """(panel name, rows) in the frame's order: a panel per model and, where the frame has a `part` column, per
+    part of a model whose heads have parts (panel_name), so that two parts never share a panel."""
+    keys = ["model", "part"] if "part" in frame.columns else ["model"]
+    return [(panel_name(*key), rows) for key, rows in frame.group_by(keys, maintain_order=True)]
+
+
+def _rows_of(table: str) -> str:
+    """`table` as a FROM item with heads' part column: ov_heads has none, its rows belong to 'whole' heads."""
+    return table if table == "heads" else f"(SELECT *, '{WHOLE}' AS part FROM {table}) AS {table}"
 
 
 # Layout: every figure is laid out by constrained layout; titles are wrapped to the width they may take and
@@ -144,8 +157,8 @@ def profiles(con: duckdb.DuckDBPyConnection, path: Path, table: str = "heads") -
     """Figure 9: each head's symmetric profile (b_S, c_S, d_S) on the face Delta, marked by parity type; of the
     rows of `table` (ov_heads: the output-value circuit's, see ov_profiles)."""
     data = _frame(con, f"""
-        SELECT model, parity, c_sym + b_sym / 2 AS x, b_sym * sqrt(3) / 2 AS y
-        FROM {table} WHERE parity IS NOT NULL ORDER BY model, layer, head""")
+        SELECT model, part, parity, c_sym + b_sym / 2 AS x, b_sym * sqrt(3) / 2 AS y
+        FROM {_rows_of(table)} WHERE parity IS NOT NULL ORDER BY model, part, layer, head""")
     models = _by_model(data)
     fig, axes = _panel_grid(len(models), 3, (5.0, 4.9))
     corners = np.array([[0.0, 0.0], [1.0, 0.0], [0.5, SQRT3_2]])  # d = 1, c = 1, b = 1
@@ -177,17 +190,17 @@ def ov_profiles(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
 
 def view_over(view: str, table: str) -> str:
     """The SELECT of a view of sql/ reading `table` in place of heads (ov_heads has heads' columns): the same
-    figures of the output-value circuit."""
+    figures of the output-value circuit (part 'whole': _rows_of)."""
     text = (VIEWS / f"{view}.sql").read_text()
     assert text.count("FROM heads\n") == 1, view  # the view reads heads once, by that name
-    return text.replace("FROM heads\n", f"FROM {table}\n")
+    return text.replace("FROM heads\n", f"FROM {_rows_of(table)}\n")
 
 
 def parity_by_layer(con: duckdb.DuckDBPyConnection, path: Path, table: str = "heads") -> Path:
     """Figure 12: percent of each layer's heads of each parity type (view parity_by_layer), white 0% to black 100%;
     of the rows of `table` (ov_heads: the view's query over the output-value circuit's rows)."""
     source = "parity_by_layer" if table == "heads" else f"({view_over('parity_by_layer', table)})"
-    data = _frame(con, f"SELECT * FROM {source} ORDER BY model, layer")
+    data = _frame(con, f"SELECT * FROM {source} ORDER BY model, part, layer")
     models = _by_model(data)
     columns = PARITY_COLUMNS
     widest = max(rows.height for _, rows in models)
@@ -221,8 +234,8 @@ def _trained_vs_random(con: duckdb.DuckDBPyConnection, path: Path, column: str, 
     at `centre` (over the largest deviation unless `halfrange`); the panels named by `sides`, a panel whose
     column is NULL at every head of its model says so."""
     data = _frame(con, f"""
-        SELECT model, layer, head, {column} AS trained, {random_column} AS random
-        FROM {table} ORDER BY model, layer, head""")
+        SELECT model, part, layer, head, {column} AS trained, {random_column} AS random
+        FROM {_rows_of(table)} ORDER BY model, part, layer, head""")
     models = _by_model(data)
     if halfrange is None:
         halfrange = np.nanmax(np.abs(data.select("trained", "random").to_numpy(allow_copy=True).astype(float)
@@ -286,14 +299,15 @@ def mean_spectrum(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
     """Figure 3: per model, the index-wise mean over heads of the sorted, unit-length eigenvalues of S."""
     data = _frame(con, """
         WITH unit AS (
-            SELECT model, layer, head,
-                   value / nullif(sqrt(sum(value * value) OVER (PARTITION BY model, layer, head)), 0) AS u
+            SELECT model, part, layer, head,
+                   value / nullif(sqrt(sum(value * value) OVER (PARTITION BY model, part, layer, head)), 0) AS u
             FROM eigenvalues WHERE spectrum = 'S'
         ), ranked AS (
-            SELECT model, u, row_number() OVER (PARTITION BY model, layer, head ORDER BY u DESC) - 1 AS rank
+            SELECT model, part, u, row_number() OVER (PARTITION BY model, part, layer, head ORDER BY u DESC) - 1 AS rank
             FROM unit WHERE u IS NOT NULL
         )
-        SELECT model, rank, avg(u) AS mean_u, count(*) AS heads FROM ranked GROUP BY model, rank ORDER BY model, rank""")
+        SELECT model, part, rank, avg(u) AS mean_u, count(*) AS heads FROM ranked
+        GROUP BY model, part, rank ORDER BY model, part, rank""")
     models = _by_model(data)
     fig, axes = _panel_grid(len(models), 2, (6.0, 3.4))
     for ax, (model, rows) in zip(axes, models):
@@ -312,9 +326,9 @@ def mean_spectrum(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
 def pairing_distribution(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
     """Figure 11: histogram of the trained heads' pairing scores per model, dashed at the model median."""
     data = _frame(con, """
-        SELECT h.model, h.pairing, m.median_pairing
-        FROM heads h JOIN model_medians m USING (model)
-        WHERE h.pairing IS NOT NULL ORDER BY h.model""")
+        SELECT h.model, h.part, h.pairing, m.median_pairing
+        FROM heads h JOIN model_medians m USING (model, part)
+        WHERE h.pairing IS NOT NULL ORDER BY h.model, h.part""")
     models = _by_model(data)
     fig = _figure(6.5, 0.8 + 1.5 * max(len(models), 1))
     axes = fig.subplots(max(len(models), 1), 1, squeeze=False, sharex=True)[:, 0]  # no pairing at all: one empty panel
@@ -346,18 +360,19 @@ def _parity_scatter(ax, rows: pl.DataFrame, *columns: str, s: float = 22, lw: fl
 def theta_accumulation(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
     """Observation 2: each head's distance to Theta against its position along Theta, trained beside random heads."""
     data = _frame(con, """
-        SELECT model, parity, theta_distance, theta_position, random_theta_distance, random_theta_position
-        FROM heads WHERE theta_distance IS NOT NULL ORDER BY model, layer, head""")
-    shown = {(model, figure): _interval(estimate, low, high) for model, figure, estimate, low, high in _frame(
-        con, "SELECT model, figure, estimate, layer_low, layer_high FROM model_intervals "
-             "WHERE view = 'theta_accumulation'").iter_rows()}
+        SELECT model, part, parity, theta_distance, theta_position, random_theta_distance, random_theta_position
+        FROM heads WHERE theta_distance IS NOT NULL ORDER BY model, part, layer, head""")
+    shown = {(panel_name(model, part), figure): _interval(estimate, low, high)
+             for model, part, figure, estimate, low, high in _frame(
+                 con, "SELECT model, part, figure, estimate, layer_low, layer_high FROM model_intervals "
+                      "WHERE view = 'theta_accumulation'").iter_rows()}
     models = _by_model(data)
     fig, axes = _panel_grid(max(len(models), 1), 2, (6.6, 4.6))  # 5 inches of plot, its legend beside
     for ax, (model, rows) in zip(axes, models):
         ax.scatter(rows["random_theta_position"], rows["random_theta_distance"], s=10, color="0.55", marker=".",
                    label=f"random baseline ({rows.height})")
         _parity_scatter(ax, rows, "theta_position", "theta_distance")
-        values = rows.select(pl.exclude("model", "parity")).to_numpy()
+        values = rows.select(pl.exclude("model", "part", "parity")).to_numpy()
         bottom, top = values[values > 0].min() / 2, values.max() * 2
         ax.plot([bottom, top], [bottom, top], color="black", lw=0.8, ls="--", label=GUIDE)
         ax.text(top / 1.5, top / 1.9, "distance = position", ha="right", va="top", rotation=45, fontsize=7,
@@ -385,9 +400,9 @@ def theta_accumulation(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
 def head_types(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
     """Figure 5: the three-dimensional projection of the sorted unit-length spectra of S, k-means types and parity."""
     data = _frame(con, """
-        SELECT t.model, t.x, t.y, t.z, t.type, h.parity, v.k, v.silhouette AS mean_silhouette, v.ari_parity
-        FROM head_types t JOIN heads h USING (model, layer, head) JOIN head_types_by_model v USING (model)
-        ORDER BY t.model, t.layer, t.head""")
+        SELECT t.model, t.part, t.x, t.y, t.z, t.type, h.parity, v.k, v.silhouette AS mean_silhouette, v.ari_parity
+        FROM head_types t JOIN heads h USING (model, layer, head, part) JOIN head_types_by_model v USING (model, part)
+        ORDER BY t.model, t.part, t.layer, t.head""")
     models = _by_model(data)
     fig = _figure(10.4, 4.8 * len(models))
     colours = matplotlib.colormaps["Dark2"].colors
@@ -416,7 +431,7 @@ def head_types(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
 def parity_by_distance(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
     """RoPE models: percent of heads of each parity type (view parity_by_distance) and median pairing
     of L_delta against the relative distance delta (0, then a log scale)."""
-    data = _frame(con, "SELECT * FROM parity_by_distance ORDER BY model, delta")
+    data = _frame(con, "SELECT * FROM parity_by_distance ORDER BY model, part, delta")
     models = _by_model(data)
     fig, axes = _panel_grid(len(models), 2, (5.2, 3.4))
     columns = {"I+": "pct_type_I_plus", "II": "pct_type_II", "I-": "pct_type_I_minus"}
@@ -444,7 +459,7 @@ def parity_by_distance(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
 def training_dynamics(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
     """Per base model, against the training step (view dynamics_by_step): parity shares, median pairing
     and median symmetric energy, the random baseline's medians dashed."""
-    data = _frame(con, "SELECT * FROM dynamics_by_step ORDER BY base_model, training_step")
+    data = _frame(con, "SELECT * FROM dynamics_by_step ORDER BY base_model, part, training_step")
     models = _by_model(data.rename({"model": "checkpoint", "base_model": "model"}))
     fig, axes = _panel_grid(3 * len(models), 3, (4.6, 3.2))
     panels = [("pct", "% of heads", None), ("median_pairing", r"median pairing $\mathscr{P}$", "median_random_pairing"),
@@ -523,7 +538,7 @@ def behaviour_self_score(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
     data = _frame(con, """
         SELECT b.model, h.parity, h.c_sym - h.d_sym AS c_sym_minus_d_sym, b.self_score
         FROM head_behaviour b JOIN heads h USING (model, layer, head)
-        WHERE h.parity IS NOT NULL ORDER BY b.model, b.layer, b.head""")
+        WHERE h.part = 'whole' AND h.parity IS NOT NULL ORDER BY b.model, b.layer, b.head""")
     models = _by_model(data)
     contrast = {row["model"]: row for row in _frame(
         con, "SELECT * FROM behaviour_by_parity WHERE parity = 'I+ - I-'").iter_rows(named=True)}

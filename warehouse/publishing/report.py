@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from headforms.extract.checkpoint import WHOLE
 from headforms.warehouse.publishing import numbers
 from headforms.warehouse.storing.failures import stage, writable_folder
 from headforms.warehouse.storing.store import query
@@ -53,7 +54,7 @@ def write_report(con, out_dir: str | Path) -> list[Path]:
         pages = [_write(out, "index.html", "headforms report", _index_body(con, models), nav="")]
     for row in models.iter_rows(named=True):
         with stage(f"report ({model_page(row['model'])})", row["model"]):
-            heads = query(con, "SELECT * FROM heads WHERE model = ? ORDER BY layer, head", [row["model"]])
+            heads = query(con, "SELECT * FROM heads WHERE model = ? ORDER BY part, layer, head", [row["model"]])
             pages.append(_write(out, model_page(row["model"]), row["model"], _model_body(con, row, heads)))
         for layer in range(row["n_layers"]):
             with stage(f"report ({layer_page(row['model'], layer)})", row["model"], layer):
@@ -118,56 +119,61 @@ def _index_body(con, models: pl.DataFrame) -> str:
     """Models with their key figures (Table 2's parity shares, medians, fit ratios) and, where the warehouse holds
     bootstrap intervals, the layer-resampling 95% interval beside each, with the significant digits (3 or more)
     that keep a column's values and a value's interval ends apart; a figure of every model; and what this
-    warehouse holds no data for."""
+    warehouse holds no data for. A model whose heads have parts (heads.part) has a row per part, named
+    'model (part)' (figures.panel_name)."""
     from headforms.warehouse.publishing import figures
 
-    names = models["model"].to_list()
+    parts = query(con, "SELECT DISTINCT model, part FROM heads")
+    rows = (models.select("model", "architecture").join(parts, on="model", how="left")
+            .with_columns(pl.col("part").fill_null(WHOLE)).sort("model", "part"))
+    keys = list(zip(rows["model"].to_list(), rows["part"].to_list()))
+    names = [figures.panel_name(*key) for key in keys]
     intervals = _intervals(con)
-    frame = {"model": names, "architecture": models["architecture"].to_list()}
+    frame = {"model": names, "architecture": rows["architecture"].to_list()}
     for label, view, column in KEY_FIGURES:
-        found = dict(query(con, f"SELECT model, {column} FROM {view}").iter_rows())
-        parts = [[found.get(m) for m in names], *map(list, zip(*(intervals.get((m, view, column), (None, None))
-                                                                  for m in names)))] if names else [[]]
+        found = {(m, p): v for m, p, v in query(con, f"SELECT model, part, {column} FROM {view}").iter_rows()}
+        parts = [[found.get(k) for k in keys], *map(list, zip(*(intervals.get((*k, view, column), (None, None))
+                                                                 for k in keys)))] if keys else [[]]
         if all(isinstance(v, int) or v is None for v in parts[0]):
             frame[label] = ["" if v is None else str(v) for v in parts[0]]
             continue
         digits = numbers.significant_digits([p for p in parts if any(v is not None for v in p)])
         frame[label] = [numbers.interval(*row, digits) for row in zip(*parts)]
-    links = {m: model_page(m) for m in names}
+    links = {name: model_page(model) for name, (model, _) in zip(names, keys)}
     absent = sorted(set(figures.missing(con).values()))
     return ("<p>Per model: parity shares (Table 2, percent), medians of pairing (and of the random baseline), "
             "symmetric energy, participation ratio, the share of heads above their random baseline, and the "
             "fit-ratio medians of Observations 7-9 (retained heads); in brackets the 95% bootstrap interval "
             "resampling layers, where the warehouse has one. Definitions: statistics.md.</p>"
             + _table_html(pl.DataFrame(frame, schema={k: pl.Utf8 for k in frame}), links)
-            + (_figure_html(_models_figure(con, names, intervals), "models") if names else "")
+            + (_figure_html(_models_figure(con, keys, names, intervals), "models") if names else "")
             + "".join(f"<p>Not drawn: {html.escape(why)}.</p>" for why in absent))
 
 
-def _models_figure(con, names: list[str], intervals: dict):
-    """Every model side by side: its parity shares (Table 2), and its median pairing with the layer-bootstrap
-    interval beside the random baseline's median."""
+def _models_figure(con, keys: list[tuple[str, str]], names: list[str], intervals: dict):
+    """Every model (and part: `keys` (model, part), `names` their labels) side by side: its parity shares (Table 2),
+    and its median pairing with the layer-bootstrap interval beside the random baseline's median."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     parity = query(con, "SELECT * FROM parity_by_model")
-    medians = query(con, "SELECT model, median_pairing, median_random_pairing FROM model_medians")
+    medians = query(con, "SELECT model, part, median_pairing, median_random_pairing FROM model_medians")
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Parity types (percent of heads)",
                                                         "Median pairing, 95% layer-bootstrap interval"))
     for column, name in (("pct_type_I_plus", "I+"), ("pct_type_II", "II"), ("pct_type_I_minus", "I-")):
-        shares = dict(parity.select("model", column).iter_rows())
-        fig.add_trace(go.Bar(x=names, y=[shares.get(m) for m in names], name=f"parity {name}",
+        shares = {(m, p): v for m, p, v in parity.select("model", "part", column).iter_rows()}
+        fig.add_trace(go.Bar(x=names, y=[shares.get(k) for k in keys], name=f"parity {name}",
                              marker_color=PARITY_COLOURS[name]), row=1, col=1)
-    found = {m: (p, r) for m, p, r in medians.iter_rows()}
-    middle = [found.get(m, (None, None))[0] for m in names]
-    ends = [intervals.get((m, "model_medians", "median_pairing"), (None, None)) for m in names]
+    found = {(m, part): (p, r) for m, part, p, r in medians.iter_rows()}
+    middle = [found.get(k, (None, None))[0] for k in keys]
+    ends = [intervals.get((*k, "model_medians", "median_pairing"), (None, None)) for k in keys]
     fig.add_trace(go.Scatter(
         x=names, y=middle, mode="markers", name="median pairing", marker=dict(color="black", size=9),
         error_y=dict(type="data", symmetric=False,
                      array=[None if None in (h, v) else h - v for (_, h), v in zip(ends, middle)],
                      arrayminus=[None if None in (lo, v) else v - lo for (lo, _), v in zip(ends, middle)])),
         row=1, col=2)
-    fig.add_trace(go.Scatter(x=names, y=[found.get(m, (None, None))[1] for m in names], mode="markers",
+    fig.add_trace(go.Scatter(x=names, y=[found.get(k, (None, None))[1] for k in keys], mode="markers",
                              name="random baseline median", marker=dict(color="#7f7f7f", symbol="diamond", size=9)),
                   row=1, col=2)
     fig.update_layout(barmode="stack", height=420, title="Every model")
@@ -176,13 +182,14 @@ def _models_figure(con, names: list[str], intervals: dict):
     return fig
 
 
-def _intervals(con) -> dict[tuple[str, str, str], tuple[float, float]]:
-    """(model, view, figure) -> (low, high) of the layer bootstrap, from the intervals table when there is one."""
+def _intervals(con) -> dict[tuple[str, str, str, str], tuple[float, float]]:
+    """(model, part, view, figure) -> (low, high) of the layer bootstrap, from the intervals table when there is
+    one."""
     tables = set(query(con, "SELECT table_name FROM information_schema.tables")["table_name"])
     if "intervals" not in tables:
         return {}
-    found = query(con, "SELECT model, view, figure, low, high FROM intervals WHERE method = 'layer'")
-    return {(m, v, f): (low, high) for m, v, f, low, high in found.iter_rows()}
+    found = query(con, "SELECT model, part, view, figure, low, high FROM intervals WHERE method = 'layer'")
+    return {(m, p, v, f): (low, high) for m, p, v, f, low, high in found.iter_rows()}
 
 
 def _number(value) -> str:
@@ -237,14 +244,34 @@ def _parity_by_layer_figure(by_layer: pl.DataFrame, what: str):
     return parity
 
 
+def _parts(heads: pl.DataFrame) -> list[tuple[str, pl.DataFrame, str, str]]:
+    """A model's heads by part (heads.part), each as (part, rows, what the part's titles add, what its div ids
+    add): nothing for 'whole' heads, so that a model of whole heads draws as before."""
+    return [(part, rows, "" if part == WHOLE else f" ({part} part)", "" if part == WHOLE else f"-{part}")
+            for (part,), rows in heads.group_by("part", maintain_order=True)]
+
+
 def _model_body(con, row: dict, heads: pl.DataFrame) -> str:
+    """A model's page: facts, then per part of its heads (_parts; one for whole heads) the simplex, parity by layer
+    and the maps beside the random baseline, then its output-value circuit and behaviour (whole heads only)."""
+    model = row["model"]
+    drawn = "".join(_form_html(con, model, part, rows, what, ids) for part, rows, what, ids in _parts(heads))
+    layer_links = " ".join(f'<a href="{layer_page(model, i)}">{i}</a>' for i in range(row["n_layers"]))
+    facts = (f"<p>{html.escape(row['architecture'])}, {row['n_layers']} layers x {row['n_heads']} heads "
+             f"({row['n_kv_heads']} key-value heads), N = {row['d_model']}, n = {row['head_dim']}; "
+             f"source {html.escape(row['source'])}, revision {html.escape(row['revision'])}.</p>")
+    return (facts + drawn + _ov_html(con, model) + _behaviour_html(con, model)
+            + f"<p>Spectra and fitted densities of each head, by layer: {layer_links}</p>")
+
+
+def _form_html(con, model: str, part: str, heads: pl.DataFrame, what: str, ids: str) -> str:
+    """The simplex, parity by layer and pairing / symmetric-energy maps of a model's heads of one part."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    model = row["model"]
-    simplex = _simplex_figure(heads, "heads")
-    by_layer = query(con, "SELECT * FROM parity_by_layer WHERE model = ? ORDER BY layer", [model])
-    parity = _parity_by_layer_figure(by_layer, "")
+    simplex = _simplex_figure(heads, "heads" + what)
+    by_layer = query(con, "SELECT * FROM parity_by_layer WHERE model = ? AND part = ? ORDER BY layer", [model, part])
+    parity = _parity_by_layer_figure(by_layer, what)
 
     maps = make_subplots(rows=1, cols=4, subplot_titles=("pairing", "random baseline pairing", "symmetric energy",
                                                          "random baseline symmetric energy"))
@@ -255,30 +282,34 @@ def _model_body(con, row: dict, heads: pl.DataFrame) -> str:
                                   hovertemplate=f"layer %{{y}} head %{{x}}<br>{column} %{{z:.3f}}<extra></extra>"),
                        row=1, col=i + 1)
     maps.update_layout(height=380, coloraxis=dict(colorscale="Viridis", cmin=0, cmax=1),
-                       title="Pairing and symmetric energy per head beside the random baseline")
+                       title=f"Pairing and symmetric energy per head{what} beside the random baseline")
     maps.update_xaxes(title_text="head")
     maps.update_yaxes(title_text="layer", col=1)
-
-    layer_links = " ".join(f'<a href="{layer_page(model, i)}">{i}</a>' for i in range(row["n_layers"]))
-    facts = (f"<p>{html.escape(row['architecture'])}, {row['n_layers']} layers x {row['n_heads']} heads "
-             f"({row['n_kv_heads']} key-value heads), N = {row['d_model']}, n = {row['head_dim']}; "
-             f"source {html.escape(row['source'])}, revision {html.escape(row['revision'])}.</p>")
-    return (facts + _figure_html(simplex, "simplex") + _figure_html(parity, "parity-by-layer")
-            + _figure_html(maps, "maps") + _ov_html(con, model) + _behaviour_html(con, model)
-            + f"<p>Spectra and fitted densities of each head, by layer: {layer_links}</p>")
+    return (_figure_html(simplex, "simplex" + ids) + _figure_html(parity, "parity-by-layer" + ids)
+            + _figure_html(maps, "maps" + ids))
 
 
 def _layer_body(con, row: dict, layer: int, heads: pl.DataFrame) -> str:
-    """Each head of a layer: histograms of both lobes of S and of sigma(T), with the fitted gamma densities."""
+    """Each head of a layer: histograms of both lobes of S and of sigma(T), with the fitted gamma densities; per part
+    of the heads (_parts), a table and figure each."""
+    model = row["model"]
+    nav_layers = " ".join(f'<a href="{layer_page(model, i)}">{i}</a>' for i in range(row["n_layers"]))
+    return (f'<p><a href="{model_page(model)}">{html.escape(model)}</a>, layers: {nav_layers}</p>'
+            + "".join(_layer_part_html(con, row, layer, *part) for part in _parts(heads)))
+
+
+def _layer_part_html(con, row: dict, layer: int, part: str, heads: pl.DataFrame, what: str, ids: str) -> str:
+    """A layer's heads of one part: their table, then the histograms and fitted gamma densities."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
     from scipy import stats
 
     model, n_heads = row["model"], row["n_heads"]
-    values = query(con, "SELECT head, spectrum, value FROM eigenvalues WHERE model = ? AND layer = ? "
-                        "AND spectrum IN ('S_pos', 'S_neg', 'T_sigma') ORDER BY head, spectrum, idx", [model, layer])
-    fits = query(con, "SELECT head, sample, shape, scale FROM fits WHERE model = ? AND layer = ? "
-                      "AND family = 'gamma' AND shape IS NOT NULL AND scale IS NOT NULL", [model, layer])
+    values = query(con, "SELECT head, spectrum, value FROM eigenvalues WHERE model = ? AND layer = ? AND part = ? "
+                        "AND spectrum IN ('S_pos', 'S_neg', 'T_sigma') ORDER BY head, spectrum, idx",
+                   [model, layer, part])
+    fits = query(con, "SELECT head, sample, shape, scale FROM fits WHERE model = ? AND layer = ? AND part = ? "
+                      "AND family = 'gamma' AND shape IS NOT NULL AND scale IS NOT NULL", [model, layer, part])
     fig = make_subplots(rows=n_heads, cols=3, subplot_titles=[
         f"head {h}: {label}" for h in range(n_heads) for _, label in HEAD_SAMPLES.values()])
     for (head, spectrum), group in values.group_by("head", "spectrum", maintain_order=True):  # the same page each time
@@ -293,11 +324,10 @@ def _layer_body(con, row: dict, layer: int, heads: pl.DataFrame) -> str:
             pdf = stats.gamma.pdf(grid, fit["shape"][0], scale=fit["scale"][0])
             fig.add_trace(go.Scatter(x=grid, y=pdf, mode="lines", line=dict(color="#d62728"), showlegend=False,
                                      name=f"gamma fit k={fit['shape'][0]:.3g}"), row=head + 1, col=col)
-    fig.update_layout(height=230 * n_heads, margin=dict(t=90), title="Histograms (blue) and fitted gamma densities (red)")
+    fig.update_layout(height=230 * n_heads, margin=dict(t=90),
+                      title=f"Histograms (blue) and fitted gamma densities (red){what}")
     table = heads.select("head", "parity", "pairing", "symmetric_energy", "a", "b", "c", "d", "participation_ratio")
-    nav_layers = " ".join(f'<a href="{layer_page(model, i)}">{i}</a>' for i in range(row["n_layers"]))
-    return (f'<p><a href="{model_page(model)}">{html.escape(model)}</a>, layers: {nav_layers}</p>'
-            + _table_html(table) + _figure_html(fig, "spectra"))
+    return _table_html(table) + _figure_html(fig, "spectra" + ids)
 
 
 def _behaviour_html(con, model: str) -> str:
@@ -311,7 +341,7 @@ def _behaviour_html(con, model: str) -> str:
         SELECT b.layer, b.head, h.parity, h.c_sym - h.d_sym AS c_minus_d, b.self_score, b.self_logit,
                b.previous_score, b.induction_score
         FROM head_behaviour b JOIN heads h USING (model, layer, head)
-        WHERE b.model = ? AND h.parity IS NOT NULL ORDER BY b.layer, b.head""", [model])
+        WHERE b.model = ? AND h.part = 'whole' AND h.parity IS NOT NULL ORDER BY b.layer, b.head""", [model])
     if not rows.height:
         return ""
     fig = go.Figure()

@@ -32,8 +32,10 @@ MODEL_ROW_TABLES = ("layers", "heads", "eigenvalues", "fits", "intervals", "head
                     "ov_heads", "ov_eigenvalues", "ov_fits", "copying_intervals")
 ORDER_TOLERANCE = 1e-12  # relative: a value may exceed its predecessor by rounding only
 # The key of each per-head detail table beyond (model, layer, head): schema.sql declares none (no index to keep up
-# while loading), so a row's key is checked here.
-DETAIL_KEYS = {"eigenvalues": ("spectrum", "idx"), "fits": ("sample", "family"), "distance_profiles": ("delta",),
+# while loading), so a row's key is checked here. The QK circuit's tables hold a row per part of a head (heads.part);
+# the output-value circuit's have no part (they belong to whole heads).
+DETAIL_KEYS = {"eigenvalues": ("part", "spectrum", "idx"), "fits": ("part", "sample", "family"),
+               "distance_profiles": ("part", "delta"),
                "ov_eigenvalues": ("spectrum", "idx"), "ov_fits": ("sample", "family")}
 
 
@@ -65,6 +67,10 @@ def placeholders() -> dict[str, object]:
 
 
 # (name, level, query). Every query returns model, layer, head (NULL where not applicable) and detail.
+# heads, eigenvalues, fits and distance_profiles hold a row per part of a head (heads.part: 'whole', or a
+# latent-attention head's 'nope' and 'rope'): rows meet their own part's. The checks of a head's shape (kv_head,
+# signature, balanced, eigenvalue_rows) read models' n_kv_heads and head_dim, which are a whole head's: they check
+# 'whole' heads only (a part's own head size and key heads are not in models).
 CHECKS: tuple[tuple[str, str, str], ...] = (
     ("incomplete", "warning", """
         SELECT m.model, NULL, NULL,
@@ -99,30 +105,31 @@ CHECKS: tuple[tuple[str, str, str], ...] = (
         $model_orphans
         UNION ALL
         SELECT model, layer, head, format('{} eigenvalues rows without a heads row', count(*))
-        FROM eigenvalues SEMI JOIN models USING (model) ANTI JOIN heads USING (model, layer, head)
+        FROM eigenvalues SEMI JOIN models USING (model) ANTI JOIN heads USING (model, layer, head, part)
         GROUP BY model, layer, head
         UNION ALL
         SELECT model, layer, head, format('{} fits rows without a heads row', count(*))
-        FROM fits SEMI JOIN models USING (model) ANTI JOIN heads USING (model, layer, head)
+        FROM fits SEMI JOIN models USING (model) ANTI JOIN heads USING (model, layer, head, part)
         GROUP BY model, layer, head"""),
     ("duplicate_rows", "violation", "$duplicates"),
     ("kv_head", "violation", """
         SELECT h.model, h.layer, h.head, format('kv_head {}, expected {}', h.kv_head,
                                                 h.head // (m.n_heads // m.n_kv_heads))
         FROM heads h JOIN models m USING (model)
-        WHERE h.kv_head IS DISTINCT FROM h.head // (m.n_heads // m.n_kv_heads)"""),
+        WHERE h.part = 'whole' AND h.kv_head IS DISTINCT FROM h.head // (m.n_heads // m.n_kv_heads)"""),
     ("signature", "violation", """
         SELECT h.model, h.layer, h.head,
                format('n_pos {} + n_neg {} + n_zero {} <> min(N, 2n) = {}, or n_zero_ambient {} <> N - n_pos - n_neg = {}',
                       n_pos, n_neg, n_zero, least(d_model, 2 * head_dim), n_zero_ambient, d_model - n_pos - n_neg)
         FROM heads h JOIN models m USING (model)
-        WHERE n_pos + n_neg + n_zero <> least(d_model, 2 * head_dim) OR n_zero_ambient <> d_model - n_pos - n_neg
-           OR least(n_pos, n_neg, n_zero) < 0"""),
+        WHERE h.part = 'whole'
+          AND (n_pos + n_neg + n_zero <> least(d_model, 2 * head_dim) OR n_zero_ambient <> d_model - n_pos - n_neg
+               OR least(n_pos, n_neg, n_zero) < 0)"""),
     ("balanced", "violation", """
         SELECT h.model, h.layer, h.head, format('balanced is {} with n_pos {}, n_neg {}, n = {}',
                                                 balanced, n_pos, n_neg, head_dim)
         FROM heads h JOIN models m USING (model)
-        WHERE balanced IS DISTINCT FROM (n_pos = head_dim AND n_neg = head_dim)"""),
+        WHERE h.part = 'whole' AND balanced IS DISTINCT FROM (n_pos = head_dim AND n_neg = head_dim)"""),
     ("profile", "violation", """
         SELECT model, layer, head,
                format('a + b + c + d = {}, b_sym + c_sym + d_sym = {}, symmetric_energy + a = {}; each must be 1',
@@ -131,49 +138,53 @@ CHECKS: tuple[tuple[str, str, str], ...] = (
         WHERE abs(a + b + c + d - 1) > $profile_tolerance OR abs(b_sym + c_sym + d_sym - 1) > $profile_tolerance
            OR abs(symmetric_energy + a - 1) > $profile_tolerance"""),
     ("eigenvalue_rows", "violation", """
-        WITH expected AS (
-            SELECT h.model, h.layer, h.head, spectrum,
+        WITH whole AS (SELECT * FROM heads WHERE part = 'whole'),
+        expected AS (
+            SELECT h.model, h.layer, h.head, h.part, spectrum,
                    CASE spectrum $spectrum_rows END AS rows
             FROM (SELECT h.*, least(m.d_model, 2 * m.head_dim) AS r, m.head_dim
-                  FROM heads h JOIN models m USING (model)) h, $spectra),
+                  FROM whole h JOIN models m USING (model)) h, $spectra),
         actual AS (
-            SELECT model, layer, head, spectrum, count(*) AS rows, min(idx) AS lo, max(idx) AS hi
-            FROM eigenvalues SEMI JOIN models USING (model) SEMI JOIN heads USING (model, layer, head)
+            SELECT model, layer, head, part, spectrum, count(*) AS rows, min(idx) AS lo, max(idx) AS hi
+            FROM eigenvalues SEMI JOIN models USING (model) SEMI JOIN whole USING (model, layer, head, part)
             GROUP BY ALL)
         SELECT model, layer, head,
                format('spectrum {} has {} rows (idx {}..{}), expected {} (idx 0..{})', spectrum,
                       coalesce(a.rows, 0), a.lo, a.hi, coalesce(e.rows, 0), coalesce(e.rows, 0) - 1)
-        FROM expected e FULL JOIN actual a USING (model, layer, head, spectrum)
+        FROM expected e FULL JOIN actual a USING (model, layer, head, part, spectrum)
         WHERE coalesce(a.rows, 0) <> coalesce(e.rows, 0) OR a.lo <> 0 OR a.hi <> a.rows - 1"""),
     ("eigenvalue_order", "violation", """
         SELECT model, layer, head, format('spectrum {} idx {}: {} after {} (values decrease with idx, '
                                           'by magnitude for L; lobes and singular values are not negative)',
                                           spectrum, idx, key, previous)
-        FROM (SELECT *, lag(key) OVER (PARTITION BY model, layer, head, spectrum ORDER BY idx) AS previous
-              FROM (SELECT model, layer, head, spectrum, idx,
+        FROM (SELECT *, lag(key) OVER (PARTITION BY model, layer, head, part, spectrum ORDER BY idx) AS previous
+              FROM (SELECT model, layer, head, part, spectrum, idx,
                            CASE spectrum WHEN 'L' THEN sqrt(value * value + imag * imag) ELSE value END AS key
                     FROM eigenvalues))
         WHERE key > previous + $order_tolerance * abs(previous) OR (spectrum <> 'S' AND key < 0)"""),
     ("fits", "violation", """
-        WITH expected AS (SELECT model, layer, head, sample, family
-                          FROM (SELECT model, layer, head FROM heads SEMI JOIN models USING (model)),
+        WITH expected AS (SELECT model, layer, head, part, sample, family
+                          FROM (SELECT model, layer, head, part FROM heads SEMI JOIN models USING (model)),
                                $samples, $families),
-        actual AS (SELECT model, layer, head, sample, family
-                   FROM fits SEMI JOIN models USING (model) SEMI JOIN heads USING (model, layer, head))
+        actual AS (SELECT model, layer, head, part, sample, family
+                   FROM fits SEMI JOIN models USING (model) SEMI JOIN heads USING (model, layer, head, part))
         SELECT model, layer, head, format('fit {} / {} missing', sample, family)
-        FROM expected ANTI JOIN actual USING (model, layer, head, sample, family)
+        FROM expected ANTI JOIN actual USING (model, layer, head, part, sample, family)
         UNION ALL
         SELECT model, layer, head, format('fit of unknown sample / family {} / {}', sample, family)
-        FROM actual ANTI JOIN expected USING (model, layer, head, sample, family)"""),
+        FROM actual ANTI JOIN expected USING (model, layer, head, part, sample, family)"""),
     ("distance_profiles", "violation", """
-        WITH expected AS (SELECT h.model, h.layer, h.head, unnest(m.distances) AS delta
-                          FROM heads h JOIN models m USING (model))
+        WITH expected AS (  -- every delta of every whole head, and of every part of a model with profiles of that
+                            -- part (a latent-attention head's part without RoPE has none)
+            SELECT h.model, h.layer, h.head, h.part, unnest(m.distances) AS delta
+            FROM heads h JOIN models m USING (model)
+            WHERE h.part = 'whole' OR (h.model, h.part) IN (SELECT DISTINCT model, part FROM distance_profiles))
         SELECT coalesce(e.model, a.model), coalesce(e.layer, a.layer), coalesce(e.head, a.head),
                format('distance_profiles row for delta {} {}', coalesce(e.delta, a.delta),
                       CASE WHEN a.model IS NULL THEN 'missing'
                            ELSE 'without a heads row or a delta in models.distances' END)
         FROM expected e FULL JOIN distance_profiles a
-          ON e.model = a.model AND e.layer = a.layer AND e.head = a.head AND e.delta = a.delta
+          ON e.model = a.model AND e.layer = a.layer AND e.head = a.head AND e.part = a.part AND e.delta = a.delta
         WHERE e.model IS NULL OR a.model IS NULL
         UNION ALL
         SELECT model, layer, head, format('delta {}: a + b + c + d = {}, symmetric_energy + a = {}; each must be 1',
@@ -206,22 +217,26 @@ CHECKS: tuple[tuple[str, str, str], ...] = (
         WHERE problem IS NOT NULL"""),
 )
 
-# The output-value circuit (ov_heads, ov_eigenvalues, ov_fits hold heads', eigenvalues' and fits' columns for OV): the
-# per-head checks above again on those tables (named ov_<check>), and its rows against heads and models.circuits.
+# The output-value circuit (ov_heads, ov_eigenvalues, ov_fits hold heads', eigenvalues' and fits' columns for OV, but
+# part: they belong to whole heads): the per-head checks above again on those tables (named ov_<check>, read with
+# part 'whole'), and its rows against heads' whole rows and models.circuits.
 OV_CHECKED = ("kv_head", "signature", "balanced", "profile", "eigenvalue_rows", "eigenvalue_order", "fits", "fit_status")
-CHECKS += tuple((f"ov_{name}", level, re.sub(r"\b(heads|eigenvalues|fits)\b", r"ov_\1", sql))
+CHECKS += tuple((f"ov_{name}", level,
+                 re.sub(r"\b(heads|eigenvalues|fits)\b", r"(SELECT *, 'whole' AS part FROM ov_\1)", sql))
                 for name, level, sql in CHECKS if name in OV_CHECKED) + ((
     "ov_rows", "violation", """
         SELECT model, layer, head, 'ov_heads row missing from a complete model extracted with the OV circuit'
         FROM heads SEMI JOIN (SELECT model FROM models WHERE complete AND contains(circuits, 'ov')) USING (model)
         ANTI JOIN ov_heads USING (model, layer, head)
+        WHERE part = 'whole'
         UNION ALL
         SELECT model, NULL, NULL, format('{} ov_heads rows of a model extracted without the OV circuit (circuits {})',
                                          count(*), coalesce(any_value(circuits), 'NULL'))
         FROM ov_heads JOIN models USING (model) WHERE NOT coalesce(contains(circuits, 'ov'), false) GROUP BY model
         UNION ALL
         SELECT model, layer, head, 'ov_heads row without a heads row'
-        FROM ov_heads SEMI JOIN models USING (model) ANTI JOIN heads USING (model, layer, head)
+        FROM ov_heads SEMI JOIN models USING (model)
+        ANTI JOIN (SELECT model, layer, head FROM heads WHERE part = 'whole') USING (model, layer, head)
         UNION ALL
         SELECT model, layer, head, format('{} ov_eigenvalues rows without an ov_heads row', count(*))
         FROM ov_eigenvalues SEMI JOIN models USING (model) ANTI JOIN ov_heads USING (model, layer, head)

@@ -216,7 +216,8 @@ ALTER TABLE distance_profiles ADD COLUMN IF NOT EXISTS part VARCHAR DEFAULT 'who
 -- Behaviour beside form (statistics.md section 8; `headforms behaviour`): per head, scores from the model's own
 -- forward pass over `sequences` seeded random sequences of `length` tokens, each repeated once, and its mean
 -- pre-softmax self-logit (scale applied) split into the form's part (score_scale * x^T L x from the
--- warehouse's own W_Q, W_K) and the q/k biases' part. Joined to heads by (model, layer, head).
+-- warehouse's own W_Q, W_K) and the q/k biases' part. No part: joined to heads' part = 'whole' rows by
+-- (model, layer, head).
 CREATE TABLE IF NOT EXISTS head_behaviour (
     model              VARCHAR NOT NULL,  -- the model (models.model)
     layer              INTEGER NOT NULL,  -- layer, from 0
@@ -258,7 +259,8 @@ ALTER TABLE models ADD COLUMN IF NOT EXISTS quantization VARCHAR;  -- Q/K scheme
 ALTER TABLE models ADD COLUMN IF NOT EXISTS circuits VARCHAR;  -- the circuits extracted: 'qk' or 'qk,ov' (NULL: built before, 'qk')
 
 -- One row per query head of a model extracted with the OV circuit: every column of heads, of OV_h in place of L,
--- then its copying scores. Joined to heads by (model, layer, head).
+-- then its copying scores (every column of heads but part: OV belongs to the whole head). Joined to heads'
+-- part = 'whole' rows by (model, layer, head).
 CREATE TABLE IF NOT EXISTS ov_heads (
     model                    VARCHAR NOT NULL,  -- the model (models.model)
     layer                    INTEGER NOT NULL,  -- layer, from 0
