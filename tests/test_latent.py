@@ -269,6 +269,13 @@ def test_extract_stores_each_part_with_the_spectra_of_its_dense_form(name, tmp_p
     assert parts == [("rope", 8 * len(con.sql("SELECT DISTINCT delta FROM distance_profiles").fetchall()))]
     [(config,)] = con.sql("SELECT config FROM models").fetchall()
     assert json.loads(config)["parts"]["nope"]["head_dim"] == 8
+    assert con.sql("SELECT part, heads, balanced, exceptions FROM signature_check ORDER BY part").fetchall() == [
+        ("nope", 8, 8, 0), ("rope", 8, 8, 0)]  # the views per part, each with the part's own n
+    assert con.sql("SELECT part, count(*) FROM head_types GROUP BY ALL ORDER BY ALL").fetchall() == [
+        ("nope", 8), ("rope", 8)]
+    con.close()
+    checked = CliRunner().invoke(main, ["check", "--db", str(db)])
+    assert checked.exit_code == 0 and "all invariants hold" in checked.output
 
 
 def test_gguf_extracts_the_parts_of_the_folder(tmp_path):

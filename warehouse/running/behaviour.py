@@ -135,7 +135,7 @@ def write_behaviour(con, rows: pl.DataFrame, resamples: int, seed: int) -> pl.Da
     """Replace a model's behaviour rows and intervals in one transaction; returns the intervals written."""
     model = rows["model"][0]
     with transaction(con):
-        parity = query(con, "SELECT layer, head, parity FROM heads WHERE model = ?", [model])
+        parity = query(con, "SELECT layer, head, parity FROM heads WHERE model = ? AND part = 'whole'", [model])
         parity = rows.select("layer", "head").join(parity, on=["layer", "head"], how="left")["parity"]
         intervals = behaviour_intervals(rows, parity, resamples, seed)
         for table in ("head_behaviour", "behaviour_intervals"):
