@@ -28,6 +28,7 @@ GGUF_VOCAB, GGUF_WIDTH = 37, 256  # 256: one Q6_K block a row
 
 @pytest.fixture
 def hub(monkeypatch, tmp_path):
+    """The hub on a local port (online), an empty headforms cache in tmp."""
     server = serve_hub(monkeypatch, tmp_path, hf_home=False)
     yield server
     server.close()
@@ -39,6 +40,7 @@ def small_blocks(monkeypatch, width: int) -> None:
 
 
 def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    """The largest entry of |got - want| over the largest of |want|."""
     return float(np.abs(got - want).max() / np.abs(want).max())
 
 
