@@ -7,21 +7,40 @@ never formed: the model's N x N Gram G = W_E^T W_U is taken once, and each head'
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
-# G's column blocks, each its own product: a pool's single-threaded workers share the model's largest call (at the
-# 24B shape, 131072 x 5120 by 131072 x 5120: 178 s on one thread), and G is the same whatever the number of workers.
+from headforms.compute.threads import chunks
+
+# G's column blocks, each its own product per row block of the vocabulary: a pool's single-threaded workers share the
+# model's largest call (at the 24B shape, 131072 x 5120 by 131072 x 5120: 178 s on one thread), and G is the same
+# whatever the number of workers.
 GRAM_BLOCKS = 16
 
 
-def unembedding_gram(w_e: np.ndarray, w_u: np.ndarray, map_: Callable = map) -> np.ndarray:
-    """G = W_E^T W_U (N x N) from the embedding W_E and unembedding W_U, both (vocab, N), its GRAM_BLOCKS column
-    blocks computed through `map_` (a thread pool's map)."""
-    e, u = np.asarray(w_e, dtype=np.float64), np.asarray(w_u, dtype=np.float64)
-    edges = np.linspace(0, u.shape[1], GRAM_BLOCKS + 1).astype(int)
-    return np.concatenate(list(map_(lambda b: e.T @ u[:, edges[b]:edges[b + 1]], range(GRAM_BLOCKS))), axis=1)
+def unembedding_gram(blocks: Iterable[tuple[np.ndarray, np.ndarray]], submit: Callable[..., Future]) -> np.ndarray:
+    """G = W_E^T W_U (N x N) as the sum of E_b^T U_b over `blocks` of vocabulary rows (E_b, U_b) of the embedding
+    and unembedding, each block's GRAM_BLOCKS column blocks submitted (a pool's submit) while the next block is read:
+    two blocks in memory at most."""
+    gram, pending = None, []
+    for e, u in blocks:
+        e, u = np.asarray(e, dtype=np.float64), np.asarray(u, dtype=np.float64)
+        gram = np.zeros((e.shape[1], u.shape[1])) if gram is None else gram
+        added = []
+        for i, columns in enumerate(chunks(u.shape[1], GRAM_BLOCKS)):
+            if pending:  # the block before has added to these columns: no worker waits for a whole block's end
+                pending[i].result()
+            added.append(submit(_add_product, gram[:, columns], e, u[:, columns]))
+        pending = added
+    for future in pending:
+        future.result()
+    return gram
+
+
+def _add_product(into: np.ndarray, e: np.ndarray, u: np.ndarray) -> None:
+    """into += e^T u: one column block of one row block's product, added in place to G's view."""
+    into += e.T @ u
 
 
 def eigenvalue_share(eigenvalues: np.ndarray) -> np.ndarray:

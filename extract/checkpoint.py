@@ -8,7 +8,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -115,7 +115,10 @@ class Checkpoint:
     digest: Digest | None = field(default=None, repr=False)  # local files without a pinned revision
     options: ReadOptions = ReadOptions()  # how it was opened (a worker reopens it with the same)
     quantization: str | None = None  # a quantized checkpoint's scheme(s) of Q/K (models.quantization), else None
-    embeddings: Callable[[], tuple[np.ndarray | None, np.ndarray | None]] | None = field(default=None, repr=False)
+    # the ov circuit's: (W_E, W_U) by blocks of the given number of vocabulary rows, in order (None: one block)
+    embeddings: Callable[[int | None], Iterator[tuple[np.ndarray | None, np.ndarray | None]]] | None = field(
+        default=None, repr=False)
+    unembedding: bool = False  # whether read_embeddings' W_U is there (a linear unembedding of the residual stream)
 
     @property
     def revision(self) -> str:
@@ -154,15 +157,35 @@ class Checkpoint:
         return circuits["qk"]
 
     def read_embeddings(self) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """(W_E (vocab, N), W_U (vocab, N) or None) as float64, read once per model: the token embedding and the
+        """(W_E (vocab, N), W_U (vocab, N) or None) as float64, whole: the token embedding and the
         unembedding (the LM head, or W_E where the embeddings are tied) with the final norm's gain folded in,
         W_U diag(offset + g) (Gemma's offset 1). The final norm's bias, LayerNorm's centring and its per-token
         1/rms are not folded, nor a family's scalar logit multipliers. W_U is None where the checkpoint has no
         linear unembedding of the residual stream (a sentence encoder, an MLM head's transform, a tower), and
         W_E is None too where the model reads no tokens (vision and audio towers)."""
+        (whole,) = self._embeddings(None)
+        return whole
+
+    def embedding_blocks(self) -> Iterator[tuple[np.ndarray | None, np.ndarray | None]]:
+        """read_embeddings' (W_E, W_U) by blocks of vocabulary rows, in order, each read when asked for: a block
+        of each is EMBEDDING_BLOCK_BYTES of float64, which bounds the memory of W_E^T W_U, not the vocabulary."""
+        return self._embeddings(max(1, EMBEDDING_BLOCK_BYTES // (8 * self.spec.d_model)))
+
+    def _embeddings(self, rows: int | None) -> Iterator[tuple[np.ndarray | None, np.ndarray | None]]:
+        """The reader's blocks of `rows` vocabulary rows (None: one block), refused where the ov circuit is not read."""
         if self.embeddings is None:
             raise ExtractError(f"{self.name} was opened without the ov circuit: its embeddings are not read")
-        return self.embeddings()
+        return self.embeddings(rows)
+
+
+EMBEDDING_BLOCK_BYTES = 64 << 20  # float64 bytes of one block of W_E (and of W_U) that embedding_blocks reads
+
+
+def row_blocks(total: int, rows: int | None) -> list[slice]:
+    """range(total) as consecutive slices of `rows` (None: one slice of all of it; one empty slice where total is 0),
+    the blocks an embeddings reader yields."""
+    step = rows or max(total, 1)
+    return [slice(start, min(start + step, total)) for start in range(0, max(total, 1), step)]
 
 
 DIGEST_FORMAT = b"headforms revision digest 1\n"  # changes when what the digest covers changes

@@ -12,13 +12,14 @@ import struct
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
+from typing import Iterator
 
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType
 
 from headforms.extract.checkpoint import (Checkpoint, Digest, ExtractError, ModelSpec, ReadOptions, first_line,
-                                          hf_cache_commit)
+                                          hf_cache_commit, row_blocks)
 from headforms.extract import latent
 from headforms.extract.formats import extent_problem, header_cut, refuse_foreign
 from headforms.extract.layouts import SEPARATE, Layout
@@ -329,8 +330,11 @@ def open_gguf(path: Path, *, name: str, source: str, options: ReadOptions = Read
     commit = None if revision else hf_cache_commit(path.absolute())
     digest = None if revision or commit else Digest({path: bytes(reader.data[:reader.data_offset])})
 
-    def data_of(tensors) -> list[np.ndarray]:
-        """The tensors' views of the mapped file, hashed as they are first read when a digest is the revision."""
+    def data_of(tensors, rows: slice | None = None) -> list[np.ndarray]:
+        """The tensors' views of the mapped file (`rows` of each: None, all), whole ones hashed as they are first
+        read when a digest is the revision."""
+        if rows is not None:
+            return [t.data[rows] for t in tensors]
         if digest is not None:
             for t in tensors:
                 digest.update(path, t.name, t.data)
@@ -382,8 +386,8 @@ def latent_roles(meta: dict, names: set[str], path, qk_norm: str) -> tuple[laten
 def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source: str, pinned: str | None,
                     checkpoint_bytes: int, options: ReadOptions, meter=None, revision_kind: str = "hub",
                     digest: Digest | None = None) -> Checkpoint:
-    """A Checkpoint over a parsed GGUF header; data_of(tensors) gives those tensors' raw data arrays
-    (local: views of the mapped file; hub: fetched by range). `path` names the file in errors.
+    """A Checkpoint over a parsed GGUF header; data_of(tensors, rows=None) gives those tensors' raw data arrays, or
+    a slice `rows` of each (local: views of the mapped file; hub: fetched by range). `path` names the file in errors.
 
     pinned: the revision when it needs no hashing. options.qk_norm="refuse" rejects files with RMS QK-norm gains;
     "fold" folds attn_q_norm / attn_k_norm into W_Q, W_K and marks the spec qk_norm="folded". options.fold_norm
@@ -507,12 +511,18 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
 
     embeddings = _embeddings(tensors, d_model, path) if "ov" in circuits else {}
 
-    def read_embeddings() -> tuple[np.ndarray, np.ndarray]:
-        """W_E, and W_U diag(g) of the output (or tied token_embd) and output_norm (Checkpoint.read_embeddings)."""
-        unique = list({t.name: t for t in embeddings.values()}.values())
-        arrays = {t.name: _weight(t, data, None) for t, data in zip(unique, data_of(unique))}
-        w_e, w_u = arrays[embeddings["token"].name], arrays[embeddings["unembedding"].name]
-        return w_e, (w_u * arrays[embeddings["final_norm"].name] if "final_norm" in embeddings else w_u)
+    def read_embeddings(rows: int | None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """W_E, and W_U diag(g) of the output (or tied token_embd) and output_norm, by blocks of `rows` vocabulary
+        rows (Checkpoint.embeddings): each block's tensors dequantized on their own, a tied one read once."""
+        final = embeddings.get("final_norm")
+        gain = _weight(final, data_of([final])[0], None) if final is not None else None
+        token, output = embeddings["token"], embeddings["unembedding"]
+        unique = list({t.name: t for t in (token, output)}.values())
+        for block in row_blocks(int(token.shape[-1]), rows):
+            arrays = {t.name: _weight(t, data, None, block.stop - block.start)
+                      for t, data in zip(unique, data_of(unique, block))}
+            w_u = arrays[output.name]
+            yield arrays[token.name], w_u if gain is None else w_u * gain
 
     if digest is not None:  # the Q/K circuit's tensors only, so a model's revision does not depend on the circuits
         digest.expect([[(path, t.name) for role, t in layer.items() if role in qk_roles] + [
@@ -525,7 +535,7 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
         layers.clear()
 
     checkpoint = Checkpoint(name=name, source=source, pinned=pinned, spec=spec, reader=read, close=close,
-                            embeddings=read_embeddings if "ov" in circuits else None,
+                            embeddings=read_embeddings if "ov" in circuits else None, unembedding="ov" in circuits,
                             qk_bytes=sum(int(t.n_bytes) for layer in layers for t in [*layer.values()])
                             + sum(int(t.n_bytes) for t in gains),
                             checkpoint_bytes=checkpoint_bytes, meter=meter, revision_kind=revision_kind,

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import ml_dtypes
 import numpy as np
@@ -28,7 +28,8 @@ from safetensors import safe_open
 
 from headforms.extract import pages, quantized
 from headforms.extract.buffers import BufferPool
-from headforms.extract.checkpoint import Checkpoint, Digest, ExtractError, ReadOptions, first_line, hf_cache_commit
+from headforms.extract.checkpoint import (Checkpoint, Digest, ExtractError, ReadOptions, first_line, hf_cache_commit,
+                                          row_blocks)
 from headforms.extract.formats import IncompleteFile, extent_problem, header_cut, refuse_foreign, size_mismatch
 from headforms.extract.spec import model_spec
 from headforms.extract.norms import HF_NORMS, norm_for
@@ -151,22 +152,34 @@ def _bfloat16(bits: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
+def span_rows(span: tuple, rows: slice | None) -> tuple[str, tuple[int, ...], int, int]:
+    """A safetensors span (dtype, shape, start, end) cut to `rows` of its first axis (None: all): the rows of a
+    row-major tensor are one byte range."""
+    if rows is None:
+        return span
+    dtype, shape, start, end = span
+    first, stop, _ = rows.indices(shape[0])
+    row = (end - start) // shape[0] if shape[0] else 0
+    return dtype, (stop - first, *shape[1:]), start + first * row, start + stop * row
+
+
 def _safetensors_fetch(path: Path, names: list[str], spans: dict, digest: Digest | None = None,
-                       empty=np.empty) -> dict[str, np.ndarray]:
-    """Named tensors as float64, read with positioned reads of exactly their bytes (no mapping, no readahead);
-    a digest hashes the bytes as read; `empty` gives the arrays' buffers (np.empty, or a BufferPool's)."""
+                       empty=np.empty, rows: slice | None = None) -> dict[str, np.ndarray]:
+    """Named tensors (`rows` of each: None, all) as float64, read with positioned reads of exactly their bytes (no
+    mapping, no readahead); a digest hashes whole tensors' bytes as read; `empty` gives the arrays' buffers
+    (np.empty, or a BufferPool's)."""
     if sys.byteorder != "little":  # safetensors is little-endian: let the library convert
         with _safetensors_open(path, framework="pt") as f:
             try:
-                return {name: float64_array(f.get_tensor(name), empty) for name in names}
+                return {name: float64_array(f.get_slice(name)[rows or slice(None)], empty) for name in names}
             except Exception as e:
                 raise ExtractError(f"cannot read {path}: {first_line(e)}") from None
     out = {}
     with pages.open_unbuffered(path) as f:
         for name in sorted(names, key=lambda n: spans[n][2]):  # in file order
-            dtype, shape, start, end = spans[name]
+            dtype, shape, start, end = span_rows(spans[name], rows)
             raw = _read_at(f, start, end - start, path, empty) if end > start else bytearray()
-            if digest is not None:
+            if digest is not None and rows is None:
                 digest.update(path, name, raw)
             out[name] = span_array(raw, dtype, shape, empty)
             del raw  # its buffer is idle again for the next tensor
@@ -331,14 +344,15 @@ def _unpickle_prefix(read: Callable[[int, int], bytes], start: int, size: int) -
 
 
 def _torch_fetch(path: Path, names: list[str], spans: dict, digest: Digest | None = None,
-                 empty=np.empty) -> dict[str, np.ndarray]:
+                 empty=np.empty, rows: slice | None = None) -> dict[str, np.ndarray]:
+    """Named tensors of a .bin state dict (`rows` of each: None, all; the mapping pages in only those) as float64."""
     import torch
 
     state = torch_state_dict(path)
-    if digest is not None:  # the tensor's elements in order (its storage may hold more than them)
+    if digest is not None and rows is None:  # the tensor's elements in order (its storage may hold more than them)
         for name in names:
             digest.update(path, name, state[name].contiguous().view(torch.uint8).numpy())
-    return {name: float64_array(state[name], empty) for name in names}
+    return {name: float64_array(state[name][rows or slice(None)], empty) for name in names}
 
 
 # (single file, shard index, header reader, tensor reader) per format, in order of preference.
@@ -399,23 +413,24 @@ class Weights:
             raise self.incomplete[0]
         return checkpoint
 
-    def read(self, names: list[str], pooled: bool = True) -> dict[str, np.ndarray]:
-        """Named tensors as float64 arrays, opening each file that holds some of them once; not `pooled`: in memory of
-        their own, and the pool's idle buffers freed after (tensors read once, such as the embeddings, whose buffers
-        the pool would otherwise keep for sizes no layer asks for)."""
+    def read(self, names: list[str], pooled: bool = True, rows: slice | None = None) -> dict[str, np.ndarray]:
+        """Named tensors (`rows` of each, their first axis: None, all) as float64 arrays, opening each file that holds
+        some of them once; not `pooled`: in memory of their own, and the pool's idle buffers freed after (tensors
+        read once, such as the embeddings, whose buffers the pool would otherwise keep for sizes no layer asks for)."""
         for future in {self.pending.pop(n) for n in names if n in self.pending}:
             future.result()  # fetched ahead: now in the cache (or its error raised here)
-        out = self._fetch(names, pooled=pooled)
+        out = self._fetch(names, pooled=pooled, rows=rows)
         if not pooled:
             self.buffers.clear()
         return out
 
-    def _fetch(self, names: list[str], decode: bool = True, pooled: bool = True) -> dict[str, np.ndarray]:
+    def _fetch(self, names: list[str], decode: bool = True, pooled: bool = True,
+               rows: slice | None = None) -> dict[str, np.ndarray]:
         out = {}
         for path in dict.fromkeys(self.where[n] for n in names):
             out |= self.fetch(path, [n for n in names if self.where[n] == path], self.spans,
                               **({"empty": self.buffers.empty} if decode and pooled else {} if decode
-                                 else {"decode": False}))
+                                 else {"decode": False}), rows=rows)
         return out
 
 
@@ -640,12 +655,26 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
             out["ov"] = (norm.fold_map(w_v, arrays[roles["gain"]], fold_norm) if norm is not None else w_v, w_o)
         return out
 
-    def read_embeddings() -> tuple[np.ndarray | None, np.ndarray | None]:
-        """W_E and W_U diag(offset + g) (Checkpoint.read_embeddings), in one read."""
-        arrays = weights.read(list(dict.fromkeys(embeddings.values())), pooled=False)
-        for tensor, array in arrays.items():
+    per_token = list(dict.fromkeys(embeddings[role] for role in ("token", "unembedding") if role in embeddings))
+
+    def read_embeddings(rows: int | None) -> Iterator[tuple[np.ndarray | None, np.ndarray | None]]:
+        """W_E and W_U diag(offset + g) by blocks of `rows` vocabulary rows (Checkpoint.embeddings): the final norm
+        and projections read once, each block's W_E and W_U (a tied one once) in one read."""
+        whole = weights.read([tensor for tensor in embeddings.values() if tensor not in per_token], pooled=False)
+        for tensor, array in whole.items():
             _check_finite(array, f"tensor '{tensor}'")
-        w_e = arrays[embeddings["token"]] if "token" in embeddings else None
+        if not per_token:
+            yield None, None
+            return
+        for block in row_blocks(weights.meta[embeddings["token"]][0][0], rows):
+            yield embedding_rows(whole | weights.read(per_token, pooled=False, rows=block))
+
+    def embedding_rows(arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:
+        """A block's W_E and W_U diag(offset + g) from its rows of the token embedding and the LM head (refused if
+        not finite), which are freed with it."""
+        for tensor in per_token:
+            _check_finite(arrays[tensor], f"tensor '{tensor}'")
+        w_e = arrays[embeddings["token"]]
         if "project_in" in embeddings:  # the residual stream starts at P_in e_t
             w_e = w_e @ arrays[embeddings["project_in"]].T
         if "unembedding" not in embeddings:
@@ -668,6 +697,7 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
 
     return weights.checked(Checkpoint(name=name, source=source, pinned=pinned, spec=spec, reader=read_circuits,
                                       close=close, embeddings=read_embeddings if "ov" in circuits else None,
+                                      unembedding="unembedding" in embeddings,
                                       qk_bytes=qk_bytes, checkpoint_bytes=checkpoint_bytes, meter=meter,
                                       revision_kind=revision_kind, digest=digest, options=options,
                                       quantization="; ".join(sorted({s.scheme.describe() for s in stored.values()}))

@@ -12,6 +12,7 @@ import pickle
 import struct
 import sys
 import zipfile
+from functools import partial
 
 import numpy as np
 
@@ -19,7 +20,7 @@ from headforms.extract.checkpoint import Checkpoint, ExtractError, ReadOptions, 
 from headforms.extract.formats import header_cut
 from headforms.extract.gguf_file import _Cut, _HeaderReader, gguf_checkpoint
 from headforms.extract.hf import (Weights, float64_array, hf_checkpoint, parse_config, read_header, safetensors_spans,
-                                  span_array, spans_meta, torch_state_dict, torch_zip_extent)
+                                  span_array, span_rows, spans_meta, torch_state_dict, torch_zip_extent)
 from headforms.extract.hub import HubRepo, RangeReader, RemoteFile
 from headforms.extract.spec import model_spec
 from headforms.extract.torch_pickle import RecordingUnpickler, TensorRef
@@ -50,7 +51,7 @@ def open_hub_gguf(repo_id: str, filename: str, *, name: str, source: str,
     """A .gguf file of a hub repo: header, metadata and the Q/K tensors read by range."""
     repo = HubRepo.resolve(repo_id, options.revision)
     remote = repo.file(filename)
-    return gguf_checkpoint(_remote_gguf_reader(remote), lambda tensors: _gguf_data(remote, tensors), remote,
+    return gguf_checkpoint(_remote_gguf_reader(remote), partial(_gguf_data, remote), remote,
                            name=name, source=source, pinned=repo.commit, checkpoint_bytes=remote.size,
                            meter=repo.meter, options=options)
 
@@ -89,12 +90,12 @@ def _safetensors_header(remote: RemoteFile):
 
 
 def _safetensors_fetch(remote: RemoteFile, names: list[str], spans: dict, decode: bool = True,
-                       empty=np.empty) -> dict[str, np.ndarray]:
-    """Named tensors as float64, in buffers from `empty` (decode=False: only fetched into the range cache, for a
-    layer read ahead)."""
+                       empty=np.empty, rows: slice | None = None) -> dict[str, np.ndarray]:
+    """Named tensors (`rows` of each: None, all; one range) as float64, in buffers from `empty` (decode=False: only
+    fetched into the range cache, for a layer read ahead)."""
     if sys.byteorder != "little":
         raise ExtractError("reading safetensors from the hub needs a little-endian machine")
-    wanted = {name: spans[name][1] for name in names}
+    wanted = {name: span_rows(spans[name][1], rows) for name in names}
     data = remote.read_many([(start, end) for _, _, start, end in wanted.values()], hold=not decode)
     if not decode:
         return {}
@@ -143,14 +144,15 @@ def _zip_header(remote: RemoteFile):
 
 
 def _zip_fetch(remote: RemoteFile, names: list[str], spans: dict, decode: bool = True,
-               empty=np.empty) -> dict[str, np.ndarray]:
-    """Named tensors of a torch checkpoint as float64 in buffers from `empty`: the records' local headers, then only
-    the bytes each tensor spans (decode=False: only fetched into the range cache, for a layer read ahead)."""
+               empty=np.empty, rows: slice | None = None) -> dict[str, np.ndarray]:
+    """Named tensors (`rows` of each: None, all) of a torch checkpoint as float64 in buffers from `empty`: the records'
+    local headers, then only the bytes each tensor spans (decode=False: only fetched into the range cache, for a
+    layer read ahead)."""
     import torch
 
     kinds = {name: spans[name][1] for name in names}
-    whole = {name: kind[1] for name, kind in kinds.items() if kind[0] == "tensor"}
-    zipped = {name: kind[1:] for name, kind in kinds.items() if kind[0] == "zip"}
+    whole = {name: kind[1][rows or slice(None)] for name, kind in kinds.items() if kind[0] == "tensor"}
+    zipped = {name: (_ref_rows(kind[1], rows), kind[2]) for name, kind in kinds.items() if kind[0] == "zip"}
     headers = remote.read_many([(r.header_offset, r.header_offset + 30) for _, r in zipped.values()], hold=not decode)
     wanted = {}
     for name, (ref, record) in zipped.items():
@@ -176,6 +178,14 @@ def _zip_fetch(remote: RemoteFile, names: list[str], spans: dict, decode: bool =
     return {name: float64_array(tensor, empty) for name, tensor in out.items()}
 
 
+def _ref_rows(ref: TensorRef, rows: slice | None) -> TensorRef:
+    """A pickled tensor's reference cut to `rows` of its first axis (None: all)."""
+    if rows is None:
+        return ref
+    first, stop, _ = rows.indices(ref.shape[0])
+    return ref._replace(offset=ref.offset + first * ref.stride[0], shape=(stop - first, *ref.shape[1:]))
+
+
 # GGUF ----------------------------------------------------------------------------------------
 
 _GGUF_PREFIX = 1 << 16  # first read of a hub GGUF file; grown until the header and tensor table parse,
@@ -197,8 +207,16 @@ def _remote_gguf_reader(remote: RemoteFile) -> _HeaderReader:
             prefix = min(prefix + min(prefix, _GGUF_STEP), remote.size)
 
 
-def _gguf_data(remote: RemoteFile, tensors) -> list[np.ndarray]:
-    """The raw data arrays of GGUF tensors, fetched by range in one batch."""
-    spans = [(int(t.data_offset), int(t.data_offset) + int(t.n_bytes)) for t in tensors]
+def _gguf_data(remote: RemoteFile, tensors, rows: slice | None = None) -> list[np.ndarray]:
+    """The raw data arrays of GGUF tensors (`rows` of each: None, all; whole rows are whole GGML blocks), fetched by
+    range in one batch."""
+    shapes, spans = [], []
+    for t in tensors:
+        count = t.data.shape[0]
+        first, stop, _ = (rows or slice(None)).indices(count)
+        row = int(t.n_bytes) // count if count else 0
+        shapes.append((stop - first, *t.data.shape[1:]))
+        spans.append((int(t.data_offset) + first * row, int(t.data_offset) + stop * row))
     got = remote.read_many(spans)
-    return [np.frombuffer(got[span], dtype=t.data.dtype).reshape(t.data.shape) for span, t in zip(spans, tensors)]
+    return [np.frombuffer(got[span], dtype=t.data.dtype).reshape(shape)
+            for span, shape, t in zip(spans, shapes, tensors)]

@@ -177,20 +177,19 @@ def test_the_copying_scores_of_a_layer_match_the_n_by_n_products():
 def test_copying_scores_in_pieces_of_groups_and_the_gram_in_blocks_equal_the_whole(pieces):
     """The pool's pieces (whole key/value groups, in any number, more than the groups too) give each head the
     scores of copying_scores on the whole layer; the Gram's column blocks give W_E^T W_U (a vocabulary not a
-    multiple of anything, columns fewer than the blocks)."""
+    multiple of anything, columns fewer than the blocks; its row blocks: tests/test_gram_blocks.py)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from headforms.compute.copying import copying_scores, start_copying_scores, unembedding_gram
-    from headforms.compute.threads import map_threads
 
     rng = np.random.default_rng(1)
     H, Hkv, n, N = 12, 4, 3, 10
     w_v, w_o = rng.normal(size=(Hkv, n, N)), rng.normal(size=(H, N, n))
     w_e, w_u = rng.normal(size=(37, N)), rng.normal(size=(37, N))
-    gram = unembedding_gram(w_e, w_u, map_threads)
-    np.testing.assert_allclose(gram, w_e.T @ w_u, rtol=0, atol=1e-12)
     kv = rng.permutation(np.arange(H) % Hkv)  # heads of a group need not be adjacent
     with ThreadPoolExecutor(2) as executor:
+        gram = unembedding_gram([(w_e, w_u)], executor.submit)
+        np.testing.assert_allclose(gram, w_e.T @ w_u, rtol=0, atol=1e-12)
         got = start_copying_scores(executor.submit, w_v, w_o, kv, gram, pieces)()
     want = copying_scores(w_v, w_o, kv, gram)
     np.testing.assert_allclose(got[0], want[0], rtol=0, atol=1e-12)

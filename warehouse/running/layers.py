@@ -94,17 +94,22 @@ def read_weights(ckpt: Checkpoint, layer: int) -> Weights:
 _GRAMS: dict[int, tuple[weakref.ref, np.ndarray | None]] = {}
 
 
-def unembedding_gram(ckpt: Checkpoint) -> np.ndarray | None:
-    """The checkpoint's W_E^T W_U, read and formed once per checkpoint object in this process (None: it has no
-    unembedding); the copying scores of every layer use it."""
+def unembedding_gram(ckpt: Checkpoint, pool: Pool) -> np.ndarray | None:
+    """The checkpoint's W_E^T W_U, formed on `pool` once per checkpoint object in this process (None: it has no
+    unembedding) from its embeddings read by blocks of vocabulary rows; the copying scores of every layer use it."""
     ref, gram = _GRAMS.get(id(ckpt), (None, None))
     if ref is None or ref() is not ckpt:
-        with stage("read", ckpt.name, "embeddings"):
-            w_e, w_u = ckpt.read_embeddings()
-        gram = None if w_u is None else copying.unembedding_gram(w_e, w_u, threads.map_threads)
+        gram = copying.unembedding_gram(_embedding_blocks(ckpt), pool.submit) if ckpt.unembedding else None
         _GRAMS.clear()  # one model at a time: an executor's worker moves on to the next model's layers
         _GRAMS[id(ckpt)] = (weakref.ref(ckpt), gram)
     return gram
+
+
+def _embedding_blocks(ckpt: Checkpoint):
+    """The checkpoint's embedding blocks, a failure to read one labelled the embeddings' read (the products between
+    them keep their compute stage)."""
+    with stage("read", ckpt.name, "embeddings"):
+        yield from ckpt.embedding_blocks()
 
 
 def layer_rows(ckpt: Checkpoint, opts: LoadOptions, layer: int, weights: Weights | None = None) -> LayerRows:
@@ -139,7 +144,7 @@ def start_rows(ckpt: Checkpoint, opts: LoadOptions, layer: int, weights: Weights
             ov_later = start_layer(pool, w_o.transpose(0, 2, 1), w_v, spec.kv_index, layer=layer, seed=opts.seed,
                                    parity_tolerance=opts.parity_tolerance, device=opts.device)
             copying_later = copying.start_copying_scores(pool.submit, w_v, w_o, spec.kv_index,
-                                                         unembedding_gram(ckpt), threads.WORKERS)
+                                                         unembedding_gram(ckpt, pool), threads.WORKERS)
 
     def collect() -> LayerRows:
         with stage("compute", ckpt.name, layer):
