@@ -21,7 +21,7 @@ def test_a_failure_in_an_inner_stage_is_named_by_it_in_the_error_and_in_failed_s
     the inner step, not 'summaries (head types)' around it."""
     real = summaries.model_head_types
 
-    def clustering(con, model, seed):
+    def clustering(con, model, seed, part):
         with stage("summaries (head types: k-means)", model):
             raise FloatingPointError("no centroids")
 
