@@ -509,3 +509,12 @@ def test_behaviour_refuses_a_latent_model_in_one_line(tmp_path):
     errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
     assert errors == [errors[0]] and "not built for heads stored as parts (nope, rope" in errors[0]
     assert "Traceback" not in result.output and db.read_bytes() == before
+
+
+def test_the_report_page_names_the_parts_and_their_head_sizes(tmp_path):
+    _, folder = saved("deepseek_v3", tmp_path / "ckpt")
+    db = tmp_path / "w.duckdb"
+    assert CliRunner().invoke(main, ["extract", str(folder), "--db", str(db), "--qk-norm", "fold"]).exit_code == 0
+    assert CliRunner().invoke(main, ["report", "--db", str(db), "--out", str(tmp_path / "r")]).exit_code == 0
+    page = (tmp_path / "r" / "model-ckpt.html").read_text()
+    assert "N = 64, each head as parts nope (n = 8), rope (n = 4);" in page and "n = 12" not in page

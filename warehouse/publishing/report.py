@@ -8,6 +8,7 @@ plotly.js is written once beside the pages (no CDN), so the site works from file
 from __future__ import annotations
 
 import html
+import json
 import re
 from pathlib import Path
 
@@ -258,10 +259,20 @@ def _model_body(con, row: dict, heads: pl.DataFrame) -> str:
     drawn = "".join(_form_html(con, model, part, rows, what, ids) for part, rows, what, ids in _parts(heads))
     layer_links = " ".join(f'<a href="{layer_page(model, i)}">{i}</a>' for i in range(row["n_layers"]))
     facts = (f"<p>{html.escape(row['architecture'])}, {row['n_layers']} layers x {row['n_heads']} heads "
-             f"({row['n_kv_heads']} key-value heads), N = {row['d_model']}, n = {row['head_dim']}; "
+             f"({row['n_kv_heads']} key-value heads), N = {row['d_model']}, {_head_sizes(con, model, row['head_dim'])}; "
              f"source {html.escape(row['source'])}, revision {html.escape(row['revision'])}.</p>")
     return (facts + drawn + _ov_html(con, model) + _behaviour_html(con, model)
             + f"<p>Spectra and fitted densities of each head, by layer: {layer_links}</p>")
+
+
+def _head_sizes(con, model: str, head_dim: int) -> str:
+    """'n = ...', or for a model stored as parts each part's head size (models.config's parts)."""
+    [parts] = query(con, "SELECT json_extract(config, '$.parts') AS parts FROM models WHERE model = ?",
+                    [model])["parts"].to_list()
+    if not parts:
+        return f"n = {head_dim}"
+    return "each head as parts " + ", ".join(f"{name} (n = {part['head_dim']})"
+                                             for name, part in json.loads(parts).items())
 
 
 def _form_html(con, model: str, part: str, heads: pl.DataFrame, what: str, ids: str) -> str:
