@@ -100,7 +100,7 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
         with single_threaded():  # the run's BLAS limit, held by this thread from its first layer on
             work = make_executor(jobs, executor, ray_address)
             if created:  # a new warehouse's plans are every layer: they start now, while the writer is set up
-                work.start([(ckpt, opts, layer) for ckpt in ckpts for layer in range(ckpt.spec.n_layers)])
+                work.start([(ckpt, opts, layer) for ckpt in ckpts for layer in ckpt.spec.layers])
             # the writer's half (DuckDB, polars) is imported now, beside the layers started
             from headforms.warehouse.storing import revision as local_revisions
             from headforms.warehouse.running.load import load_models
@@ -274,8 +274,10 @@ def status(db: str | Path | None = None, *, wait: float = READ_WAIT) -> Status:
     con = open_warehouse(db, read_only=True, wait=wait)
     try:
         frame = query(con, """
-            SELECT m.model, m.architecture, m.n_layers, count(DISTINCT l.layer) AS layers_done,
-                   m.n_layers * m.n_heads AS heads_expected,
+            SELECT m.model, m.architecture, m.n_layers,
+                   len(coalesce(m.attention_layers, range(m.n_layers))) AS attention_layers,
+                   count(DISTINCT l.layer) AS layers_done,
+                   len(coalesce(m.attention_layers, range(m.n_layers))) * m.n_heads AS heads_expected,
                    (SELECT count(DISTINCT (h.layer, h.head)) FROM heads h WHERE h.model = m.model) AS heads,
                    m.complete, m.source, m.revision, m.tool_version, m.extracted_at
             FROM models m LEFT JOIN layers l USING (model)

@@ -260,7 +260,7 @@ class _BarProgress:
 
     def model_started(self, ckpt):
         spec = ckpt.spec
-        self.bar = click.progressbar(length=spec.n_layers * spec.n_heads, label=ckpt.name, file=sys.stderr,
+        self.bar = click.progressbar(length=len(spec.layers) * spec.n_heads, label=ckpt.name, file=sys.stderr,
                                      show_pos=True, item_show_func=lambda rate: rate)
         self.bar.__enter__()
         self.t0, self.ckpt, self.fetched0 = time.perf_counter(), ckpt, ckpt.bytes_fetched or 0
@@ -285,8 +285,10 @@ class _BarProgress:
         spec = ckpt.spec
         click.echo(f"{result.model}: {result.status}; {_counted(result.layers, 'layer')}, {_counted(result.heads, 'head')} "
                    f"in {result.seconds:.1f} s ({result.heads / max(result.seconds, 1e-9):.0f} heads/s; "
-                   f"{spec.architecture}, {spec.n_layers} x {spec.n_heads} heads, "
-                   f"N={spec.d_model}, "
+                   f"{spec.architecture}, {len(spec.layers)} x {spec.n_heads} heads, "
+                   + (f"{len(spec.layers)} of its {spec.n_layers} layers attention, "
+                      if spec.attention_layers is not None else "")
+                   + f"N={spec.d_model}, "
                    + (f"each head as parts {', '.join(f'{p.name} (n={p.head_dim})' for p in spec.parts)}"
                       if spec.parts else f"n={spec.head_dim}") + f", revision {ckpt.revision}"
                    + (f"; dequantized from {ckpt.quantization}" if ckpt.quantization else "") + ")"
@@ -403,7 +405,9 @@ def status(db, fmt, limit, every, out, wait):
     run = now.running
     if run is not None and fmt == "table":
         click.echo(f"extraction running (process {run['pid']}): model {run['models_done'] + 1} of {run['models']}, "
-                   f"{run['model']}: {run['layers_done']} of {run['n_layers']} layers done; {run['heads_done']} heads "
+                   f"{run['model']}: {run['layers_done']} of {run['n_layers']} "
+                   + (f"attention layers (of {run['stack_layers']})" if run.get("stack_layers", 0) > run["n_layers"]
+                      else "layers") + f" done; {run['heads_done']} heads "
                    f"in {run['updated'] - run['started']:.1f} s ({run['heads_per_second']:.0f} heads/s); "
                    f"{run['bytes_fetched'] / 1e6:.1f} MB fetched")
 

@@ -61,6 +61,12 @@ class ModelSpec:
     softcap: float | None = None  # the logit is softcap * tanh(s / softcap) of the score s the form gives
     parts: tuple[FormPart, ...] | None = None  # a head's score as several forms (heads.part); None: one, 'whole'
     form: object = field(default=None, compare=False, repr=False)  # the parts' builder's own spec (extract.latent)
+    attention_layers: tuple[int, ...] | None = None  # a hybrid's softmax-attention layers in its stack; None: all
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """The indices in the stack of the layers whose heads are read: every layer, or a hybrid's attention layers."""
+        return self.attention_layers if self.attention_layers is not None else tuple(range(self.n_layers))
 
     @property
     def kv_index(self) -> np.ndarray:
@@ -138,7 +144,8 @@ class Checkpoint:
         """The circuits of options.circuits of a layer, every tensor read in one go, as float64 arrays:
         "qk": (W_Q (n_heads, n, N), W_K (n_kv_heads, n, N)), or where spec.parts is set a dict part name -> its
         (W_Q, W_K) (their width may be a smaller span's, extract.latent); "ov": (W_V (n_kv_heads, n, N), W_O (n_heads, N, n)),
-        so head h adds W_O[h] @ W_V[kv_index[h]] @ sum_j A_ij x_j to the attention output (before its bias).
+        so head h adds W_O[h] @ W_V[kv_index[h]] @ sum_j A_ij x_j to the attention output (before its bias); and
+        with "qk", "sinks": (n_heads,) the heads' sink logits where the family has them (gpt-oss).
 
         Biases are not read: a V bias adds the constant W_O[h] b_V to a head's output (each row of A sums to 1),
         an O bias one constant per layer. Raises ExtractError naming the layer and tensor if a weight is not finite.
@@ -215,7 +222,7 @@ class Digest:
         self.headers = headers     # weight file -> its tensor table as bytes (what it says each tensor is and where)
         self.preamble = preamble   # config.json's bytes (folders)
         self.stats = {path: _stat_key(path) for path in headers}
-        self.layers: list[list[tuple[Path, str]]] = []  # per layer, the (file, tensor) its reader reads
+        self.layers: dict[int, list[tuple[Path, str]]] = {}  # layer index -> the (file, tensor) its reader reads
         self.read_layer: Callable[[int], object] = lambda layer: None  # the checkpoint's own reader
         self.tensors: dict[tuple[Path, str], str] = {}  # sha256 of each tensor hashed so far (or cached)
         self.covered: set[tuple[Path, str]] = set()  # the (file, tensor) of every layer
@@ -226,11 +233,11 @@ class Digest:
             if cached.get("stat") == list(self.stats[path]):
                 self.tensors |= {(path, name): hexdigest for name, hexdigest in cached.get("tensors", {}).items()}
 
-    def expect(self, layers: list[list[tuple[Path, str]]], read_layer: Callable[[int], object]) -> None:
+    def expect(self, layers: dict[int, list[tuple[Path, str]]], read_layer: Callable[[int], object]) -> None:
         """The tensors each layer's reader reads (what the digest covers: the Q/K circuit's, so a model's revision
         does not depend on the circuits read), and that reader (it hashes them)."""
         self.layers, self.read_layer = layers, read_layer
-        self.covered = {key for layer in layers for key in layer}
+        self.covered = {key for layer in layers.values() for key in layer}
 
     def settle(self) -> str:
         """Hash the tensors not hashed yet by reading their layers, cache them; the digest."""
@@ -248,7 +255,7 @@ class Digest:
                 self.tensors[(path, name)] = hexdigest
 
     def missing_layers(self) -> list[int]:
-        return [i for i, layer in enumerate(self.layers) if any(key not in self.tensors for key in layer)]
+        return [i for i, layer in self.layers.items() if any(key not in self.tensors for key in layer)]
 
     @property
     def known(self) -> bool:
@@ -258,7 +265,7 @@ class Digest:
     def value(self) -> str:
         """"sha256:<hex>" over the headers and every expected tensor's digest (files by name, so a moved
         folder keeps its revision)."""
-        lines = sorted(f"{path.name}\t{name}\t{self.tensors[path, name]}" for layer in self.layers
+        lines = sorted(f"{path.name}\t{name}\t{self.tensors[path, name]}" for layer in self.layers.values()
                        for path, name in layer)
         return "sha256:" + self._hash(("\n".join(lines)).encode()).hexdigest()
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from headforms.extract.caches import cache_root
 from headforms.extract.checkpoint import ExtractError, ModelSpec, first_line
-from headforms.extract.layouts import SEPARATE, SUPPORTED, Embeddings, Layout, Scale
+from headforms.extract.layouts import GATED_Q, SEPARATE, SUPPORTED, Embeddings, Layout, Scale
 from headforms.extract.rope import PAIRINGS
 
 # (query, key) child names of an attention module holding separate projections.
@@ -53,6 +53,7 @@ def discover_layout(raw: dict, shaped: Callable[..., ModelSpec]) -> Layout:
         import transformers
     except ImportError:
         raise ExtractError(f"{unsupported}; finding its layout needs transformers (pip install transformers)") from None
+    raw = transformers.PretrainedConfig._decode_special_floats(raw)  # config.json's {"__float__": "Infinity"}
     try:
         config = transformers.AutoConfig.for_model(**raw)
         named = (raw.get("architectures") or [None])[0]
@@ -106,14 +107,10 @@ def _layout_from_model(model, config, model_type: str) -> Layout:
     key, modules = stacks.popitem()
     template, q_name, k_name = key.split("|")
     text = config.get_text_config()
-    n_layers = text.num_hidden_layers
-    if sorted(modules) != list(range(n_layers)):
-        if set(modules) < set(range(n_layers)):  # a hybrid: state-space or linear-attention layers between
-            raise _refuse(model_type, f"{len(modules)} of its {n_layers} layers are softmax attention (layers "
-                                      f"{sorted(modules)}); the others have no softmax score, and storing a subset "
-                                      "of the layers under their own indices is not implemented")
-        raise _refuse(model_type, f"its attention modules cover layers {sorted(modules)}, not 0..{n_layers - 1}")
-    first = modules[0]
+    n_layers, attention = text.num_hidden_layers, tuple(sorted(modules))
+    if not set(attention) <= set(range(n_layers)):
+        raise _refuse(model_type, f"its attention modules cover layers {list(attention)}, not 0..{n_layers - 1}")
+    first = modules[attention[0]]
     scale = getattr(first, "scaling", getattr(first, "scale", None))
     if not isinstance(scale, float):
         raise _refuse(model_type, "its attention module records no score scale (scaling)")
@@ -122,12 +119,16 @@ def _layout_from_model(model, config, model_type: str) -> Layout:
     head_dim = getattr(text, "head_dim", None) or d_model // n_heads
     q_shape = tuple(getattr(first, q_name).weight.shape)
     k_shape = tuple(getattr(first, k_name).weight.shape)
-    if (q_shape, k_shape) != ((n_heads * head_dim, d_model), (n_kv * head_dim, d_model)):
+    packing = GATED_Q if q_shape == (2 * n_heads * head_dim, d_model) else SEPARATE  # Qwen3-Next: query and gate rows
+    expected = packing.shapes(ModelSpec(model_type, n_layers, n_heads, n_kv, d_model, head_dim, 1.0, "none"))
+    if (q_shape, k_shape) != (expected["q"], expected["k"]):
         raise _refuse(model_type, f"q/k projections of shapes {q_shape}, {k_shape} are not separate projections of "
                                   f"{n_heads} query and {n_kv} key heads of size {head_dim} from width {d_model}")
     prefix = model.base_model_prefix + "."
     tensors = {role: f"{template}.{proj}.weight" for role, proj in (("q", q_name), ("k", k_name))}
     tensors |= _value_output(first, template, (n_kv * head_dim, d_model), (d_model, n_heads * head_dim))
+    if "sinks" in dict(first.named_parameters(recurse=False)):  # gpt-oss: a logit per head in each softmax
+        tensors["sinks"] = f"{template}.sinks"
     embeddings = _embeddings(model, d_model) if "o" in tensors else None
     prefixes = ("",)
     if template.startswith(prefix):
@@ -136,10 +137,20 @@ def _layout_from_model(model, config, model_type: str) -> Layout:
                                             final_norm=embeddings.final_norm.removeprefix(prefix))
         prefixes = (prefix, "")
     rotary = any(getattr(text, key, None) for key in ("rope_parameters", "rope_scaling", "rope_theta"))
-    return Layout(positional="rope" if rotary else "learned", prefixes=prefixes, tensors=tensors, packing=SEPARATE,
+    return Layout(positional="rope" if rotary else _unrotated(model), prefixes=prefixes, tensors=tensors, packing=packing,
                   grouped=True, scale=Scale("from the attention module (scaling)", lambda c, n: scale),
                   softcap="attn_logit_softcapping", rope_pairing=_rope_pairing(first) if rotary else "split-half",
-                  embeddings=embeddings)
+                  embeddings=embeddings,  # a hybrid: its state-space or linear-attention layers have no heads
+                  attention_layers=None if len(attention) == n_layers else lambda config, found=attention: found)
+
+
+def _unrotated(model) -> str:
+    """The positional scheme of a model whose attention does not rotate: 'learned' when it embeds positions (an
+    embedding table besides its tokens'), else 'none' (NoPE: the same form at every distance)."""
+    import torch
+
+    tokens = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    return "learned" if any(isinstance(m, torch.nn.Embedding) and m is not tokens for m in model.modules()) else "none"
 
 
 def _value_output(attention, template: str, v_shape: tuple, o_shape: tuple) -> dict[str, str]:
@@ -172,7 +183,7 @@ def _embeddings(model, d_model: int) -> Embeddings | None:
 
 
 VERDICTS = "families.json"  # in the headforms cache: model_type and transformers version -> the proof's verdict
-PROOF = 3  # the proof's own version, in the cache key: a changed proof does not reuse an old verdict
+PROOF = 4  # the proof's own version, in the cache key: a changed proof does not reuse an old verdict
 # Largest logit mismatch, relative to the largest logit, a proof accepts: transformers computes RoPE's angles and
 # many norms in float32 even in a float64 model (1e-5 at distance 6000); a wrong form misses by O(1).
 TOLERANCE = 1e-4
@@ -183,13 +194,13 @@ _SHRUNK = {"hidden_size": 32, "intermediate_size": 64, "vocab_size": 64, "num_at
 _TOKENS = 8  # tokens of the proof's sequences
 
 
-def shrunk_config(raw: dict) -> dict:
-    """raw with its sizes shrunk (width 32, 4 heads of size 8, 2 layers, 64 tokens), every other field kept:
+def shrunk_config(raw: dict, keep: int) -> dict:
+    """raw with its sizes shrunk (width 32, 4 heads of size 8, `keep` layers, 64 tokens), every other field kept:
     lists over the layers are cut to the layers kept, token ids beyond the vocabulary dropped."""
     out = {k: v for k, v in raw.items() if k != "quantization_config"} | {
         k: v for k, v in _SHRUNK.items() if k in raw}
     layers = raw.get("num_hidden_layers") or 2
-    out["num_hidden_layers"] = min(layers, 2)
+    out["num_hidden_layers"] = min(layers, keep)
     for key, value in raw.items():
         if isinstance(value, list) and len(value) == layers and key != "architectures":
             out[key] = value[:out["num_hidden_layers"]]
@@ -209,10 +220,15 @@ def shrunk_config(raw: dict) -> dict:
 _UNPROVEN_KEYS = ("_name_or_path", "transformers_version", "torch_dtype", "dtype")  # fields no proof depends on
 
 
-def _verdict_key(raw: dict, version: str) -> str:
+def _kept_layers(layout: Layout, raw: dict) -> int:
+    """Layers of the proof's tiny instance: 2, or a hybrid's layers up to its first attention layer (and one more)."""
+    return max(2, layout.attention_layers(raw)[0] + 1) if layout.attention_layers else 2
+
+
+def _verdict_key(raw: dict, version: str, keep: int) -> str:
     """The cache key: model_type, transformers version and a digest of the config as the proof builds it (sizes
     shrunk): checkpoints of one family differing only in size share a verdict, a changed flag or multiplier not."""
-    shrunk = {k: v for k, v in shrunk_config(raw).items() if k not in _UNPROVEN_KEYS}
+    shrunk = {k: v for k, v in shrunk_config(raw, keep).items() if k not in _UNPROVEN_KEYS}
     digest = hashlib.sha256(json.dumps(shrunk, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return f"{raw.get('model_type')} transformers {version} proof {PROOF} config {digest}"
 
@@ -250,7 +266,7 @@ def proven(layout: Layout, raw: dict, shaped: Callable[..., ModelSpec]) -> Layou
     QK-norms found on the way; else the one-line refusal saying what did not match."""
     from importlib.metadata import version
 
-    key = _verdict_key(raw, version("transformers"))
+    key = _verdict_key(raw, version("transformers"), _kept_layers(layout, raw))
     verdict = _load_verdicts().get(key)
     if verdict is None:
         try:
@@ -260,7 +276,8 @@ def proven(layout: Layout, raw: dict, shaped: Callable[..., ModelSpec]) -> Layou
         _save_verdict(key, verdict | {"row": _row(layout, raw.get("model_type"), verdict, version("transformers"))})
     if verdict["refusal"]:
         raise ExtractError(verdict["refusal"])
-    layout = replace(_with_norms(layout, verdict["norms"]), rope_pairing=verdict["pairing"])
+    layout = replace(_with_norms(layout, verdict["norms"]), rope_pairing=verdict["pairing"],
+                     positional=verdict["positional"])
     if verdict["ov"]:
         return replace(layout, ov_refused=verdict["ov"])
     return replace(layout, embeddings=replace(layout.embeddings, norm_offset=verdict["final_norm_offset"]))
@@ -268,7 +285,7 @@ def proven(layout: Layout, raw: dict, shaped: Callable[..., ModelSpec]) -> Layou
 
 def _row(layout: Layout, model_type: str, verdict: dict, version: str) -> dict:
     """The family as `headforms architectures` lists it: its layout and what the proof found, or why it failed."""
-    row = {"format": "hf (discovered)", "family": model_type, "positional": layout.positional,
+    row = {"format": "hf (discovered)", "family": model_type, "positional": verdict.get("positional", layout.positional),
            "packing": layout.packing.name, "score_scale": layout.scale.formula}
     if verdict["refusal"]:
         return row | {"notes": f"refused on transformers {version}: {verdict['refusal'].split('): ', 1)[-1]}"}
@@ -276,8 +293,14 @@ def _row(layout: Layout, model_type: str, verdict: dict, version: str) -> dict:
     if verdict["norms"]:
         notes.append(f"QK-norm ({verdict['norms']['kind']} gains, found by what the attention module does): "
                      "refused unless --qk-norm fold")
-    if layout.positional == "rope":
+    if verdict["positional"] == "rope":
         notes.append(f"RoPE pairs {verdict['pairing']}")
+    elif layout.positional == "rope":
+        notes.append(f"its config names RoPE parameters, but its attention does not rotate ({verdict['positional']})")
+    if "sinks" in layout.tensors:
+        notes.append("a sink logit per head (heads.sink_logit), proven by the probability its keys leave over")
+    if layout.attention_layers:
+        notes.append("a hybrid: its softmax-attention layers are read, under their own indices in the stack")
     return row | {"notes": "; ".join(notes)}
 
 
@@ -287,13 +310,13 @@ def discovered_families() -> list[dict]:
     return list(rows.values())
 
 
-def _tiny(raw: dict):
+def _tiny(raw: dict, keep: int):
     """A tiny random float64 instance of raw's family (eager attention): weights N(0, 1/N), gains U(0.5, 1.5),
     biases zero (the form holds no bias), as the layout tests build theirs."""
     import torch
     import transformers
 
-    config = transformers.AutoConfig.for_model(**shrunk_config(raw))
+    config = transformers.AutoConfig.for_model(**shrunk_config(raw, keep))
     named = (raw.get("architectures") or [None])[0]
     model_class = getattr(transformers, named, None) if isinstance(named, str) else None
     model_class = model_class or transformers.AutoModel
@@ -355,12 +378,15 @@ def _run(model, modules: list, positions) -> list:
     return runs
 
 
-def _qk_norms(calls, q_name: str, k_name: str, heads: int, n: int) -> dict | None:
+def _qk_norms(calls, q_name: str, k_name: str, heads: int, n: int, gated: bool) -> dict | None:
     """The norm submodules fed q and k (position 0: RoPE is the identity, so a norm after RoPE is fed the same
-    values), their kind (RMS per head, over the projection, or centred) and gain offset, found by what they do."""
+    values), their kind (RMS per head, over the projection, or centred) and gain offset, found by what they do;
+    `gated`: q is the query half of each head's rows of the q projection (GATED_Q)."""
     import torch
 
     outputs = {name: out for name, _, _, out in calls if name in (q_name, k_name)}
+    if gated and q_name in outputs:
+        outputs[q_name] = outputs[q_name].unflatten(-1, (heads, 2, n))[..., 0, :]
     found = {}
     for name, sub, given, out in calls:
         if name in (q_name, k_name) or not isinstance(given, torch.Tensor) or "." in name:
@@ -409,38 +435,48 @@ def _norm_kind(module, given, out) -> tuple[str, float] | None:
 def prove(layout: Layout, raw: dict, shaped: Callable[..., ModelSpec]) -> dict:
     """Run the family's tiny instance at position 0 and at spread positions and require score_scale *
     x_j^T W_K^T R(p_j)^T R(p_i) W_Q x_i (divided by the QK-norms' RMS of q_i and k_j) to reproduce its logits,
-    compared as differences to the first key (what the softmax keeps). Returns the QK-norms found (None: none) and
-    the RoPE pairing proven."""
+    compared as differences to the first key (what the softmax keeps), and the heads' sink logits (if any) to
+    reproduce the probability the keys leave over. Returns the QK-norms found (None: none), the RoPE pairing and the
+    positional scheme proven (a config naming RoPE whose layers do not rotate is NoPE: the logits decide)."""
     model_type = raw.get("model_type")
     try:
-        model, config = _tiny(raw)
+        model, config = _tiny(raw, _kept_layers(layout, raw))
     except Exception as e:
         raise _refuse(model_type, f"its tiny instance cannot be built to prove the layout: {first_line(e)}") from None
     template, q_name, k_name = layout.tensors["q"].rsplit(".", 2)[0], *(layout.tensors[r].rsplit(".", 2)[1]
                                                                         for r in ("q", "k"))
     state = {k: v.double().numpy() for k, v in model.state_dict().items()}
-    prefix = next((p for p in layout.prefixes if p + template.format(i=0) + f".{q_name}.weight" in state), None)
-    prefix = prefix if prefix is not None else model.base_model_prefix + "."
     n_tiny = config.get_text_config().num_hidden_layers
-    modules = [model.get_submodule(prefix + template.format(i=i)) for i in range(n_tiny)]
+    prefix = next((p for p in layout.prefixes for i in range(n_tiny)
+                   if p + template.format(i=i) + f".{q_name}.weight" in state), model.base_model_prefix + ".")
+    named = dict(model.named_modules())
+    layers = tuple(i for i in range(n_tiny) if prefix + template.format(i=i) in named)  # a hybrid's: some
+    if not layers:
+        raise _refuse(model_type, f"its tiny instance of {n_tiny} layers has no attention module to prove")
+    modules = [named[prefix + template.format(i=i)] for i in layers]
     shrunk = config.to_dict() | {"model_type": model_type}
+    layout = replace(layout, attention_layers=None if len(layers) == n_tiny else lambda config: layers)
     spec = shaped(layout, shrunk, shrunk, model_type)
     try:
-        norms = _qk_norms(_run(model, modules, [0] * _TOKENS)[0][2], q_name, k_name, spec.n_heads, spec.head_dim)
+        norms = _qk_norms(_run(model, modules, [0] * _TOKENS)[0][2], q_name, k_name, spec.n_heads, spec.head_dim,
+                          layout.packing is GATED_Q)
     except ExtractError as e:
         raise _refuse(model_type, str(e)) from None
     if norms and norms["kind"] == "rms":
-        norms["kind"] = "head" if state[prefix + f"{template.format(i=0)}.{norms['q_norm']}.weight"].size == \
+        norms["kind"] = "head" if state[prefix + f"{template.format(i=layers[0])}.{norms['q_norm']}.weight"].size == \
             spec.head_dim else "projection"
     pairings = [layout.rope_pairing] if layout.positional != "rope" or layout.rope_pairing in PAIRINGS else PAIRINGS
+    candidates = [replace(_with_norms(layout, norms), rope_pairing=pairing) for pairing in pairings]
+    if layout.positional == "rope":  # RoPE parameters in a config whose attention may not rotate (Granite 4's NoPE)
+        candidates.append(replace(_with_norms(layout, norms), positional=_unrotated(model)))
     failures = []
-    for pairing in pairings:  # a rotary the family's source does not name (no rotate_half): the logits decide
-        candidate = replace(_with_norms(layout, norms), rope_pairing=pairing)
+    for candidate in candidates:  # a rotary the family's source does not name (no rotate_half): the logits decide
         failure = _check(model, modules, candidate, shaped(candidate, shrunk, shrunk, model_type), norms, state,
                          prefix, (q_name, k_name), float(modules[0].scaling) / layout.scale.of(shrunk, spec.head_dim),
                          int(raw.get("max_position_embeddings") or 4096))
         if failure is None:
-            return {"norms": norms, "pairing": pairing} | _prove_ov(model, modules, candidate, spec, state, prefix)
+            return {"norms": norms, "pairing": candidate.rope_pairing, "positional": candidate.positional} | \
+                _prove_ov(model, modules, candidate, spec, state, prefix)
         failures.append(failure)
     raise _refuse(model_type, failures[0])
 
@@ -453,7 +489,7 @@ def _prove_ov(model, modules, layout: Layout, spec: ModelSpec, state, prefix: st
         return {"ov": "its value and output projections, token embedding or final norm were not found"}
     o_name = layout.tensors["o"].rsplit(".", 2)[1]
     worst = 0.0
-    for layer, (x, probs, calls) in enumerate(_run(model, modules, [0] * _TOKENS)):
+    for layer, (x, probs, calls) in zip(spec.layers, _run(model, modules, [0] * _TOKENS)):
         raw = {role: state[prefix + name] for role, (name, _) in layout.tensors_for(spec, "", layer, ("ov",)).items()}
         w_v, w_o = layout.ov_maps(raw, spec)
         out = next((o for name, _, _, o in calls if name == o_name), None)
@@ -503,18 +539,27 @@ def _final_norm_offset(model, norm_name: str) -> float | None:
 def _check(model, modules, layout: Layout, spec: ModelSpec, norms, state, prefix: str, names, scale_ratio: float,
            far: int) -> str | None:
     """What did not match when `layout` is proven on the tiny model (its layers `modules`), else None: logits at
-    positions 0, at position 7 throughout (distance 0 elsewhere than 0), and at positions spread to 1.5x `far`."""
+    positions 0, at position 7 throughout (distance 0 elsewhere than 0), and at positions spread to 1.5x `far`
+    (within `far` without RoPE, whose position embeddings end there; none for a RoPE whose distance profiles are
+    refused); and the sink logits' probabilities."""
     from headforms.compute.rotary import Rotation
 
     spec = replace(spec, score_scale=spec.score_scale * scale_ratio)  # the tiny module's own scaling
-    maps = [layout.qk_maps({role: state[prefix + name] for role, (name, _) in layout.tensors_for(spec, "", i)
-                            .items()}, spec) for i in range(len(modules))]
+    raws = [{role: state[prefix + name] for role, (name, _) in layout.tensors_for(spec, "", i).items()}
+            for i in spec.layers]
+    maps = [layout.qk_maps(raw, spec) for raw in raws]
     rotation = (Rotation.of(spec.rope.pairing, spec.rope.frequencies)
                 if spec.rope is not None and spec.rope.frequencies else None)
-    spread = [0] * _TOKENS if rotation is None else [3, 4, 6, 9, 17, 40, far // 2 + 5, far + far // 2]
+    spread = [3, 4, 6, 9, 17, 40, far // 2 + 5, far + far // 2 if rotation is not None else far - 1]
+    if spec.rope is not None and rotation is None:  # RoPE whose distances are refused (per-layer settings): 0 only
+        spread = [0] * _TOKENS
     for positions in ([0] * _TOKENS, [7] * _TOKENS, spread):
-        for layer, ((x, probs, calls), (w_q, w_k)) in enumerate(zip(_run(model, modules, positions), maps)):
-            error, worst = _mismatch(x, probs, calls, w_q, w_k, spec, norms, names, rotation, positions)
+        for layer, (x, probs, calls), (w_q, w_k), raw in zip(spec.layers, _run(model, modules, positions), maps, raws):
+            error, worst, sink_error = _mismatch(x, probs, calls, w_q, w_k, spec, norms, names, rotation, positions,
+                                                 raw.get("sinks"), layout.packing is GATED_Q)
+            if sink_error > TOLERANCE:
+                return (f"its tiny instance's probability left to the sinks (layer {layer}) differs from "
+                        f"exp(sink_logit) / Z by {sink_error:.2g} of its largest value (proof on random weights)")
             if error > TOLERANCE:
                 where = f"distance {worst}" if worst else f"distance 0 (position {positions[0]})"
                 why = ""
@@ -535,10 +580,14 @@ def _norms_moved(calls, norms: dict, names) -> bool:
                                                                       np.sort(fed.reshape(-1).numpy()))
 
 
-def _mismatch(x, probs, calls, w_q, w_k, spec: ModelSpec, norms, names, rotation, positions) -> tuple[float, int]:
+def _mismatch(x, probs, calls, w_q, w_k, spec: ModelSpec, norms, names, rotation, positions,
+              sinks, gated: bool) -> tuple[float, int, float]:
     """Largest |model - form| of the logit differences to key 0 over the causal pairs, relative to the largest form
-    difference, and the distance p_i - p_j where it is."""
+    difference, and the distance p_i - p_j where it is; with sink logits, the largest |model - exp(sink) / Z| of the
+    probability the keys leave over (Z from the form's logit of key 0), relative to its largest value (else 0)."""
     outputs = {name: out[0].numpy() for name, _, _, out in calls if name in names}
+    if gated:  # q: each head's query rows of the q projection (GATED_Q)
+        outputs[names[0]] = outputs[names[0]].reshape(len(x), spec.n_heads, 2, spec.head_dim)[:, :, 0].reshape(len(x), -1)
     q = np.einsum("hnd,td->htn", w_q, x)
     k = np.einsum("hnd,td->htn", w_k, x)[spec.kv_index]
     if rotation is not None:
@@ -561,7 +610,12 @@ def _mismatch(x, probs, calls, w_q, w_k, spec: ModelSpec, norms, names, rotation
     form_diff = np.where(allowed, predicted - predicted[..., :1], 0.0)
     gap = np.abs(model_diff - form_diff)
     _, i, j = np.unravel_index(gap.argmax(), gap.shape)
-    return float(gap.max() / max(np.abs(form_diff).max(), 1e-300)), int(positions[i] - positions[j])
+    sink_error = 0.0
+    if sinks is not None:
+        left = 1.0 - np.where(allowed, probs, 0.0).sum(-1)  # (H, T)
+        log_z = predicted[..., 0] - logp[..., 0]            # log of each row's denominator, sink included
+        sink_error = float(np.abs(np.exp(sinks[:, None] - log_z) - left).max() / max(np.abs(left).max(), 1e-300))
+    return float(gap.max() / max(np.abs(form_diff).max(), 1e-300)), int(positions[i] - positions[j]), sink_error
 
 
 def _rms(out: np.ndarray, heads: int, norms: dict, n: int) -> np.ndarray:

@@ -525,8 +525,8 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
             yield arrays[token.name], w_u if gain is None else w_u * gain
 
     if digest is not None:  # the Q/K circuit's tensors only, so a model's revision does not depend on the circuits
-        digest.expect([[(path, t.name) for role, t in layer.items() if role in qk_roles] + [
-            (path, t.name) for t in gains[i:i + 1]] for i, layer in enumerate(layers)],
+        digest.expect({i: [(path, t.name) for role, t in layer.items() if role in qk_roles] + [
+            (path, t.name) for t in gains[i:i + 1]] for i, layer in enumerate(layers)},
             lambda layer: read(layer, ("qk",)))
 
     def close() -> None:

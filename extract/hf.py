@@ -616,7 +616,7 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
         roles = {role: tensor for role, (tensor, _) in layout.tensors_for(spec, prefix, layer, circuits).items()}
         return roles | ({"gain": prefix + norm.tensor(layer)} if norm is not None else {})
 
-    wanted = [(name, shape, layer) for layer in range(spec.n_layers)
+    wanted = [(name, shape, layer) for layer in spec.layers
               for name, shape in layout.tensors_for(spec, prefix, layer, circuits).values()]
     weights.describe(quantized.candidates(config, [name for name, _, _ in wanted]))
     stored = quantized.stored(config, {name: shape for name, shape, _ in wanted}, weights.meta)  # quantized weights
@@ -626,21 +626,23 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
         return [s for t in names for s in (stored[t].names.values() if t in stored else (t,))]
 
     _check_tensors(weights, [w for w in wanted if w[0] not in stored]
-                   + [(tensors(layer)["gain"], (spec.d_model,), layer) for layer in range(spec.n_layers)
+                   + [(tensors(layer)["gain"], (spec.d_model,), layer) for layer in spec.layers
                       if norm is not None])
 
     embeddings = _embedding_names(layout, config, prefix, weights, spec) if "ov" in circuits else {}
-    read = set(sources(t for layer in range(spec.n_layers) for t in tensors(layer).values()))
+    read = set(sources(t for layer in spec.layers for t in tensors(layer).values()))
     qk_bytes = sum(math.prod(weights.meta[t][0]) * _ITEMSIZE[weights.meta[t][1]] for t in read)
-    ahead = min(weights.ahead, max(1, weights.ahead_bytes * spec.n_layers // max(qk_bytes, 1))) if weights.ahead else 0
+    ahead = min(weights.ahead, max(1, weights.ahead_bytes * len(spec.layers) // max(qk_bytes, 1))) if weights.ahead else 0
+    following = dict(zip(spec.layers, [spec.layers[k + 1:] for k in range(len(spec.layers))]))  # layers after each
 
     def read_circuits(layer: int, circuits: tuple[str, ...] = circuits) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """The layer's circuits, all their tensors (a fused QKV once) in one read."""
-        if not 0 <= layer < spec.n_layers:
-            raise ExtractError(f"layer {layer} out of range: {name} has {spec.n_layers} layers")
+        if layer not in following:
+            raise ExtractError(f"layer {layer} out of range: {name} has {spec.n_layers} layers"
+                               + (f", of which {list(spec.layers)} are attention" if spec.attention_layers else ""))
         roles = tensors(layer, circuits)
         arrays = weights.read(sources(roles.values()))  # before the layers ahead are asked for: a first layer has the link
-        weights.prefetch(sources(t for later in range(layer + 1, min(layer + 1 + ahead, spec.n_layers))
+        weights.prefetch(sources(t for later in following[layer][:ahead]
                                  for t in tensors(later, circuits).values()))
         arrays = {t: stored[t].dequantize(arrays) if t in stored else arrays[t] for t in roles.values()}
         for tensor, array in arrays.items():
@@ -650,6 +652,8 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
         if "qk" in circuits:
             maps = layout.qk_maps(raw, spec)  # (W_Q, W_K), or with spec.parts a mapping part -> (W_Q, W_K)
             out["qk"] = norm.fold(*maps, arrays[roles["gain"]], fold_norm) if norm is not None else maps
+        if "sinks" in raw:
+            out["sinks"] = raw["sinks"]
         if "ov" in circuits:
             w_v, w_o = layout.ov_maps(raw, spec)
             out["ov"] = (norm.fold_map(w_v, arrays[roles["gain"]], fold_norm) if norm is not None else w_v, w_o)
@@ -687,8 +691,8 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
         return w_e, w_u
 
     if digest is not None:  # the Q/K circuit's tensors only, so a model's revision does not depend on --circuits
-        digest.expect([[(weights.where[t], t) for t in sources(tensors(layer, ("qk",)).values())]
-                       for layer in range(spec.n_layers)], partial(read_circuits, circuits=("qk",)))
+        digest.expect({layer: [(weights.where[t], t) for t in sources(tensors(layer, ("qk",)).values())]
+                       for layer in spec.layers}, partial(read_circuits, circuits=("qk",)))
 
     def close() -> None:
         weights.close()

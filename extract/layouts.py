@@ -72,6 +72,12 @@ SEPARATE = Packing(
     ov_shapes=lambda s: {"v": (s.n_kv_heads * s.head_dim, s.d_model), "o": _out_columns(s)},
     ov_split=lambda t, s: (_heads(t["v"], s.n_kv_heads, s), _w_o(t["o"], s)),
 )
+# Qwen3-Next's q_proj [2 H n, N]: per head its n query rows, then n rows of an output gate (sigmoid(gate_i) scales the
+# head's output at token i, so its OV map is not one linear map: discovery's proof refuses it).
+GATED_Q = replace(SEPARATE, name="separate Q (per head: query rows, then gate rows), K",
+                  shapes=lambda s: SEPARATE.shapes(s) | {"q": (2 * s.n_heads * s.head_dim, s.d_model)},
+                  split=lambda t, s: (t["q"].reshape(s.n_heads, 2, s.head_dim, s.d_model)[:, 0],
+                                      _heads(t["k"], s.n_kv_heads, s)))
 # GPT-2 Conv1D c_attn [N, 3N]: its transpose stacks the Q | K | V row blocks; Conv1D c_proj is [N_in = H n, N_out].
 CONV1D_QKV = Packing(
     name="Conv1D [Q|K|V]",
@@ -229,6 +235,7 @@ class Layout:
     softcap: str | None = None    # the config key of a soft cap: the logit is cap * tanh(s / cap), the form gives s
     embeddings: Embeddings | None = None  # W_E, W_U and the final norm (read for the ov circuit's copying scores)
     ov_refused: str | None = None  # why the ov circuit is refused although Q/K are read (a discovered family's proof)
+    attention_layers: Callable[[dict], tuple[int, ...]] | None = None  # a hybrid's softmax-attention layers; None: all
 
     def ov_refusal(self) -> str | None:
         """Why this layout cannot read the ov circuit (its V, O tensors or embeddings not described), or None."""
@@ -241,8 +248,11 @@ class Layout:
 
     def tensors_for(self, spec: ModelSpec, prefix: str, layer: int,
                     circuits: tuple[str, ...] = ("qk",)) -> dict[str, tuple[str, tuple[int, ...]]]:
-        """role -> (tensor name, expected shape) of one layer for the circuits; QK-norm gains only when folding."""
+        """role -> (tensor name, expected shape) of one layer for the circuits; QK-norm gains only when folding, the
+        heads' sink logits (role 'sinks') with the qk circuit."""
         shapes = self.packing.shapes(spec) if "qk" in circuits else {}
+        if "sinks" in self.tensors and "qk" in circuits:
+            shapes["sinks"] = (spec.n_heads,)
         if "ov" in circuits:
             shapes |= self.packing.ov_shapes(spec)
         per_module = {}  # one norm module per head (stablelm): role.h -> its gain of size n

@@ -143,6 +143,9 @@ def shaped_spec(layout: Layout, raw: dict, config: dict, architecture: str) -> M
         rope = hf_rope(_rope_settings(config), config, head_dim, recorded["rotary_fraction"], layout.rope_pairing)
     if architecture != raw.get("model_type"):
         recorded["tower"] = architecture.partition(".")[2]
+    attention = layout.attention_layers(config) if layout.attention_layers else None
+    if attention is not None and not (attention and set(attention) <= set(range(n_layers))):
+        raise ExtractError(f"config.json: the attention layers {list(attention)} are not among its {n_layers} layers")
     return ModelSpec(
         architecture=architecture,
         n_layers=n_layers,
@@ -156,4 +159,5 @@ def shaped_spec(layout: Layout, raw: dict, config: dict, architecture: str) -> M
         config=recorded,
         rope=rope,
         softcap=float(config[layout.softcap]) if layout.softcap and config.get(layout.softcap) else None,
+        attention_layers=attention,
     )

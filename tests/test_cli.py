@@ -161,7 +161,7 @@ def test_progress_bar_counts_heads_and_bytes_from_the_models_start(monkeypatch):
 
     clock = iter([100.0, 102.0, 106.0])
     monkeypatch.setattr(cli.time, "perf_counter", lambda: next(clock))
-    ckpt = SimpleNamespace(name="resumed", spec=SimpleNamespace(n_layers=3, n_heads=4), bytes_fetched=5_000_000)
+    ckpt = SimpleNamespace(name="resumed", spec=SimpleNamespace(n_layers=3, layers=(0, 1, 2), n_heads=4), bytes_fetched=5_000_000)
     progress = cli._BarProgress()
     progress.model_started(ckpt)
     assert progress.bar.pos == 0 and progress.bar.length == 12

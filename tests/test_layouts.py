@@ -505,9 +505,12 @@ def test_discovery_names_tensors_where_the_stack_is_and_refuses_odd_shapes():
 
     from headforms.extract.discover import _layout_from_model
 
-    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4)  # no RoPE settings: learned positions
-    layout = _layout_from_model(_Stack(32, 32), config, "custom")
-    assert layout.prefixes == ("",) and layout.positional == "learned"
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4)  # no RoPE settings, no position table: NoPE
+    stack = _Stack(32, 32)
+    layout = _layout_from_model(stack, config, "custom")
+    assert layout.prefixes == ("",) and layout.positional == "none"
+    stack.wpe = torch.nn.Embedding(16, 32)  # a table of positions: learned
+    assert _layout_from_model(stack, config, "custom").positional == "learned"
     assert layout.tensors == {"q": "layers.{i}.self_attn.q_proj.weight", "k": "layers.{i}.self_attn.k_proj.weight"}
     with pytest.raises(ExtractError, match=re.escape(
             "custom is refused (layout found by transformers on the meta device): q/k projections of shapes (32, 32), "

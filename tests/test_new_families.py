@@ -151,15 +151,3 @@ def test_architectures_lists_what_discovery_proved_and_refused():
     assert rows["hunyuan_v1_dense"]["notes"].startswith(
         f"refused on transformers {transformers.__version__}: its tiny instance's attention logits (layer 0) at "
         "distance 0 (position 7) differ")
-
-
-def test_a_hybrid_is_refused_saying_how_many_layers_are_attention():
-    """Jamba's layers alternate Mamba and attention: the refusal counts and names the attention layers."""
-    config = transformers.JambaConfig(num_hidden_layers=4, hidden_size=32, intermediate_size=64,
-                                      vocab_size=tm.VOCAB, num_attention_heads=4, num_key_value_heads=2,
-                                      attn_layer_period=2, attn_layer_offset=1, expert_layer_period=4,
-                                      num_experts=2, mamba_d_state=4, mamba_dt_rank=4).to_dict()
-    with pytest.raises(ExtractError, match=r"^jamba is refused \(layout found by transformers on the meta device\): "
-                                           r"2 of its 4 layers are softmax attention \(layers \[1, 3\]\); the "
-                                           r"others have no softmax score"):
-        model_spec(config)

@@ -232,7 +232,7 @@ def test_progress_of_a_live_run_is_seen_and_a_dead_runs_file_is_not(tmp_path):
         "models_done": 1, "model": None, "n_layers": 0, "layers_done": 0, "heads_done": 0}
     first.close()
     run = RunProgress(db, models=2)
-    run.model("m", n_layers=4, layers_done=1)
+    run.model("m", n_layers=4, layers_done=1, stack_layers=4)
     run.layers(count=2, heads=24, bytes_fetched=100)
     state = running(db)
     assert progress_path(db) == tmp_path / "w.duckdb.progress.json"
@@ -273,7 +273,7 @@ def test_progress_counts_add_up_and_its_rate_is_heads_over_seconds(tmp_path, mon
     assert progress.running(db)["models_done"] == 2
     monkeypatch.chdir(tmp_path)
     quiet = progress.RunProgress(None, models=1)
-    quiet.model("m", n_layers=1, layers_done=0)
+    quiet.model("m", n_layers=1, layers_done=0, stack_layers=1)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["w.duckdb.progress.json"]
     quiet.close()
 

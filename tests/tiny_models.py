@@ -216,12 +216,19 @@ TINY |= {
 
 def build(name: str, *, dtype: torch.dtype = torch.float64, seed: int = 0, **overrides):
     """A TINY model with re-drawn weights, eager attention, in eval mode and the given dtype."""
+    tiny = TINY[name]
+    return build_model(tiny.model_class, tiny.config_class, tiny.kwargs | overrides, dtype=dtype, seed=seed)
+
+
+def build_model(model_class: str, config_class: str, kwargs: dict, *, dtype: torch.dtype = torch.float64,
+                seed: int = 0):
+    """transformers' model_class of a config_class(**kwargs), eager, in eval mode and the given dtype, weights
+    re-drawn: N(0, 1/N) matrices, U(0.5, 1.5) vectors (gains), zero biases."""
     import transformers
 
-    tiny = TINY[name]
-    config = getattr(transformers, tiny.config_class)(**(tiny.kwargs | overrides))
+    config = getattr(transformers, config_class)(**kwargs)
     torch.manual_seed(seed)
-    model = getattr(transformers, tiny.model_class)._from_config(
+    model = getattr(transformers, model_class)._from_config(
         config, attn_implementation="eager", experts_implementation="eager").to(dtype).eval()
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():

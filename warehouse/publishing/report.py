@@ -50,14 +50,15 @@ def write_report(con, out_dir: str | Path) -> list[Path]:
     writable_folder(out)
     with stage("report (index.html)"):
         (out / "plotly.min.js").write_text(plotly.offline.get_plotlyjs(), encoding="utf-8")
-        models = query(con, "SELECT model, architecture, n_layers, n_heads, n_kv_heads, d_model, head_dim, source, "
-                            "revision FROM models WHERE complete ORDER BY model")
+        models = query(con, "SELECT model, architecture, n_layers, coalesce(attention_layers, range(n_layers)) AS "
+                            "attention_layers, n_heads, n_kv_heads, d_model, head_dim, source, revision FROM models "
+                            "WHERE complete ORDER BY model")
         pages = [_write(out, "index.html", "headforms report", _index_body(con, models), nav="")]
     for row in models.iter_rows(named=True):
         with stage(f"report ({model_page(row['model'])})", row["model"]):
             heads = query(con, "SELECT * FROM heads WHERE model = ? ORDER BY part, layer, head", [row["model"]])
             pages.append(_write(out, model_page(row["model"]), row["model"], _model_body(con, row, heads)))
-        for layer in range(row["n_layers"]):
+        for layer in row["attention_layers"]:
             with stage(f"report ({layer_page(row['model'], layer)})", row["model"], layer):
                 pages.append(_write(out, layer_page(row["model"], layer), f"{row['model']}: layer {layer}",
                                     _layer_body(con, row, layer, heads.filter(pl.col("layer") == layer))))
@@ -257,8 +258,10 @@ def _model_body(con, row: dict, heads: pl.DataFrame) -> str:
     and the maps beside the random baseline, then its output-value circuit and behaviour (whole heads only)."""
     model = row["model"]
     drawn = "".join(_form_html(con, model, part, rows, what, ids) for part, rows, what, ids in _parts(heads))
-    layer_links = " ".join(f'<a href="{layer_page(model, i)}">{i}</a>' for i in range(row["n_layers"]))
-    facts = (f"<p>{html.escape(row['architecture'])}, {row['n_layers']} layers x {row['n_heads']} heads "
+    layer_links = " ".join(f'<a href="{layer_page(model, i)}">{i}</a>' for i in row["attention_layers"])
+    hybrid = (f" (softmax attention in {len(row['attention_layers'])} of them: layers "
+              f"{', '.join(map(str, row['attention_layers']))})" if len(row["attention_layers"]) < row["n_layers"] else "")
+    facts = (f"<p>{html.escape(row['architecture'])}, {row['n_layers']} layers{hybrid} x {row['n_heads']} heads "
              f"({row['n_kv_heads']} key-value heads), N = {row['d_model']}, {_head_sizes(con, model, row['head_dim'])}; "
              f"source {html.escape(row['source'])}, revision {html.escape(row['revision'])}.</p>")
     return (facts + drawn + _ov_html(con, model) + _behaviour_html(con, model)
@@ -304,7 +307,7 @@ def _layer_body(con, row: dict, layer: int, heads: pl.DataFrame) -> str:
     """Each head of a layer: histograms of both lobes of S and of sigma(T), with the fitted gamma densities; per part
     of the heads (_parts), a table and figure each."""
     model = row["model"]
-    nav_layers = " ".join(f'<a href="{layer_page(model, i)}">{i}</a>' for i in range(row["n_layers"]))
+    nav_layers = " ".join(f'<a href="{layer_page(model, i)}">{i}</a>' for i in row["attention_layers"])
     return (f'<p><a href="{model_page(model)}">{html.escape(model)}</a>, layers: {nav_layers}</p>'
             + "".join(_layer_part_html(con, row, layer, *part) for part in _parts(heads)))
 

@@ -79,6 +79,7 @@ class Weights:
     seconds: float
     bytes_fetched: int
     ov: tuple[np.ndarray, np.ndarray] | None = None  # (W_V (Hkv, n, N), W_O (H, N, n))
+    sinks: np.ndarray | None = None  # (H,) each head's sink logit (gpt-oss), else None
 
 
 def read_weights(ckpt: Checkpoint, layer: int) -> Weights:
@@ -88,7 +89,8 @@ def read_weights(ckpt: Checkpoint, layer: int) -> Weights:
     with stage("read", ckpt.name, layer):
         circuits = ckpt.read_circuits(layer)
     qk = circuits["qk"] if ckpt.spec.parts else {WHOLE: circuits["qk"]}
-    return Weights(qk, time.perf_counter() - t0, (ckpt.bytes_fetched or 0) - fetched, circuits.get("ov"))
+    return Weights(qk, time.perf_counter() - t0, (ckpt.bytes_fetched or 0) - fetched, circuits.get("ov"),
+                   circuits.get("sinks"))
 
 
 _GRAMS: dict[int, tuple[weakref.ref, np.ndarray | None]] = {}
@@ -125,7 +127,7 @@ def start_rows(ckpt: Checkpoint, opts: LoadOptions, layer: int, weights: Weights
     """`layer_rows` of weights already read: the layer's linear algebra started on `pool` now, and the function
     returned collecting it into the rows (so a caller can start the next layer first). That function keeps the
     read's figures, not the maps: those are freed once the pieces are done, for the layers read next to reuse."""
-    t0, read_seconds, fetched = time.perf_counter(), weights.seconds, weights.bytes_fetched
+    t0, read_seconds, fetched, sinks = time.perf_counter(), weights.seconds, weights.bytes_fetched, weights.sinks
     spec = ckpt.spec
     rotation = Rotation.of(spec.rope.pairing, spec.rope.frequencies) if spec.rope is not None else None
     with stage("compute", ckpt.name, layer):
@@ -152,6 +154,8 @@ def start_rows(ckpt: Checkpoint, opts: LoadOptions, layer: int, weights: Weights
                                   later[form.name](), form.name) for form in spec.forms]
             tables = {table: pa.concat_tables([form[table] for form in forms if table in form])
                       for table in dict.fromkeys(table for form in forms for table in form)}
+            if sinks is not None:  # a head's, so its whole form's row (a latent family has none)
+                tables["heads"] = tables["heads"].append_column("sink_logit", pa.array(sinks, pa.float64()))
             if ov_later is not None:
                 ov = layer_tables(ckpt.name, layer, spec.kv_index, spec.head_dim, ov_later(), None)
                 scores = copying_later()

@@ -114,7 +114,7 @@ class _Plan:
 
 def _plan(con, ckpt: Checkpoint, opts: LoadOptions) -> _Plan:
     """Compare `ckpt` with what the warehouse holds of it: refuse a changed source unless forced."""
-    name, n_layers = ckpt.name, ckpt.spec.n_layers
+    name, layers = ckpt.name, ckpt.spec.layers
     deltas(ckpt.spec, opts)  # refuses distances a RoPE model's conventions do not allow, before any write
     if ckpt.spec.parts and "part" not in query(con, "SELECT constraint_column_names AS key FROM duckdb_constraints() "
                                                     "WHERE table_name = 'heads' AND constraint_type = 'PRIMARY KEY' "
@@ -132,11 +132,11 @@ def _plan(con, ckpt: Checkpoint, opts: LoadOptions) -> _Plan:
             raise WarehouseError(f"model '{name}' in the warehouse differs from this source ({'; '.join(changed)}): "
                                  f"use --force to replace it, or --name to keep both")
         if opts.force:
-            return _Plan(ckpt, opts, record, list(range(n_layers)), "replaced", False)
+            return _Plan(ckpt, opts, record, list(layers), "replaced", False)
         if prev["complete"]:
             return _Plan(ckpt, opts, record, [], "up to date", False)
     done = set(query(con, "SELECT layer FROM layers WHERE model = ?", [name])["layer"].to_list())
-    todo = [layer for layer in range(n_layers) if layer not in done]
+    todo = [layer for layer in layers if layer not in done]
     return _Plan(ckpt, opts, record, todo, "resumed" if done or old.height else "extracted", not old.height)
 
 
@@ -148,7 +148,7 @@ def _load(writer: Writer, plan: _Plan, rows, run: RunProgress, on_layer) -> Load
     heads = len(plan.todo) * ckpt.spec.n_heads
     if plan.status == "up to date":
         return LoadResult(name, plan.status, 0, 0, time.perf_counter() - start)
-    run.model(name, ckpt.spec.n_layers, ckpt.spec.n_layers - len(plan.todo))
+    run.model(name, len(ckpt.spec.layers), len(ckpt.spec.layers) - len(plan.todo), ckpt.spec.n_layers)
     if plan.status == "replaced":  # computed first: readers see the old model until the swap
         layers = [next(rows) for _ in plan.todo]
 
@@ -216,7 +216,7 @@ def _finish(writer: Writer, plan: _Plan, before: Callable = lambda con: None) ->
             before(con)
             con.execute("UPDATE models SET failed_step = ? WHERE model = ?", [step, name])
             _record_cost(con, plan.ckpt)
-        raise ModelIncomplete(f"model '{name}': {step} failed ({words(exc)}); its {plan.ckpt.spec.n_layers} layers "
+        raise ModelIncomplete(f"model '{name}': {step} failed ({words(exc)}); its {len(plan.ckpt.spec.layers)} layers "
                               f"are kept, marked incomplete (models.failed_step): run the same command to finish "
                               f"it") from exc
 
@@ -259,7 +259,7 @@ def _model_record(ckpt: Checkpoint, opts: LoadOptions) -> dict:
     return {
         "model": ckpt.name, "source": ckpt.source, "revision": ckpt.revision, "revision_kind": ckpt.revision_kind,
         "architecture": spec.architecture, "positional_encoding": spec.positional,
-        "n_layers": spec.n_layers, "n_heads": spec.n_heads, "n_kv_heads": spec.n_kv_heads,
+        "n_layers": spec.n_layers, "attention_layers": list(spec.layers), "n_heads": spec.n_heads, "n_kv_heads": spec.n_kv_heads,
         "d_model": spec.d_model, "head_dim": spec.head_dim, "score_scale": spec.score_scale,
         "qk_norm": spec.qk_norm, "fold_norm": spec.fold_norm, "attention_softcap": spec.softcap,
         "distances": list(deltas(spec, opts)) if spec.rope is not None else None,

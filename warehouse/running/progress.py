@@ -23,11 +23,13 @@ class RunProgress:
         self.path = progress_path(db) if db is not None else None
         self.started = time.time()
         self.state = {"pid": os.getpid(), "started": self.started, "models": models, "models_done": 0,
-                      "model": None, "n_layers": 0, "layers_done": 0, "heads_done": 0, "bytes_fetched": 0}
+                      "model": None, "n_layers": 0, "stack_layers": 0, "layers_done": 0, "heads_done": 0,
+                      "bytes_fetched": 0}
 
-    def model(self, name: str, n_layers: int, layers_done: int) -> None:
-        """A model's layers start being committed (`layers_done` of them were already stored)."""
-        self.state.update(model=name, n_layers=n_layers, layers_done=layers_done)
+    def model(self, name: str, n_layers: int, layers_done: int, stack_layers: int) -> None:
+        """A model's `n_layers` layers with heads (a hybrid's attention layers, of its `stack_layers`) start being
+        committed (`layers_done` of them were already stored)."""
+        self.state.update(model=name, n_layers=n_layers, layers_done=layers_done, stack_layers=stack_layers)
         self._write()
 
     def layers(self, count: int, heads: int, bytes_fetched: int) -> None:

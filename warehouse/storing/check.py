@@ -75,21 +75,22 @@ CHECKS: tuple[tuple[str, str, str], ...] = (
     ("incomplete", "warning", """
         SELECT m.model, NULL, NULL,
                format('{} of {} layers committed; run the same extract command to resume',
-                      count(l.layer), m.n_layers)
-        FROM models m LEFT JOIN layers l USING (model) WHERE NOT m.complete GROUP BY m.model, m.n_layers"""),
+                      count(l.layer), len(coalesce(m.attention_layers, range(m.n_layers))))
+        FROM models m LEFT JOIN layers l USING (model) WHERE NOT m.complete
+        GROUP BY m.model, m.n_layers, m.attention_layers"""),
     ("summaries", "warning", """
         SELECT model, NULL, NULL, 'complete model without bootstrap intervals (built before them): extract --force '
                                   'recomputes them'
         FROM models ANTI JOIN intervals USING (model) WHERE complete"""),
     ("missing_layer", "violation", """
         SELECT model, layer, NULL, 'layer of a complete model missing from layers'
-        FROM (SELECT model, unnest(range(n_layers)) AS layer FROM models WHERE complete)
+        FROM (SELECT model, unnest(coalesce(attention_layers, range(n_layers))) AS layer FROM models WHERE complete)
         ANTI JOIN layers USING (model, layer)"""),
     ("layer_record", "violation", """
         SELECT model, layer, NULL, format('layers row with {} heads; the model has {} layers of {} heads',
                                           l.heads, m.n_layers, m.n_heads)
         FROM layers l JOIN models m USING (model)
-        WHERE l.heads <> m.n_heads OR l.layer NOT BETWEEN 0 AND m.n_layers - 1"""),
+        WHERE l.heads <> m.n_heads OR NOT list_contains(coalesce(m.attention_layers, range(m.n_layers)), l.layer)"""),
     ("missing_head", "violation", """
         SELECT model, layer, head, 'head row missing from a committed layer'
         FROM (SELECT l.model, l.layer, unnest(range(m.n_heads)) AS head FROM layers l JOIN models m USING (model))

@@ -6,7 +6,7 @@ CREATE TABLE IF NOT EXISTS models (
     source              VARCHAR NOT NULL,   -- what was asked for: hub id, path, pkg:NAME
     revision            VARCHAR NOT NULL,   -- a commit, --revision, or sha256:<hex> (revision_kind)
     architecture        VARCHAR NOT NULL,   -- config model_type / GGUF architecture
-    positional_encoding VARCHAR,            -- positional encoding: learned, absolute, rope, alibi
+    positional_encoding VARCHAR,            -- positional encoding: learned, absolute, rope, alibi, none (NoPE)
     n_layers            INTEGER NOT NULL,   -- layers of the model (layer 0 .. n_layers - 1)
     n_heads             INTEGER NOT NULL,   -- query heads per layer
     n_kv_heads          INTEGER NOT NULL,   -- key/value heads per layer (fewer than n_heads: grouped-query attention)
@@ -205,6 +205,11 @@ ALTER TABLE models ADD COLUMN IF NOT EXISTS distances INTEGER[];   -- RoPE: the 
 -- and names the step; the same extract command finishes only that.
 ALTER TABLE models ADD COLUMN IF NOT EXISTS failed_step VARCHAR;  -- NULL, or the step that failed after the layers
 ALTER TABLE models ADD COLUMN IF NOT EXISTS attention_softcap DOUBLE;  -- logit = cap * tanh(s / cap) of the form's s
+-- A hybrid (Jamba, Qwen3-Next, Granite 4 ...) mixes softmax attention with state-space or linear-attention layers:
+-- only its attention layers have heads, stored under their index in the stack (layer 0 .. n_layers - 1).
+ALTER TABLE models ADD COLUMN IF NOT EXISTS attention_layers INTEGER[];  -- the layers with softmax attention (NULL: built before, all)
+-- gpt-oss's attention sinks: a learned logit per head that joins the softmax's denominator and no key.
+ALTER TABLE heads ADD COLUMN IF NOT EXISTS sink_logit DOUBLE;  -- the head's sink logit (NULL: the family has none)
 -- Warehouses built before head parts: every row is a 'whole' head's (their keys lack part, so a latent-attention
 -- model, whose heads have two parts, is refused there: rebuild the warehouse to store one).
 ALTER TABLE eigenvalues ADD COLUMN IF NOT EXISTS part VARCHAR DEFAULT 'whole';

@@ -81,7 +81,7 @@ def _shadow_missing_tables(con: duckdb.DuckDBPyConnection) -> None:
 
 
 # Columns schema.sql adds to existing tables (`ALTER TABLE t ADD COLUMN IF NOT EXISTS c TYPE`).
-_ADDED_COLUMN = re.compile(r"^ALTER TABLE (\w+) ADD COLUMN IF NOT EXISTS (\w+) (\w+)(?: DEFAULT ('[^']*'))?",
+_ADDED_COLUMN = re.compile(r"^ALTER TABLE (\w+) ADD COLUMN IF NOT EXISTS (\w+) (\w+(?:\[\])?)(?: DEFAULT ('[^']*'))?",
                            re.MULTILINE)
 
 
