@@ -208,7 +208,7 @@ def plan(sources: str | Iterable[str], *, name: str | None = None, revision: str
                          "warning": f"{target.source} is refused: {e}"})
             continue
         ckpt.close()
-        rows.append({"model": ckpt.name, "source": target.source, "heads": ckpt.spec.n_layers * ckpt.spec.n_heads,
+        rows.append({"model": ckpt.name, "source": target.source, "heads": len(ckpt.spec.layers) * ckpt.spec.n_heads,
                      "qk_bytes": ckpt.qk_bytes, "checkpoint_bytes": ckpt.checkpoint_bytes,
                      "header_bytes_fetched": ckpt.bytes_fetched, "warning": warning})
     if refusals and len(refusals) == len(rows):  # nothing to plan: the refusal is the answer
@@ -451,7 +451,7 @@ def behaviour(sources: str | Iterable[str], db: str | Path | None = None, *, len
                 model = stored_model(con, ckpt)
             finally:
                 con.close()
-            n_layers, label = ckpt.spec.n_layers, ckpt.name
+            n_layers, label = len(ckpt.spec.layers), ckpt.name  # a hybrid's: its attention layers
             network, allowed = run_model.load(
                 target.source, ckpt.revision if ckpt.meter is not None else None, ckpt.spec, tower=tower,
                 length=length, sequences=sequences, device=device,

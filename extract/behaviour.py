@@ -169,7 +169,7 @@ def forward_bytes(params: int, spec, length: int, sequences: int) -> int:
     p = 2 * length
     attention = 4 * sequences * spec.n_heads * p * p * 4
     activations = 4 * sequences * p * spec.d_model * 16
-    kept = 8 * sequences * p * (spec.d_model + 2 * spec.n_heads) * spec.n_layers
+    kept = 8 * sequences * p * (spec.d_model + 2 * spec.n_heads) * len(spec.layers)
     return 4 * params + attention + activations + kept
 
 

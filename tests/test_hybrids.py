@@ -192,3 +192,24 @@ def test_architectures_says_what_discovery_found_of_a_hybrid_and_of_sinks(tmp_pa
         assert "a hybrid: its softmax-attention layers are read, under their own indices" in rows[name]["notes"]
     assert rows["qwen3_next"]["packing"] == "separate Q (per head: query rows, then gate rows), K"
     assert "a sink logit per head (heads.sink_logit)" in rows["gpt_oss"]["notes"]
+
+
+@pytest.mark.parametrize("name", ["jamba", "qwen3_next", "falcon_h1", "gpt_oss"])
+def test_behaviour_reproduces_the_self_logits_of_the_attention_layers(name, tmp_path):
+    """behaviour's forward pass meets the forms of the attention layers only, by their indices in the stack: each
+    head's row is there and its form (QK-norm factors applied, Qwen3-Next's) gives the model's self-logits."""
+    if name in HYBRIDS:
+        _, folder = _saved(name, tmp_path)
+    else:
+        folder = tm.save(tm.build(name), tmp_path / name)
+    db = str(tmp_path / "w.duckdb")
+    assert CliRunner().invoke(main, ["extract", str(folder), "--db", db, "--qk-norm", "fold"]).exit_code == 0
+    result = CliRunner().invoke(main, ["behaviour", str(folder), "--db", db, "--length", "8", "--sequences", "2"])
+    assert result.exit_code == 0, result.output
+    with duckdb.connect(db, read_only=True) as con:
+        rows = con.sql("SELECT layer, head, reproduction_error, self_logit FROM head_behaviour ORDER BY layer, head"
+                       ).fetchall()
+        heads = con.sql("SELECT layer, head FROM heads ORDER BY layer, head").fetchall()
+    assert [(layer, head) for layer, head, _, _ in rows] == heads
+    largest = max(abs(logit) for *_, logit in rows)
+    assert largest > 0.1 and max(error for _, _, error, _ in rows) < 1e-4 * largest

@@ -81,7 +81,7 @@ def behaviour_rows(model: dict, ckpt, run, *, length: int, sequences: int, seed:
     """One row per head of `head_behaviour`: the run's scores, the model's mean self-logit, the form's and the
     biases' parts, and the largest |model - form - bias| over positions and sequences (on_layer(i) after layer i)."""
     scale, kv_index, parts = model["score_scale"], ckpt.spec.kv_index, []
-    for layer, taken in enumerate(run.layers):
+    for layer, taken in zip(ckpt.spec.layers, run.layers):  # a hybrid's attention layers, by their own indices
         w_q, w_k = ckpt.read_layer(layer)
         b_q = np.zeros(w_q.shape[:2]) if taken.b_q is None else taken.b_q
         b_k = np.zeros(w_k.shape[:2]) if taken.b_k is None else taken.b_k
