@@ -278,6 +278,10 @@ def proven(layout: Layout, raw: dict, shaped: Callable[..., ModelSpec]) -> Layou
         raise ExtractError(verdict["refusal"])
     layout = replace(_with_norms(layout, verdict["norms"]), rope_pairing=verdict["pairing"],
                      positional=verdict["positional"])
+    if verdict["score_factor"] != 1.0:  # a multiplier on q or k beside the module's scaling, proven by the logits
+        base, factor = layout.scale, verdict["score_factor"]
+        layout = replace(layout, scale=Scale(f"{base.formula} x {factor:.6g} (measured by its logits)",
+                                             lambda config, n: base.of(config, n) * factor))
     if verdict["ov"]:
         return replace(layout, ov_refused=verdict["ov"])
     return replace(layout, embeddings=replace(layout.embeddings, norm_offset=verdict["final_norm_offset"]))
@@ -293,6 +297,9 @@ def _row(layout: Layout, model_type: str, verdict: dict, version: str) -> dict:
     if verdict["norms"]:
         notes.append(f"QK-norm ({verdict['norms']['kind']} gains, found by what the attention module does): "
                      "refused unless --qk-norm fold")
+    if verdict["score_factor"] != 1.0:
+        notes.append(f"its logits are {verdict['score_factor']:.6g} x the module's scaling times q.k (a multiplier "
+                     "on q or k), proven at every position")
     if verdict["positional"] == "rope":
         notes.append(f"RoPE pairs {verdict['pairing']}")
     elif layout.positional == "rope":
@@ -469,14 +476,17 @@ def prove(layout: Layout, raw: dict, shaped: Callable[..., ModelSpec]) -> dict:
     candidates = [replace(_with_norms(layout, norms), rope_pairing=pairing) for pairing in pairings]
     if layout.positional == "rope":  # RoPE parameters in a config whose attention may not rotate (Granite 4's NoPE)
         candidates.append(replace(_with_norms(layout, norms), positional=_unrotated(model)))
+    ratio = float(modules[0].scaling) / layout.scale.of(shrunk, spec.head_dim)
+    first = shaped(candidates[0], shrunk, shrunk, model_type)
+    factor = _score_factor(model, modules, candidates[0], replace(first, score_scale=first.score_scale * ratio), norms,
+                           state, prefix, (q_name, k_name))
     failures = []
     for candidate in candidates:  # a rotary the family's source does not name (no rotate_half): the logits decide
         failure = _check(model, modules, candidate, shaped(candidate, shrunk, shrunk, model_type), norms, state,
-                         prefix, (q_name, k_name), float(modules[0].scaling) / layout.scale.of(shrunk, spec.head_dim),
-                         int(raw.get("max_position_embeddings") or 4096))
+                         prefix, (q_name, k_name), ratio * factor, int(raw.get("max_position_embeddings") or 4096))
         if failure is None:
-            return {"norms": norms, "pairing": candidate.rope_pairing, "positional": candidate.positional} | \
-                _prove_ov(model, modules, candidate, spec, state, prefix)
+            return {"norms": norms, "pairing": candidate.rope_pairing, "positional": candidate.positional,
+                    "score_factor": factor} | _prove_ov(model, modules, candidate, spec, state, prefix)
         failures.append(failure)
     raise _refuse(model_type, failures[0])
 
@@ -536,6 +546,21 @@ def _final_norm_offset(model, norm_name: str) -> float | None:
     return None if kind is None else kind[1]
 
 
+def _score_factor(model, modules, layout: Layout, spec: ModelSpec, norms, state, prefix: str, names) -> float:
+    """The constant by which the tiny instance's logits exceed the form's at distance 0, least squares over its first
+    attention layer's causal pairs: 1 where they agree, else a multiplier the module puts on q or k beside its scaling
+    (Falcon-H1's key_multiplier), which `_check` then proves at every position (a capped family: 1)."""
+    if spec.softcap:
+        return 1.0
+    raw = {role: state[prefix + name] for role, (name, _) in layout.tensors_for(spec, "", spec.layers[0]).items()}
+    (x, probs, calls), = _run(model, modules[:1], [0] * _TOKENS)
+    predicted = _predicted(x, calls, *layout.qk_maps(raw, spec), spec, norms, names, None, [0] * _TOKENS,
+                           layout.packing is GATED_Q)
+    _, _, model_diff, form_diff = _diffs(probs, predicted)
+    factor = float((model_diff * form_diff).sum() / max((form_diff**2).sum(), 1e-300))
+    return factor if factor > 0 and abs(factor - 1.0) > TOLERANCE else 1.0
+
+
 def _check(model, modules, layout: Layout, spec: ModelSpec, norms, state, prefix: str, names, scale_ratio: float,
            far: int) -> str | None:
     """What did not match when `layout` is proven on the tiny model (its layers `modules`), else None: logits at
@@ -580,11 +605,9 @@ def _norms_moved(calls, norms: dict, names) -> bool:
                                                                       np.sort(fed.reshape(-1).numpy()))
 
 
-def _mismatch(x, probs, calls, w_q, w_k, spec: ModelSpec, norms, names, rotation, positions,
-              sinks, gated: bool) -> tuple[float, int, float]:
-    """Largest |model - form| of the logit differences to key 0 over the causal pairs, relative to the largest form
-    difference, and the distance p_i - p_j where it is; with sink logits, the largest |model - exp(sink) / Z| of the
-    probability the keys leave over (Z from the form's logit of key 0), relative to its largest value (else 0)."""
+def _predicted(x, calls, w_q, w_k, spec: ModelSpec, norms, names, rotation, positions, gated: bool) -> np.ndarray:
+    """The form's logits (H, T, T) of the tiny instance's attention input x: score_scale * q_i . k_j (rotated to
+    their positions), over the QK-norms' RMS of q_i and k_j, soft-capped where the family caps."""
     outputs = {name: out[0].numpy() for name, _, _, out in calls if name in names}
     if gated:  # q: each head's query rows of the q projection (GATED_Q)
         outputs[names[0]] = outputs[names[0]].reshape(len(x), spec.n_heads, 2, spec.head_dim)[:, :, 0].reshape(len(x), -1)
@@ -601,13 +624,26 @@ def _mismatch(x, probs, calls, w_q, w_k, spec: ModelSpec, norms, names, rotation
         predicted = predicted / (r_q[:, :, None] * r_k[:, None, :])
     if spec.softcap:
         predicted = spec.softcap * np.tanh(predicted / spec.softcap)
+    return predicted
+
+
+def _diffs(probs: np.ndarray, predicted: np.ndarray):
+    """The causal pairs, the model's log-probabilities, and the model's and the form's logit differences to key 0."""
     allowed = np.tril(np.ones(probs.shape[-2:], bool))
     if (probs[..., allowed] <= 0).any():
         raise ExtractError("its tiny instance masks pairs a causal mask allows (a sliding window or chunking "
                            "shorter than 8 tokens)")
     logp = np.log(np.where(allowed, probs, 1.0))
-    model_diff = np.where(allowed, logp - logp[..., :1], 0.0)
-    form_diff = np.where(allowed, predicted - predicted[..., :1], 0.0)
+    return allowed, logp, np.where(allowed, logp - logp[..., :1], 0.0), np.where(allowed, predicted - predicted[..., :1], 0.0)
+
+
+def _mismatch(x, probs, calls, w_q, w_k, spec: ModelSpec, norms, names, rotation, positions,
+              sinks, gated: bool) -> tuple[float, int, float]:
+    """Largest |model - form| of the logit differences to key 0 over the causal pairs, relative to the largest form
+    difference, and the distance p_i - p_j where it is; with sink logits, the largest |model - exp(sink) / Z| of the
+    probability the keys leave over (Z from the form's logit of key 0), relative to its largest value (else 0)."""
+    predicted = _predicted(x, calls, w_q, w_k, spec, norms, names, rotation, positions, gated)
+    allowed, logp, model_diff, form_diff = _diffs(probs, predicted)
     gap = np.abs(model_diff - form_diff)
     _, i, j = np.unravel_index(gap.argmax(), gap.shape)
     sink_error = 0.0

@@ -42,6 +42,11 @@ HYBRIDS = {
     "falcon_h1": ("FalconH1ForCausalLM", "FalconH1Config", _SHAPE | dict(
         head_dim=8, mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_d_state=4, mamba_n_groups=1,
         mamba_chunk_size=8), None, "rope", None),
+    # muP multipliers: k times key_multiplier inside the module (the score scale then measured by the logits), the
+    # module's input times attention_in_multiplier (the form is on what the attention module reads)
+    "falcon_h1_multipliers": ("FalconH1ForCausalLM", "FalconH1Config", _SHAPE | dict(
+        head_dim=8, mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_d_state=4, mamba_n_groups=1,
+        mamba_chunk_size=8, key_multiplier=0.5, attention_in_multiplier=2.0), None, "rope", None),
 }
 
 
@@ -140,6 +145,18 @@ def test_each_attention_layer_reproduces_its_logits_at_every_distance(name, tmp_
     ckpt.close()
 
 
+def test_a_multiplier_on_k_is_measured_into_the_score_scale(tmp_path):
+    """Falcon-H1's key_multiplier scales k inside the attention module: the recorded score scale is the module's
+    scaling times it, and `architectures` says it was measured (the logits test above proves it at every distance)."""
+    _, folder = _saved("falcon_h1_multipliers", tmp_path)
+    ckpt = open_checkpoint(str(folder))
+    assert ckpt.spec.score_scale == pytest.approx(0.5 * 8**-0.5, rel=1e-6)  # measured: log-probabilities
+    ckpt.close()
+    rows = [row for row in json.loads(CliRunner().invoke(main, ["architectures", "--format", "json"]).output)
+            if row["family"] == "falcon_h1"]
+    assert rows and "its logits are 0.5 x the module's scaling times q.k" in rows[0]["notes"]
+
+
 def test_a_layer_without_attention_is_out_of_range_in_one_line(tmp_path):
     _, folder = _saved("jamba", tmp_path)
     ckpt = open_checkpoint(str(folder))
@@ -194,7 +211,7 @@ def test_architectures_says_what_discovery_found_of_a_hybrid_and_of_sinks(tmp_pa
     assert "a sink logit per head (heads.sink_logit)" in rows["gpt_oss"]["notes"]
 
 
-@pytest.mark.parametrize("name", ["jamba", "qwen3_next", "falcon_h1", "gpt_oss"])
+@pytest.mark.parametrize("name", ["jamba", "qwen3_next", "falcon_h1_multipliers", "gpt_oss"])
 def test_behaviour_reproduces_the_self_logits_of_the_attention_layers(name, tmp_path):
     """behaviour's forward pass meets the forms of the attention layers only, by their indices in the stack: each
     head's row is there and its form (QK-norm factors applied, Qwen3-Next's) gives the model's self-logits."""
