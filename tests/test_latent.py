@@ -10,6 +10,7 @@ import polars as pl
 import pytest
 import torch
 from click.testing import CliRunner
+from scipy import stats
 
 from headforms.cli import main
 from headforms.compute.analysis import analyse_layer
@@ -585,6 +586,43 @@ def test_behaviour_without_the_kv_latent_factor_misses_the_self_logits(tmp_path,
     monkeypatch.setattr(run_model, "run", without_rms_kv)
     _, rows = behaved(db, monkeypatch)
     assert rows["reproduction_error"].max() > 1e-2 * rows["self_logit"].abs().max()
+
+
+def test_behaviour_views_type_a_latent_head_by_each_part(tmp_path, monkeypatch):
+    """behaviour_by_parity, behaviour_correlations and behaviour_intervals of a latent model: a row set per part,
+    each over all its heads typed by that part's parity, the medians those of the joined rows; the report's page
+    draws a behaviour figure per part."""
+    import duckdb
+
+    _, db = extracted("deepseek_v3", tmp_path)
+    behaved(db, monkeypatch)
+    with duckdb.connect(str(db), read_only=True) as con:
+        joined = con.sql("SELECT h.part, h.parity, b.self_score, h.pairing FROM head_behaviour b "
+                         "JOIN heads h USING (model, layer, head)").pl()
+        by_parity = con.sql("SELECT * FROM behaviour_by_parity").pl()
+        correlations = con.sql("SELECT * FROM behaviour_correlations").pl()
+        intervals = con.sql("SELECT part, count(DISTINCT figure) FROM behaviour_intervals GROUP BY part "
+                            "ORDER BY part").fetchall()
+    assert joined.height == 16 and intervals == [("nope", 4), ("rope", 4)]
+    typed = by_parity.filter(pl.col("parity") != "I+ - I-")
+    assert set(typed["part"]) == {"nope", "rope"}
+    for part in ("nope", "rope"):
+        assert typed.filter(pl.col("part") == part)["heads"].sum() == joined.filter(
+            (pl.col("part") == part) & pl.col("parity").is_not_null()).height == 8
+    for row in typed.iter_rows(named=True):
+        group = joined.filter((pl.col("part") == row["part"]) & (pl.col("parity") == row["parity"]))
+        assert row["heads"] == group.height
+        assert row["median_self_score"] == pytest.approx(float(np.median(group["self_score"].to_numpy())))
+        assert row["self_score_low"] <= row["median_self_score"] <= row["self_score_high"]
+    assert set(correlations["part"]) == {"nope", "rope"} and set(correlations["heads"]) == {8}
+    for part in ("nope", "rope"):
+        pairs = joined.filter(pl.col("part") == part)
+        got = correlations.filter((pl.col("part") == part) & (pl.col("score") == "self_score")
+                                  & (pl.col("statistic") == "pairing"))["spearman"].item()
+        assert got == pytest.approx(stats.spearmanr(pairs["self_score"], pairs["pairing"]).statistic)
+    assert CliRunner().invoke(main, ["report", "--db", str(db), "--out", str(tmp_path / "r")]).exit_code == 0
+    page = (tmp_path / "r" / "model-ckpt.html").read_text()
+    assert 'id="behaviour-nope"' in page and 'id="behaviour-rope"' in page
 
 
 def test_behaviour_refuses_a_latent_model_where_its_intervals_are_keyed_without_part(tmp_path):
