@@ -590,8 +590,8 @@ def test_behaviour_without_the_kv_latent_factor_misses_the_self_logits(tmp_path,
 
 def test_behaviour_views_type_a_latent_head_by_each_part(tmp_path, monkeypatch):
     """behaviour_by_parity, behaviour_correlations and behaviour_intervals of a latent model: a row set per part,
-    each over all its heads typed by that part's parity, the medians those of the joined rows; the report's page
-    draws a behaviour figure per part."""
+    each over all its heads typed by that part's parity, the medians those of the joined rows; the behaviour figure
+    draws a panel per part, the report's page a figure per part."""
     import duckdb
 
     _, db = extracted("deepseek_v3", tmp_path)
@@ -620,6 +620,14 @@ def test_behaviour_views_type_a_latent_head_by_each_part(tmp_path, monkeypatch):
         got = correlations.filter((pl.col("part") == part) & (pl.col("score") == "self_score")
                                   & (pl.col("statistic") == "pairing"))["spearman"].item()
         assert got == pytest.approx(stats.spearmanr(pairs["self_score"], pairs["pairing"]).statistic)
+    from headforms import api
+    from headforms.warehouse.publishing import figures
+
+    titles = []
+    monkeypatch.setattr(figures, "_title", lambda ax, text, *a, **k: titles.append(text))
+    with api.connect(db) as con:
+        figures.behaviour_self_score(con, tmp_path / "behaviour.png")
+    assert [title.split("\n")[0] for title in titles] == ["ckpt (nope) (8 heads)", "ckpt (rope) (8 heads)"]
     assert CliRunner().invoke(main, ["report", "--db", str(db), "--out", str(tmp_path / "r")]).exit_code == 0
     page = (tmp_path / "r" / "model-ckpt.html").read_text()
     assert 'id="behaviour-nope"' in page and 'id="behaviour-rope"' in page
