@@ -217,7 +217,7 @@ ALTER TABLE distance_profiles ADD COLUMN IF NOT EXISTS part VARCHAR DEFAULT 'who
 -- forward pass over `sequences` seeded random sequences of `length` tokens, each repeated once, and its mean
 -- pre-softmax self-logit (scale applied) split into the form's part (score_scale * x^T L x from the
 -- warehouse's own W_Q, W_K) and the q/k biases' part. No part: behaviour is the head's, joined by (model, layer,
--- head) to each of its heads rows (a latent-attention head's form part is the sum of its parts', statistics.md
+-- head) to each of its rows in heads (a latent-attention head's form part is the sum of its parts', statistics.md
 -- section 8).
 CREATE TABLE IF NOT EXISTS head_behaviour (
     model              VARCHAR NOT NULL,  -- the model (models.model)
