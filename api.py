@@ -413,7 +413,8 @@ def behaviour(sources: str | Iterable[str], db: str | Path | None = None, *, len
 
     A source is what extract was given (hub id, folder, .gguf, pkg:NAME) or a warehouse model's name (its stored
     source and revision are used); a model extracted with qk_norm="fold" is read folded again, its self-logits
-    reproduced with the per-token RMS factors of its q and k norms. Runs each model with transformers on
+    reproduced with the per-token RMS factors of its q and k norms (a latent-attention head's as the sum of its two
+    parts, with the RMS factors of its q and kv latents). Runs each model with transformers on
     `sequences` seeded sequences of `length` random ordinary tokens, each
     repeated once, and stores per head (`head_behaviour`) its self, previous-token and induction scores and its
     mean self-logit, with the warehouse form's part, the q/k biases' part and the largest reproduction error;

@@ -315,8 +315,9 @@ def behaviour(sources, db, length, sequences, seed, device, tower, name, resampl
 
     Stores per head its self, previous-token and induction scores and its self-logit, reproduced by the
     warehouse's form (table head_behaviour; views behaviour_by_parity, behaviour_correlations). A model extracted
-    with --qk-norm fold is reproduced with its q and k norms' per-token factors. Prints the memory the forward pass
-    will hold before it starts, and its progress per layer (on stderr).
+    with --qk-norm fold is reproduced with its q and k norms' per-token factors (a latent-attention model's with its
+    q and kv latents', summing its two parts). Prints the memory the forward pass will hold before it starts, and
+    its progress per layer (on stderr).
     """
     progress = _BehaviourBar()
     try:

@@ -8,7 +8,9 @@ biases, and its own scale, so q_i . k_i is the model's diagonal logit whatever t
 function then calls the family's own eager attention, so the weights are the model's. A forward pre-hook on
 the attention module keeps its input x (after the norm that feeds attention, as the model applies it); on a QK-norm
 model (qwen3, gemma3, olmo2), pre-hooks on its q and k norms keep each token's RMS factor 1 / sqrt(mean(u^2) + eps)
-of the projection u they normalise, the factor a folded form's self-logit is multiplied by.
+of the projection u they normalise, the factor a folded form's self-logit is multiplied by; on multi-head latent
+attention (deepseek_v2, deepseek_v3) the same pre-hooks on the norms of its q and kv latents keep 1/rms_q and 1/rms_kv
+(extract.latent), the factors of its parts' forms.
 """
 from __future__ import annotations
 
@@ -27,14 +29,17 @@ from headforms.compute.behaviour import attention_scores, repeated_sequences, se
 from headforms.extract.checkpoint import ExtractError, first_line
 
 CAPTURE = "headforms_capture"  # the attention function's name in transformers' registry
-QK_NORMS = (("q_norm", "k_norm"), ("query_layernorm", "key_layernorm"))  # an attention module's norms of q and k
+# an attention module's norms of q and k; multi-head latent attention's of its q latent (absent without q_lora_rank)
+# and of its kv latent, the compressed part of kv_a_proj_with_mqa's output (not its rope slice)
+QK_NORMS = (("q_norm", "k_norm"), ("query_layernorm", "key_layernorm"), ("q_a_layernorm", "kv_a_layernorm"))
 INSTALL = "pip install 'headforms[behaviour]'"
 
 
 @dataclass
 class LayerRun:
     """One layer of a run: scores (H,), the model's self-logits (B, H, P), inputs x (B, P, N), biases or None, and
-    a QK-norm model's per-token RMS factors of q (B, P, H or 1) and k (B, P, H_kv or 1), else None."""
+    a QK-norm model's per-token RMS factors of q (B, P, H or 1) and k (B, P, H_kv or 1), or a latent-attention
+    model's 1/rms_q (B, P, 1; None without q_lora_rank) and 1/rms_kv (B, P, 1), else None."""
 
     self_score: np.ndarray
     previous_score: np.ndarray
@@ -94,7 +99,7 @@ def _qk_norm(module, side: str):
 def _rms_factor(u, norm, positions: int) -> np.ndarray | None:
     """(B, P, G): each token's 1 / sqrt(mean(u^2) + eps) over the norm's last axis, G its groups (heads, or 1 for a
     norm of the whole projection), from what the norm read: u (B, P, G, n) (qwen3), (B, G, P, n) (gemma3, normed
-    after the heads' transpose) or (B, P, G n) (olmo2); None without a norm."""
+    after the heads' transpose) or (B, P, G n) (olmo2, and a latent: G = 1); None without a norm."""
     if norm is None:
         return None
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))

@@ -432,7 +432,7 @@ PY_EQUIVALENT = {
      '"HIGH": np.concatenate([result[:, 2], high]), "resamples": resamples, "seed": seed,'):
         "'HIGH' in behaviour_intervals: DuckDB column names are case-insensitive",
     ('headforms.warehouse.running.behaviour.x_write_behaviour',
-     'parity = query(con, "SELECT LAYER, HEAD, PARITY FROM HEADS WHERE MODEL = ?", [model])'):
+     'parities = query(con, "SELECT PART, LAYER, HEAD, PARITY FROM HEADS WHERE MODEL = ?", [model])'):
         "SQL keywords and names in upper case: DuckDB's names are case-insensitive",
     ('headforms.warehouse.running.behaviour.x_behaviour_rows',
      '"model": ckpt.name, "layer": np.full(heads, layer, ), "head": np.arange(heads, dtype=np.int32),'):

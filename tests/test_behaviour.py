@@ -480,7 +480,7 @@ def test_the_memory_estimate_covers_what_a_forward_pass_must_hold(length, sequen
     one layer's attention logits and probabilities, B x H x P x P each over the P = 2T positions."""
     from types import SimpleNamespace
 
-    spec = SimpleNamespace(n_layers=12, n_heads=9, d_model=576)
+    spec = SimpleNamespace(n_layers=12, layers=tuple(range(12)), n_heads=9, d_model=576)
     params, positions = 135_000_000, 2 * length
     must_hold = 4 * params + 2 * 4 * sequences * spec.n_heads * positions ** 2
     assert must_hold <= run_model.forward_bytes(params, spec, length, sequences)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import polars as pl
 import pytest
 import torch
 from click.testing import CliRunner
+from scipy import stats
 
 from headforms.cli import main
 from headforms.compute.analysis import analyse_layer
@@ -43,12 +45,18 @@ def _capture(module, query, key, value, attention_mask, scaling, **kwargs):
     return eager_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
 
 
-def build(name: str, seed: int = 0, **overrides):
-    """A tiny MLA model of transformers' class, float64, weights re-drawn as tests/tiny_models.py draws them."""
+def _capturing():
+    """transformers with this file's capture registered (`headforms behaviour` registers its own under the name)."""
     import transformers
 
-    model_class, config_class, kwargs = MODELS[name]
     transformers.AttentionInterface.register("headforms_capture", _capture)
+    return transformers
+
+
+def build(name: str, seed: int = 0, **overrides):
+    """A tiny MLA model of transformers' class, float64, weights re-drawn as tests/tiny_models.py draws them."""
+    transformers = _capturing()
+    model_class, config_class, kwargs = MODELS[name]
     config = getattr(transformers, config_class)(**(kwargs | overrides))
     torch.manual_seed(seed)
     model = getattr(transformers, model_class)._from_config(config, attn_implementation="headforms_capture")
@@ -63,9 +71,11 @@ def build(name: str, seed: int = 0, **overrides):
     return model
 
 
-def trace(model, length: int = 48, seed: int = 1):
+def trace(model, length: int = 48, seed: int = 1, tokens: np.ndarray | None = None):
     """Per layer: attention inputs x (B, T, N), the model's logits (B, H, T, T), the RMS of the q latent (B, T; ones
-    without q_lora_rank) and of the kv latent (B, T), from one forward pass at positions 0..T-1."""
+    without q_lora_rank) and of the kv latent (B, T), from one forward pass at positions 0..T-1 over `tokens` (B, T),
+    or 2 x `length` random ids."""
+    _capturing()
     modules = [layer.self_attn for layer in model.model.layers]
     inputs, q_latent, kv_latent, hooks = [], [], [], []
     for m in modules:
@@ -74,11 +84,13 @@ def trace(model, length: int = 48, seed: int = 1):
         if m.q_a_proj is not None:
             hooks.append(m.q_a_proj.register_forward_hook(lambda mod, a, out: q_latent.append(out)))
         hooks.append(m.kv_a_proj_with_mqa.register_forward_hook(lambda mod, a, out: kv_latent.append(out)))
-    tokens = torch.randint(3, VOCAB, (2, length), generator=torch.Generator().manual_seed(seed))
+    tokens = (torch.randint(3, VOCAB, (2, length), generator=torch.Generator().manual_seed(seed)) if tokens is None
+              else torch.as_tensor(tokens))
+    length = tokens.shape[1]
     LOGITS.clear()
     try:
         with torch.no_grad():
-            model(input_ids=tokens, position_ids=torch.arange(length)[None].expand(2, -1))
+            model(input_ids=tokens, position_ids=torch.arange(length)[None].expand(len(tokens), -1))
     finally:
         for hook in hooks:
             hook.remove()
@@ -499,16 +511,148 @@ def test_fp8_block_scaled_from_the_hub_is_its_dequantized_weights(tmp_path, monk
         server.close()
 
 
-def test_behaviour_refuses_a_latent_model_in_one_line(tmp_path):
-    _, folder = saved("deepseek_v3", tmp_path / "ckpt")
+def extracted(name: str, tmp_path):
+    """(model, db): the tiny model saved to tmp_path/ckpt (model 'ckpt') and extracted with --qk-norm fold."""
+    model, folder = saved(name, tmp_path / "ckpt")
     db = tmp_path / "w.duckdb"
-    assert CliRunner().invoke(main, ["extract", str(folder), "--db", str(db), "--qk-norm", "fold"]).exit_code == 0
-    before = db.read_bytes()
-    result = CliRunner().invoke(main, ["behaviour", str(folder), "--db", str(db)])
-    assert result.exit_code != 0
+    result = CliRunner().invoke(main, ["extract", str(folder), "--db", str(db), "--qk-norm", "fold"])
+    assert result.exit_code == 0, result.output
+    return model, db
+
+
+def behaved(db, monkeypatch) -> tuple[np.ndarray, pl.DataFrame]:
+    """`headforms behaviour ckpt` on 3 repeated sequences of 6 tokens: the token ids it drew and its rows."""
+    import duckdb
+
+    from headforms.extract import behaviour as run_model
+
+    drawn, draw = [], run_model.repeated_sequences
+    monkeypatch.setattr(run_model, "repeated_sequences", lambda *a: drawn.append(draw(*a)) or drawn[-1])
+    result = CliRunner().invoke(main, ["behaviour", "ckpt", "--db", str(db), "--length", "6", "--sequences", "3",
+                                       "--seed", "5", "--resamples", "50"])
+    assert result.exit_code == 0, result.output
+    assert "ckpt: 8 heads" in result.output
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = con.sql("SELECT * FROM head_behaviour ORDER BY layer, head").pl()
+    (tokens,) = drawn
+    return tokens, rows
+
+
+@pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v2_lite"])
+def test_behaviour_reproduces_the_self_logits_from_both_parts(name, tmp_path, monkeypatch):
+    """`headforms behaviour` on a latent model (with q_lora_rank, and V2-lite without): a row per head, its self-logit
+    and self-score the float64 model's own on the tokens drawn, and the stored parts, each with the latents' per-token
+    factors the forward pass read, reproduce the self-logits at every position."""
+    model, db = extracted(name, tmp_path)
+    tokens, rows = behaved(db, monkeypatch)
+    assert rows.select("layer", "head").rows() == [(layer, head) for layer in range(2) for head in range(4)]
+    traced = trace(model, tokens=tokens)
+    diagonals = np.concatenate([np.diagonal(logits, axis1=-2, axis2=-1).mean(axis=(0, 2))
+                                for _, logits, _, _ in traced])
+    causal = np.tril(np.ones((12, 12), bool))
+    weights = [np.exp(logits - logits.max(-1, keepdims=True)) * causal
+               for logits in (np.where(causal, logits, -np.inf) for _, logits, _, _ in traced)]
+    own = np.concatenate([np.diagonal(w / w.sum(-1, keepdims=True), axis1=-2, axis2=-1)[..., 1:].mean(axis=(0, 2))
+                          for w in weights])
+    assert np.abs(diagonals).max() > 0.1
+    np.testing.assert_allclose(rows["self_logit"].to_numpy(), diagonals, atol=1e-5)
+    np.testing.assert_allclose(rows["form_self_logit"].to_numpy(), diagonals, atol=1e-5)
+    np.testing.assert_allclose(rows["self_score"].to_numpy(), own, atol=1e-5)
+    assert (rows["bias_self_logit"] == 0).all() and rows["reproduction_error"].max() < 1e-5
+
+
+def test_behaviour_without_the_kv_latent_factor_misses_the_self_logits(tmp_path, monkeypatch):
+    """The check can fail: the same run with 1/rms_kv(x_i) taken as 1 leaves the nope part unscaled, and the stored
+    reproduction error shows it; a run that finds no latent norms to read is refused in one line."""
+    from headforms.extract import behaviour as run_model
+
+    _, db = extracted("deepseek_v3", tmp_path)
+    with monkeypatch.context() as patch:
+        patch.setattr(run_model, "QK_NORMS", tuple(names for names in run_model.QK_NORMS  # the latents' not looked for
+                                                   if "kv_a_layernorm" not in names))
+        result = CliRunner().invoke(main, ["behaviour", "ckpt", "--db", str(db), "--length", "4"])
     errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
-    assert errors == [errors[0]] and "not built for heads stored as parts (nope, rope" in errors[0]
-    assert "Traceback" not in result.output and db.read_bytes() == before
+    assert result.exit_code == 1 and "Traceback" not in result.output and errors == [
+        "Error: ckpt: the part nope is scored by 1/(rms_q(x_i) rms_kv(x_j)), but layer 0's attention has no norm "
+        "behaviour can read rms_q from"]
+    run = run_model.run
+
+    def without_rms_kv(*args, **kwargs):
+        taken = run(*args, **kwargs)
+        for layer in taken.layers:
+            layer.k_factor = np.ones_like(layer.k_factor)
+        return taken
+
+    monkeypatch.setattr(run_model, "run", without_rms_kv)
+    _, rows = behaved(db, monkeypatch)
+    assert rows["reproduction_error"].max() > 1e-2 * rows["self_logit"].abs().max()
+
+
+def test_behaviour_views_type_a_latent_head_by_each_part(tmp_path, monkeypatch):
+    """behaviour_by_parity, behaviour_correlations and behaviour_intervals of a latent model: a row set per part,
+    each over all its heads typed by that part's parity, the medians those of the joined rows; the behaviour figure
+    draws a panel per part, the report's page a figure per part."""
+    import duckdb
+
+    _, db = extracted("deepseek_v3", tmp_path)
+    behaved(db, monkeypatch)
+    with duckdb.connect(str(db), read_only=True) as con:
+        joined = con.sql("SELECT h.part, h.parity, b.self_score, h.pairing FROM head_behaviour b "
+                         "JOIN heads h USING (model, layer, head)").pl()
+        by_parity = con.sql("SELECT * FROM behaviour_by_parity").pl()
+        correlations = con.sql("SELECT * FROM behaviour_correlations").pl()
+        intervals = con.sql("SELECT part, count(DISTINCT figure) FROM behaviour_intervals GROUP BY part "
+                            "ORDER BY part").fetchall()
+    assert joined.height == 16 and intervals == [("nope", 4), ("rope", 4)]
+    typed = by_parity.filter(pl.col("parity") != "I+ - I-")
+    assert set(typed["part"]) == {"nope", "rope"}
+    for part in ("nope", "rope"):
+        assert typed.filter(pl.col("part") == part)["heads"].sum() == joined.filter(
+            (pl.col("part") == part) & pl.col("parity").is_not_null()).height == 8
+    for row in typed.iter_rows(named=True):
+        group = joined.filter((pl.col("part") == row["part"]) & (pl.col("parity") == row["parity"]))
+        assert row["heads"] == group.height
+        assert row["median_self_score"] == pytest.approx(float(np.median(group["self_score"].to_numpy())))
+        assert row["self_score_low"] <= row["median_self_score"] <= row["self_score_high"]
+    assert set(correlations["part"]) == {"nope", "rope"} and set(correlations["heads"]) == {8}
+    for part in ("nope", "rope"):
+        pairs = joined.filter(pl.col("part") == part)
+        got = correlations.filter((pl.col("part") == part) & (pl.col("score") == "self_score")
+                                  & (pl.col("statistic") == "pairing"))["spearman"].item()
+        assert got == pytest.approx(stats.spearmanr(pairs["self_score"], pairs["pairing"]).statistic)
+    from headforms import api
+    from headforms.warehouse.publishing import figures
+
+    titles = []
+    monkeypatch.setattr(figures, "_title", lambda ax, text, *a, **k: titles.append(text))
+    with api.connect(db) as con:
+        figures.behaviour_self_score(con, tmp_path / "behaviour.png")
+    assert [title.split("\n")[0] for title in titles] == ["ckpt (nope) (8 heads)", "ckpt (rope) (8 heads)"]
+    assert CliRunner().invoke(main, ["report", "--db", str(db), "--out", str(tmp_path / "r")]).exit_code == 0
+    page = (tmp_path / "r" / "model-ckpt.html").read_text()
+    assert 'id="behaviour-nope"' in page and 'id="behaviour-rope"' in page
+
+
+def test_behaviour_refuses_a_latent_model_where_its_intervals_are_keyed_without_part(tmp_path):
+    """A warehouse whose behaviour_intervals were built before parts (keyed by model, parity, figure) cannot hold a
+    latent model's intervals per part: refused in one line before the forward pass, nothing written."""
+    import duckdb
+
+    _, db = extracted("deepseek_v3", tmp_path)
+    with duckdb.connect(str(db)) as con:
+        for (view,) in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall():
+            con.execute(f"DROP VIEW IF EXISTS {view} CASCADE")
+        con.execute("DROP TABLE behaviour_intervals")
+        con.execute("CREATE TABLE behaviour_intervals (model VARCHAR NOT NULL, parity VARCHAR NOT NULL, figure "
+                    "VARCHAR NOT NULL, estimate DOUBLE, low DOUBLE, high DOUBLE, resamples INTEGER NOT NULL, seed "
+                    "BIGINT NOT NULL, PRIMARY KEY (model, parity, figure))")
+    result = CliRunner().invoke(main, ["behaviour", "ckpt", "--db", str(db), "--length", "4"])
+    assert result.exit_code == 1 and result.output.count("\n") == 1, result.output  # before the forward pass
+    assert result.output.startswith("Error: ckpt stores each head as its parts (nope, rope), and this warehouse's "
+                                    "behaviour_intervals were built before parts")
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT (SELECT count(*) FROM head_behaviour) + (SELECT count(*) FROM "
+                           "behaviour_intervals)").fetchall() == [(0,)]
 
 
 def test_the_report_page_names_the_parts_and_their_head_sizes(tmp_path):

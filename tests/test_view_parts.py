@@ -266,10 +266,24 @@ def test_model_intervals_meet_their_own_parts_interval(con):
     assert count == 3 * (3 + 11 - 3 + 4 + 6)
 
 
-def test_behaviour_and_ov_views_read_whole_heads_alone(con):
-    assert rows(con, "behaviour_by_parity", "DISTINCT model") == [("dense",)]
-    assert rows(con, "behaviour_by_parity", "parity, heads") == [("I+", 2), ("II", 1), ("I-", 1), ("I+ - I-", None)]
-    assert rows(con, "behaviour_correlations", "DISTINCT model") == [("dense",)]
+def test_behaviour_views_type_a_head_by_each_of_its_parts(con):
+    """head_behaviour has no part: a latent head's row is typed by its nope part's parity, and again by its rope
+    part's (never pooled); the copying columns meet whole heads only (the latent model's OV rows stay out). Self
+    scores by place: 0.1, 0.2, 0.3, 0.4; c_sym - d_sym by parity (PROFILE): I+ 0.4, II 0, I- -0.4."""
+    approx = pytest.approx
+    assert rows(con, "behaviour_by_parity", "model, part, parity, heads, median_self_score, median_copying_score") == [
+        ("dense", "whole", "I+", 2, approx(0.25), 0.5), ("dense", "whole", "II", 1, approx(0.2), 0.5),
+        ("dense", "whole", "I-", 1, approx(0.3), 0.5), ("dense", "whole", "I+ - I-", None, approx(-0.05), 0.0),
+        ("latent", "nope", "II", 1, approx(0.3), None), ("latent", "nope", "I-", 2, approx(0.15), None),
+        ("latent", "rope", "I+", 3, approx(0.2), None), ("latent", "rope", "II", 1, approx(0.4), None)]
+    where = "model = 'latent' AND score = 'self_score'"
+    assert rows(con, "behaviour_correlations", "part, statistic, heads, spearman", where) == [
+        ("nope", "c_sym_minus_d_sym", 3, approx(3 ** 0.5 / 2)), ("nope", "pairing", 3, approx(1.0)),
+        ("nope", "symmetric_energy", 3, approx(1.0)), ("rope", "c_sym_minus_d_sym", 4, approx(-3 / 15 ** 0.5)),
+        ("rope", "pairing", 4, approx(1.0)), ("rope", "symmetric_energy", 4, approx(-1.0))]
+
+
+def test_ov_views_read_whole_heads_alone(con):
     assert rows(con, "circuit_parity", "DISTINCT model") == [("dense",)]
     assert sum(heads for heads, in rows(con, "circuit_parity", "heads")) == 4
     assert rows(con, "copying_by_parity", "parity, heads") == [("I+", 2), ("II", 1), ("I-", 1), ("I+ - I-", None)]

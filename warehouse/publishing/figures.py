@@ -534,16 +534,18 @@ def draw_all(con: duckdb.DuckDBPyConnection, out_dir: Path) -> list[Path]:
 
 def behaviour_self_score(con: duckdb.DuckDBPyConnection, path: Path) -> Path:
     """Behaviour beside form (statistics.md section 8): each head's self-attention score against its form's
-    c_sym - d_sym, by parity; per model the I+ minus I- difference of medians with its layer-bootstrap interval."""
+    c_sym - d_sym, by parity; per model (and part of a latent-attention model's heads, a panel each) the I+ minus I-
+    difference of medians with its layer-bootstrap interval."""
     data = _frame(con, """
-        SELECT b.model, h.parity, h.c_sym - h.d_sym AS c_sym_minus_d_sym, b.self_score
+        SELECT b.model, h.part, h.parity, h.c_sym - h.d_sym AS c_sym_minus_d_sym, b.self_score
         FROM head_behaviour b JOIN heads h USING (model, layer, head)
-        WHERE h.part = 'whole' AND h.parity IS NOT NULL ORDER BY b.model, b.layer, b.head""")
+        WHERE h.parity IS NOT NULL ORDER BY b.model, h.part, b.layer, b.head""")
     models = _by_model(data)
-    contrast = {row["model"]: row for row in _frame(
+    contrast = {panel_name(row["model"], row["part"]): row for row in _frame(
         con, "SELECT * FROM behaviour_by_parity WHERE parity = 'I+ - I-'").iter_rows(named=True)}
-    spearman = dict(_frame(con, "SELECT model, spearman FROM behaviour_correlations WHERE score = 'self_score' "
-                                "AND statistic = 'c_sym_minus_d_sym'").iter_rows())
+    spearman = {panel_name(model, part): value for model, part, value in _frame(
+        con, "SELECT model, part, spearman FROM behaviour_correlations WHERE score = 'self_score' "
+             "AND statistic = 'c_sym_minus_d_sym'").iter_rows()}
     fig, axes = _panel_grid(len(models), 2, (5.2, 4.0))
     for ax, (model, rows) in zip(axes, models):
         _parity_scatter(ax, rows, "c_sym_minus_d_sym", "self_score")

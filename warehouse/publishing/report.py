@@ -255,7 +255,7 @@ def _parts(heads: pl.DataFrame) -> list[tuple[str, pl.DataFrame, str, str]]:
 
 def _model_body(con, row: dict, heads: pl.DataFrame) -> str:
     """A model's page: facts, then per part of its heads (_parts; one for whole heads) the simplex, parity by layer
-    and the maps beside the random baseline, then its output-value circuit and behaviour (whole heads only)."""
+    and the maps beside the random baseline, then its output-value circuit (whole heads only) and behaviour."""
     model = row["model"]
     drawn = "".join(_form_html(con, model, part, rows, what, ids) for part, rows, what, ids in _parts(heads))
     layer_links = " ".join(f'<a href="{layer_page(model, i)}">{i}</a>' for i in row["attention_layers"])
@@ -345,32 +345,35 @@ def _layer_part_html(con, row: dict, layer: int, part: str, heads: pl.DataFrame,
 
 
 def _behaviour_html(con, model: str) -> str:
-    """A model page's behaviour beside form: each head's self-score against its form's c_sym - d_sym, by parity
-    (nothing where the model has no behaviour rows, or the warehouse predates them)."""
+    """A model page's behaviour beside form: each head's self-score against its form's c_sym - d_sym, by parity, a
+    figure per part of its heads (_parts; nothing where the model has no behaviour rows, or the warehouse predates
+    them)."""
     import plotly.graph_objects as go
 
     if "head_behaviour" not in set(query(con, "SELECT table_name FROM information_schema.tables")["table_name"]):
         return ""
     rows = query(con, """
-        SELECT b.layer, b.head, h.parity, h.c_sym - h.d_sym AS c_minus_d, b.self_score, b.self_logit,
+        SELECT h.part, b.layer, b.head, h.parity, h.c_sym - h.d_sym AS c_minus_d, b.self_score, b.self_logit,
                b.previous_score, b.induction_score
         FROM head_behaviour b JOIN heads h USING (model, layer, head)
-        WHERE b.model = ? AND h.part = 'whole' AND h.parity IS NOT NULL ORDER BY b.layer, b.head""", [model])
-    if not rows.height:
-        return ""
-    fig = go.Figure()
-    for parity in ("I+", "II", "I-"):
-        group = rows.filter(pl.col("parity") == parity)
-        hover = group.select(pl.format(
-            "layer {} head {}<br>self-score {}<br>self-logit {}<br>previous {}<br>induction {}", "layer", "head",
-            *(pl.col(c).round(4) for c in ("self_score", "self_logit", "previous_score", "induction_score"))))
-        fig.add_trace(go.Scatter(x=group["c_minus_d"].to_list(), y=group["self_score"].to_list(), mode="markers",
-                                 name=f"parity {parity} ({group.height})", marker=dict(color=PARITY_COLOURS[parity]),
-                                 text=hover.to_series().to_list(), hovertemplate="%{text}<extra></extra>"))
-    fig.update_layout(height=420, title="Behaviour beside form: self-attention score against c_sym - d_sym "
-                                        "(repeated random tokens)",
-                      xaxis_title="c_sym - d_sym", yaxis_title="self-score", yaxis_type="log")
-    return _figure_html(fig, "behaviour")
+        WHERE b.model = ? AND h.parity IS NOT NULL ORDER BY h.part, b.layer, b.head""", [model])
+    drawn = []
+    for _, part_rows, what, ids in _parts(rows):
+        fig = go.Figure()
+        for parity in ("I+", "II", "I-"):
+            group = part_rows.filter(pl.col("parity") == parity)
+            hover = group.select(pl.format(
+                "layer {} head {}<br>self-score {}<br>self-logit {}<br>previous {}<br>induction {}", "layer", "head",
+                *(pl.col(c).round(4) for c in ("self_score", "self_logit", "previous_score", "induction_score"))))
+            fig.add_trace(go.Scatter(x=group["c_minus_d"].to_list(), y=group["self_score"].to_list(),
+                                     mode="markers", name=f"parity {parity} ({group.height})",
+                                     marker=dict(color=PARITY_COLOURS[parity]), text=hover.to_series().to_list(),
+                                     hovertemplate="%{text}<extra></extra>"))
+        fig.update_layout(height=420, title=f"Behaviour beside form{what}: self-attention score against c_sym - d_sym "
+                                            "(repeated random tokens)",
+                          xaxis_title="c_sym - d_sym", yaxis_title="self-score", yaxis_type="log")
+        drawn.append(_figure_html(fig, "behaviour" + ids))
+    return "".join(drawn)
 
 
 def _copying_table(rows: pl.DataFrame) -> pl.DataFrame:

@@ -4,7 +4,9 @@ pass and the warehouse's own forms, their layer-bootstrap intervals (`behaviour_
 The form's self-logit is computed from W_Q, W_K read again through the same extract/ reader that built the
 model's rows (same source, revision and fold_norm, checked against `models`), never from the transformers
 copy of the weights: the model's logit is then reproduced by the warehouse's form plus the bias part (on a model
-extracted with qk_norm="fold", times the per-token RMS factors of its q and k norms, taken from the forward pass).
+extracted with qk_norm="fold", times the per-token RMS factors of its q and k norms, taken from the forward pass). A
+multi-head latent attention head's form is the sum of its parts' (heads.part 'nope' and 'rope'), each times the
+per-token factors of the latents' norms that its factor names (extract.latent).
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ def stored_targets(con, targets: list) -> list[tuple[object, str]]:
 def stored_model(con, ckpt) -> dict:
     """The `models` row of a checkpoint's model, checked to hold this checkpoint's form: same revision, complete,
     no input norm folded into W_Q, W_K (the model's logit reads the attention's input as it is; QK-norm gains folded
-    are reproduced with the per-token factors)."""
+    are reproduced with the per-token factors); a model with parts needs behaviour_intervals keyed by part."""
     rows = query(con, "SELECT * FROM models WHERE model = ?", [ckpt.name]).to_dicts()
     if not rows:
         named = query(con, "SELECT model FROM models WHERE source = ? ORDER BY model", [ckpt.source])["model"]
@@ -61,10 +63,13 @@ def stored_model(con, ckpt) -> dict:
     if model["revision"] != ckpt.revision:
         raise ExtractError(f"{ckpt.name} in the warehouse was extracted from revision {model['revision']}, "
                            f"{ckpt.source} is now {ckpt.revision}: extract it again with force=True")
-    if ckpt.spec.parts:
-        raise ExtractError(f"{ckpt.name}: behaviour is not built for heads stored as parts "
-                           f"({', '.join(p.name for p in ckpt.spec.parts)}: multi-head latent attention), whose "
-                           "self-logits need the latents' per-token RMS factors from the forward pass")
+    if ckpt.spec.parts and "part" not in query(
+            con, "SELECT constraint_column_names AS key FROM duckdb_constraints() WHERE table_name = "
+                 "'behaviour_intervals' AND constraint_type = 'PRIMARY KEY' AND database_name = current_database()"
+            )["key"].explode():
+        raise ExtractError(f"{ckpt.name} stores each head as its parts ({', '.join(p.name for p in ckpt.spec.parts)}),"
+                           " and this warehouse's behaviour_intervals were built before parts (keyed without part): "
+                           "run behaviour on a warehouse built since, or rebuild this one")
     if model["fold_norm"]:
         raise ExtractError(f"{ckpt.name} was extracted with fold_norm={model['fold_norm']!r} (the norm feeding "
                            "attention folded into W_Q, W_K): behaviour compares the form on the attention's own input; "
@@ -80,21 +85,11 @@ def _capped(score: np.ndarray, cap: float | None) -> np.ndarray:
 def behaviour_rows(model: dict, ckpt, run, *, length: int, sequences: int, seed: int, on_layer=None) -> pl.DataFrame:
     """One row per head of `head_behaviour`: the run's scores, the model's mean self-logit, the form's and the
     biases' parts, and the largest |model - form - bias| over positions and sequences (on_layer(i) after layer i)."""
-    scale, kv_index, parts = model["score_scale"], ckpt.spec.kv_index, []
+    frames = []
     for layer, taken in zip(ckpt.spec.layers, run.layers):  # a hybrid's attention layers, by their own indices
-        w_q, w_k = ckpt.read_layer(layer)
-        b_q = np.zeros(w_q.shape[:2]) if taken.b_q is None else taken.b_q
-        b_k = np.zeros(w_k.shape[:2]) if taken.b_k is None else taken.b_k
-        folded = model["qk_norm"] == "folded"
-        if folded and (taken.q_factor is None or taken.k_factor is None):
-            raise ExtractError(f"{ckpt.name}: extracted with qk_norm='fold', but layer {layer}'s attention has no "
-                               "q and k norm behaviour can read the per-token factors of")
-        if folded and (np.any(b_q) or np.any(b_k)):  # a bias inside the norm is scaled by a gain the form holds
-            raise ExtractError(f"{ckpt.name}: q/k biases under a QK-norm are not reproduced by behaviour")
-        form, bias = self_logit_parts(taken.inputs, w_q, w_k, b_q, b_k, kv_index, scale,
-                                      taken.q_factor if folded else None, taken.k_factor if folded else None)
+        form, bias = (_parts_self_logits if ckpt.spec.parts else _whole_self_logits)(model, ckpt, layer, taken)
         heads = len(taken.self_score)
-        parts.append(pl.DataFrame({
+        frames.append(pl.DataFrame({
             "model": ckpt.name, "layer": np.full(heads, layer, np.int32), "head": np.arange(heads, dtype=np.int32),
             "self_score": taken.self_score, "previous_score": taken.previous_score,
             "induction_score": taken.induction_score, "self_logit": taken.logits.mean(axis=(0, 2)),
@@ -104,7 +99,41 @@ def behaviour_rows(model: dict, ckpt, run, *, length: int, sequences: int, seed:
             "length": length, "sequences": sequences, "seed": seed}))
         if on_layer is not None:
             on_layer(layer)
-    return pl.concat(parts)
+    return pl.concat(frames)
+
+
+def _whole_self_logits(model: dict, ckpt, layer: int, taken) -> tuple[np.ndarray, np.ndarray]:
+    """(B, H, P) twice: a whole head's form part and bias part of its self-logits (compute.behaviour), a folded
+    QK-norm's per-token factors applied."""
+    w_q, w_k = ckpt.read_layer(layer)
+    b_q = np.zeros(w_q.shape[:2]) if taken.b_q is None else taken.b_q
+    b_k = np.zeros(w_k.shape[:2]) if taken.b_k is None else taken.b_k
+    folded = model["qk_norm"] == "folded"
+    if folded and (taken.q_factor is None or taken.k_factor is None):
+        raise ExtractError(f"{ckpt.name}: extracted with qk_norm='fold', but layer {layer}'s attention has no "
+                           "q and k norm behaviour can read the per-token factors of")
+    if folded and (np.any(b_q) or np.any(b_k)):  # a bias inside the norm is scaled by a gain the form holds
+        raise ExtractError(f"{ckpt.name}: q/k biases under a QK-norm are not reproduced by behaviour")
+    return self_logit_parts(taken.inputs, w_q, w_k, b_q, b_k, ckpt.spec.kv_index, model["score_scale"],
+                            taken.q_factor if folded else None, taken.k_factor if folded else None)
+
+
+def _parts_self_logits(model: dict, ckpt, layer: int, taken) -> tuple[np.ndarray, np.ndarray]:
+    """(B, H, P) twice: a latent head's form part, the sum of its parts' score_scale * x_i^T L x_i each times the
+    factors its factor names (1/rms_q(x_i), 1/rms_kv(x_j) at j = i), and a zero bias part (MLA has no q/k biases)."""
+    forms = ckpt.read_layer(layer)
+    x = taken.inputs if forms.basis is None else taken.inputs @ forms.basis  # the parts' coordinates, U^T x
+    factors = {"rms_q": taken.q_factor, "rms_kv": taken.k_factor}
+    form = np.zeros_like(taken.logits)
+    for part in forms.parts.values():
+        named = {name: factor for name, factor in factors.items() if name in part.factor}
+        if missing := [name for name, factor in named.items() if factor is None]:
+            raise ExtractError(f"{ckpt.name}: the part {part.name} is scored by {part.factor}, but layer {layer}'s "
+                               f"attention has no norm behaviour can read {missing[0]} from")
+        zeros = np.zeros(part.wq.shape[:2]), np.zeros(part.wk.shape[:2])
+        form += self_logit_parts(x, part.wq, part.wk, *zeros, part.kv_index, model["score_scale"],
+                                 named.get("rms_q"), named.get("rms_kv"))[0]
+    return form, np.zeros_like(form)
 
 
 def behaviour_intervals(rows: pl.DataFrame, parity: pl.Series, resamples: int, seed: int) -> pl.DataFrame:
@@ -132,12 +161,15 @@ def behaviour_intervals(rows: pl.DataFrame, parity: pl.Series, resamples: int, s
 
 
 def write_behaviour(con, rows: pl.DataFrame, resamples: int, seed: int) -> pl.DataFrame:
-    """Replace a model's behaviour rows and intervals in one transaction; returns the intervals written."""
+    """Replace a model's behaviour rows and intervals (per part of its heads) in one transaction; returns the
+    intervals written."""
     model = rows["model"][0]
     with transaction(con):
-        parity = query(con, "SELECT layer, head, parity FROM heads WHERE model = ? AND part = 'whole'", [model])
-        parity = rows.select("layer", "head").join(parity, on=["layer", "head"], how="left")["parity"]
-        intervals = behaviour_intervals(rows, parity, resamples, seed)
+        parities = query(con, "SELECT part, layer, head, parity FROM heads WHERE model = ?", [model])
+        intervals = pl.concat([  # per part of the heads (a latent head's parts each have a parity)
+            behaviour_intervals(rows, rows.select("layer", "head").join(
+                group, on=["layer", "head"], how="left")["parity"], resamples, seed).with_columns(part=pl.lit(part))
+            for (part,), group in parities.sort("part").group_by("part", maintain_order=True)])
         for table in ("head_behaviour", "behaviour_intervals"):
             con.execute(f"DELETE FROM {table} WHERE model = ?", [model])
         insert(con, "head_behaviour", rows)

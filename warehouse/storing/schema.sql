@@ -221,8 +221,9 @@ ALTER TABLE distance_profiles ADD COLUMN IF NOT EXISTS part VARCHAR DEFAULT 'who
 -- Behaviour beside form (statistics.md section 8; `headforms behaviour`): per head, scores from the model's own
 -- forward pass over `sequences` seeded random sequences of `length` tokens, each repeated once, and its mean
 -- pre-softmax self-logit (scale applied) split into the form's part (score_scale * x^T L x from the
--- warehouse's own W_Q, W_K) and the q/k biases' part. No part: joined to heads' part = 'whole' rows by
--- (model, layer, head).
+-- warehouse's own W_Q, W_K) and the q/k biases' part. No part: behaviour is the head's, joined by (model, layer,
+-- head) to each of its rows in heads (a latent-attention head's form part is the sum of its parts', statistics.md
+-- section 8).
 CREATE TABLE IF NOT EXISTS head_behaviour (
     model              VARCHAR NOT NULL,  -- the model (models.model)
     layer              INTEGER NOT NULL,  -- layer, from 0
@@ -231,7 +232,7 @@ CREATE TABLE IF NOT EXISTS head_behaviour (
     previous_score     DOUBLE,    -- mean A[i, i - 1], i >= 1
     induction_score    DOUBLE,    -- mean A[T + i, i + 1], i in 1 .. T-1
     self_logit         DOUBLE,    -- the model's mean scale * q_i . k_i over positions and sequences
-    form_self_logit    DOUBLE,    -- the form's mean score_scale * x_i^T L x_i
+    form_self_logit    DOUBLE,    -- the form's mean score_scale * x_i^T L x_i (parts: their sum, with their factors)
     bias_self_logit    DOUBLE,    -- the biases' mean scale * (b_k . W_Q x_i + b_q . W_K x_i + b_q . b_k)
     reproduction_error DOUBLE,    -- max |model - form - bias| over positions and sequences
     length             INTEGER NOT NULL,  -- T, tokens per sequence before its repeat (behaviour --length)
@@ -239,10 +240,12 @@ CREATE TABLE IF NOT EXISTS head_behaviour (
     seed               BIGINT NOT NULL,   -- behaviour --seed: the sequences' tokens and behaviour_intervals' resamples
     PRIMARY KEY (model, layer, head)
 );
--- Per model, parity type ('I+', 'II', 'I-', and 'I+ - I-' for the difference of those two medians) and score:
--- the median over the type's heads with its 95% bootstrap interval resampling layers, as `intervals` does.
+-- Per model, part, parity type ('I+', 'II', 'I-', and 'I+ - I-' for the difference of those two medians) and
+-- score: the median over the type's heads with its 95% bootstrap interval resampling layers, as `intervals` does.
+-- A latent-attention model's heads are typed by each part's parity in turn.
 CREATE TABLE IF NOT EXISTS behaviour_intervals (
     model     VARCHAR NOT NULL,   -- the model (models.model)
+    part      VARCHAR NOT NULL DEFAULT 'whole',  -- the heads' form whose parity types them (heads.part)
     parity    VARCHAR NOT NULL,   -- QK parity (heads.parity), or 'I+ - I-'
     figure    VARCHAR NOT NULL,   -- median_self_score, median_previous_score, median_induction_score, median_self_logit
     estimate  DOUBLE,             -- the median over the type's heads (or the difference of the two medians)
@@ -250,8 +253,10 @@ CREATE TABLE IF NOT EXISTS behaviour_intervals (
     high      DOUBLE,             -- 97.5% percentile of the resampled figure
     resamples INTEGER NOT NULL,   -- B, resamples of the model's layers (behaviour --resamples)
     seed      BIGINT NOT NULL,    -- behaviour --seed (head_behaviour.seed)
-    PRIMARY KEY (model, parity, figure)
+    PRIMARY KEY (model, part, parity, figure)
 );
+-- Warehouses built before: every row a 'whole' part's (keyed without part, so behaviour refuses a latent model there).
+ALTER TABLE behaviour_intervals ADD COLUMN IF NOT EXISTS part VARCHAR DEFAULT 'whole';
 
 -- A quantized checkpoint (FP8, GPTQ, AWQ, compressed-tensors): its Q/K scheme (method, bits, group or block size);
 -- the statistics are those of the dequantized weights. NULL for unquantized checkpoints and GGUF files.
