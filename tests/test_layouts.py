@@ -86,6 +86,9 @@ EXPECTED = {
     "apertus": (4, 2, 8, 32, "rope", 8**-0.5, "folded"),
     "exaone4": (4, 2, 8, 32, "rope", 8**-0.5, "folded"),
     "gpt_oss": (4, 2, 8, 32, "rope", 8**-0.5 * (0.1 * np.log(32) + 1) ** 2, None),  # yarn: a^2 in the scale
+    "glm4_moe": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "seed_oss": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "ernie4_5": (4, 2, 8, 32, "rope", 8**-0.5, None),
     "qwen2_yarn": (4, 2, 8, 32, "rope", 8**-0.5 * (0.1 * np.log(4) + 1) ** 2, None),
     "gpt_neox_yarn": (4, 4, 8, 32, "rope", 8**-0.5, None),  # partial rotary: a on the rotated rows, not the scale
     "phi3_longrope": (4, 2, 8, 32, "rope", 8**-0.5 * (1 + np.log(4) / np.log(16)), None),  # a^2, factor 64 / 16

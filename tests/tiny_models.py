@@ -211,6 +211,17 @@ TINY |= {
     "exaone4": Tiny("Exaone4ForCausalLM", "Exaone4Config",  # RMSNorm per head
                     _decoder(num_attention_heads=4, num_key_value_heads=2, head_dim=8, pad_token_id=0), rope=True,
                     discovered=True),
+    # the recent families the table does not name, read by discovery as they are
+    "glm4_moe": Tiny("Glm4MoeForCausalLM", "Glm4MoeConfig",  # partial rotary (0.5), a dense first layer, then experts
+                     _decoder(num_attention_heads=4, num_key_value_heads=2, head_dim=8, n_routed_experts=2,
+                              num_experts_per_tok=1, moe_intermediate_size=16, first_k_dense_replace=1, n_group=1,
+                              topk_group=1, pad_token_id=0), rope=True, discovered=True),
+    "seed_oss": Tiny("SeedOssForCausalLM", "SeedOssConfig",
+                     _decoder(num_attention_heads=4, num_key_value_heads=2, head_dim=8, pad_token_id=0), rope=True,
+                     discovered=True),
+    "ernie4_5": Tiny("Ernie4_5ForCausalLM", "Ernie4_5Config",  # RoPE on adjacent pairs
+                     _decoder(num_attention_heads=4, num_key_value_heads=2, head_dim=8, pad_token_id=0), rope=True,
+                     discovered=True),
 }
 
 
