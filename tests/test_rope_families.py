@@ -22,7 +22,7 @@ from headforms.extract.gguf_file import GGUF_ARCHITECTURES, open_gguf
 from headforms.extract.hf import open_hf_folder
 from headforms.extract.layouts import LAYOUTS, layout_key
 from headforms.extract.rope import DEFAULT_THETA, GGUF_PER_LAYER_ROPE, HF_PER_LAYER_ROPE, rope
-from tests import gguf_convert
+from tests import gguf_convert, test_llama4 as llama4
 from tests import tiny_models as tm
 from tests.dense import dense_reference
 from tests.test_gguf import GGUF_CASES, _additive_mask, tiny, write_gguf  # noqa: F401  (tiny: a fixture)
@@ -135,8 +135,9 @@ def test_every_rope_layout_has_a_case():
     """Each Hugging Face layout with RoPE (a config variant may switch it off: Falcon's alibi) has a tiny model
     here, and each GGUF architecture with RoPE a GGUF case; families found by discovery are cases too."""
     # multi-head latent attention's rope part: proven at distances 1 .. 47 (and beyond yarn's context) by
-    # tests/test_latent.py
-    rope_layouts = {key for key, layout in LAYOUTS.items() if layout.positional == "rope"} - set(latent.FAMILIES)
+    # tests/test_latent.py; Llama 4's RoPE and NoPE layers by tests/test_llama4.py
+    rope_layouts = {key for key, layout in LAYOUTS.items() if layout.positional == "rope"} - set(latent.FAMILIES) \
+        - set(llama4.FAMILIES)
     assert rope_layouts == {_family(name) for name in HF_ROPE} - {"discovered"}
     assert {name for name in HF_ROPE if _family(name) == "discovered"} == {
         name for name, t in tm.TINY.items() if t.discovered and t.rope}
