@@ -425,8 +425,9 @@ _LLAMA4_DEFAULTS = {"head_dim": 128, "num_key_value_heads": 8, "rope_theta": 500
                     "no_rope_layer_interval": 4, "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1}
 
 
-def _llama4_nope_layers(config: dict, n_layers: int) -> tuple[int, ...]:
-    """no_rope_layers' zeros (a flag per layer, 1: RoPE), or every no_rope_layer_interval-th layer where it is empty."""
+def _no_rope_layers(config: dict, n_layers: int) -> tuple[int, ...]:
+    """no_rope_layers' zeros (a flag per layer, 1: RoPE), or every no_rope_layer_interval-th layer where it is empty
+    (Llama 4, SmolLM3)."""
     flags = config.get("no_rope_layers") or [int((i + 1) % config["no_rope_layer_interval"] != 0)
                                              for i in range(n_layers)]
     if len(flags) != n_layers:
@@ -441,13 +442,17 @@ def _llama4_temperature(config: dict) -> dict | None:
     return {"factor": _LLAMA4_TEMPERATURE, "floor_scale": config["floor_scale"], "attn_scale": config["attn_scale"]}
 
 
-_LLAMA4_NOPE = NoPE(_llama4_nope_layers, temperature=_llama4_temperature, treatment=(
+_LLAMA4_NOPE = NoPE(_no_rope_layers, temperature=_llama4_temperature, treatment=(
     "RoPE layers rotate complex pairs (2k, 2k+1), their L2 norm after RoPE an RMS norm of unit gains (a rotation keeps "
     "the norm); NoPE layers (no_rope_layers 0, else every no_rope_layer_interval-th): no RoPE, no QK-norm, one form at "
     f"every distance, q_i times {_LLAMA4_TEMPERATURE} of its position i with attn_temperature_tuning (models.config "
     "attention_temperature)"))
 _llama4 = _llama_like(defaults=_LLAMA4_DEFAULTS, rope_pairing="interleaved", nope=_LLAMA4_NOPE,
                       variants=(Variant("use_qk_norm", lambda c: c.get("use_qk_norm"), {"qk_norm": UNIT_NORMS}),))
+# SmolLM3: a llama whose NoPE layers apply no RoPE (and nothing else differs).
+_smollm3 = _llama_like(defaults={"num_key_value_heads": 4, "rope_theta": 2000000.0, "no_rope_layer_interval": 4},
+                       nope=NoPE(_no_rope_layers, "NoPE layers (no_rope_layers 0, else every "
+                                                  "no_rope_layer_interval-th): no RoPE, one form at every distance"))
 
 
 # DeepSeek-V2/V3 (and the checkpoints reusing deepseek_v3: Kimi-K2): each head two forms, extract.latent. The OV
@@ -495,6 +500,7 @@ LAYOUTS: dict[str, Layout] = {
                           qk_norm="head", norm_offset=1.0, embeddings=_GEMMA_EMBEDDINGS),
     "llama4_text": _llama4,
     "llama4": replace(_llama4, prefixes=("language_model.model.", "model.language_model."), sub_config="text_config"),
+    "smollm3": _smollm3,
     # rotary decoders with q_proj/k_proj
     "mixtral": _llama_like(),
     "starcoder2": _llama_like(),

@@ -52,6 +52,7 @@ EXPECTED = {
     "gpt_bigcode": (4, 1, 8, 32, "learned", 8**-0.5, None),
     "gpt_bigcode_mha": (4, 4, 8, 32, "learned", 8**-0.5, None),
     "starcoder2": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "smollm3": (4, 2, 8, 32, "rope", 8**-0.5, None),
     "stablelm": (4, 2, 8, 32, "rope", 8**-0.5, None),
     "stablelm_qk_norm": (4, 2, 8, 32, "rope", 8**-0.5, "folded"),
     "olmo": (4, 2, 8, 32, "rope", 8**-0.5, None),

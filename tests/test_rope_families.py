@@ -122,7 +122,10 @@ def assert_forms_reproduce_logits(ckpt, model, qk_norm_kind: str | None) -> None
     assert r.refusal is None and len(r.frequencies) == r.rotary_dims // 2 >= 2
     trace = trace_at_positions(model)
     for layer in range(ckpt.spec.n_layers):
-        assert logit_error(ckpt, trace, layer, model, Rotation.of(r.pairing, r.frequencies), qk_norm_kind) < 1e-5
+        own = Rotation.of(r.pairing, r.frequencies_of(layer))  # none on a layer RoPE skips (SmolLM3's NoPE layers)
+        assert logit_error(ckpt, trace, layer, model, own, qk_norm_kind) < 1e-5
+        if layer in r.nope_layers:  # rotating it misses
+            assert logit_error(ckpt, trace, layer, model, Rotation.of(r.pairing, r.frequencies), qk_norm_kind) > 1e-3
     other = {"split-half": "interleaved", "interleaved": "split-half"}[r.pairing]
     wrong = [Rotation.of(other, r.frequencies), Rotation.of(r.pairing, np.zeros(len(r.frequencies)))]
     if r.theta != DEFAULT_THETA and r.scaling == "default":
