@@ -422,7 +422,8 @@ _GPT_BIGCODE_VARIANTS = (_MULTI_QUERY,)
 # an RMS norm of unit gains before the rotation, the score x_j^T L_(i-j) x_i / (rms(W_Q x_i) rms(W_K x_j)).
 _LLAMA4_TEMPERATURE = "log(1 + floor((i + 1) / floor_scale)) * attn_scale + 1"
 _LLAMA4_DEFAULTS = {"head_dim": 128, "num_key_value_heads": 8, "rope_theta": 500000.0, "use_qk_norm": True,
-                    "no_rope_layer_interval": 4, "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1}
+                    "no_rope_layer_interval": 4, "attn_temperature_tuning": True, "floor_scale": 8192,
+                    "attn_scale": 0.1}
 
 
 def _no_rope_layers(config: dict, n_layers: int) -> tuple[int, ...]:

@@ -142,7 +142,7 @@ def shaped_spec(layout: Layout, raw: dict, config: dict, architecture: str) -> M
     if layout.positional == "rope":
         recorded["rotary_fraction"] = _rotary_fraction(config, head_dim)
         rope = hf_rope(_rope_settings(config), config, head_dim, recorded["rotary_fraction"], layout.rope_pairing)
-        if layout.nope is not None:  # layers without RoPE (Llama 4): R(delta) = I there, their queries' factor recorded
+        if layout.nope is not None:  # layers without RoPE (Llama 4, SmolLM3): R(delta) = I, a query factor recorded
             rope = replace(rope, nope_layers=layout.nope.layers(config, n_layers))
             if rope.nope_layers and layout.nope.temperature and (temperature := layout.nope.temperature(config)):
                 recorded["attention_temperature"] = temperature

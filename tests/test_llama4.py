@@ -104,11 +104,8 @@ def trace(model) -> list[tuple[np.ndarray, np.ndarray]]:
 
 
 def temperature(spec) -> np.ndarray:
-    """The NoPE layers' factor on q_i at positions i = 0 .. T-1, from what models.config records (ones without)."""
-    recorded = spec.config.get("attention_temperature")
-    i = np.arange(LENGTH)
-    if recorded is None:
-        return np.ones(LENGTH)
+    """The NoPE layers' factor on q_i at positions i = 0 .. T-1, from what models.config records."""
+    recorded, i = spec.config["attention_temperature"], np.arange(LENGTH)
     return np.log1p(np.floor((i + 1) / recorded["floor_scale"])) * recorded["attn_scale"] + 1
 
 
@@ -135,10 +132,12 @@ def predicted(ckpt, layer: int, x: np.ndarray, rotation: Rotation, *, norms: boo
 
 
 def rotation_of(ckpt, layer: int) -> Rotation:
+    """The layer's own rotation as the spec has it (none on a NoPE layer)."""
     return Rotation.of(ckpt.spec.rope.pairing, ckpt.spec.rope.frequencies_of(layer))
 
 
 def error(got: np.ndarray, logits: np.ndarray, pairs: np.ndarray) -> float:
+    """Largest |got - logits| over the pairs, relative to the largest predicted logit there."""
     scale = np.abs(got[..., pairs]).max()
     assert 0.1 < scale < 100, "logits should be O(1) for a meaningful comparison"
     return np.abs(got - logits)[..., pairs].max() / scale
@@ -186,14 +185,10 @@ def test_the_comparison_tells_the_treatments_apart(tmp_path):
         assert np.abs(gap[..., CAUSAL]).max() > 1e-2 * np.abs(logits[..., CAUSAL]).max()
 
 
-def dense_forms(model) -> list[np.ndarray]:
-    """Per layer, the (H, N, N) forms L = W_K^T W_Q written out from the model's own q_proj and k_proj weights."""
-    out = []
-    for m in attentions(model):
-        q = m.q_proj.weight.detach().double().numpy().reshape(4, 8, -1)
-        k = m.k_proj.weight.detach().double().numpy().reshape(2, 8, -1)
-        out.append(np.einsum("hna,hnb->hab", k[[0, 0, 1, 1]], q))
-    return out
+def head_maps(model) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per layer, each query head's W_Q and its key head's W_K (4, 8, N), from the model's own q_proj and k_proj."""
+    return [(m.q_proj.weight.detach().double().numpy().reshape(4, 8, -1),
+             m.k_proj.weight.detach().double().numpy().reshape(2, 8, -1)[[0, 0, 1, 1]]) for m in attentions(model)]
 
 
 def test_extract_stores_the_spectra_and_the_nope_layers_distance_profiles(tmp_path):
@@ -215,8 +210,9 @@ def test_extract_stores_the_spectra_and_the_nope_layers_distance_profiles(tmp_pa
     assert config["attention_temperature"]["floor_scale"] == 4 and config["attention_temperature"]["attn_scale"] == 0.5
     spectra = dict(((l, h), v) for l, h, v in con.sql(
         "SELECT layer, head, list(value ORDER BY idx) FROM eigenvalues WHERE spectrum = 'S' GROUP BY ALL").fetchall())
-    forms = dense_forms(model)
-    for layer, form in enumerate(forms):
+    maps = head_maps(model)
+    for layer, (q, k) in enumerate(maps):
+        form = np.einsum("hna,hnb->hab", k, q)  # L = W_K^T W_Q, N x N per head
         eig = np.linalg.eigvalsh((form + form.swapaxes(1, 2)) / 2)[:, ::-1]
         for head in range(4):
             dense = np.r_[eig[head, :8], eig[head, -8:]]
@@ -225,17 +221,15 @@ def test_extract_stores_the_spectra_and_the_nope_layers_distance_profiles(tmp_pa
     profiles = con.sql(f"SELECT layer, head, delta, {columns} FROM distance_profiles ORDER BY ALL").fetchall()
     deltas = sorted({row[2] for row in profiles})
     assert deltas[0] == 0 and len(deltas) > 5
-    rotation = Rotation.of("interleaved", open_checkpoint(str(folder), ReadOptions(qk_norm="fold")).spec.rope.frequencies)
-    q = [m.q_proj.weight.detach().double().numpy().reshape(4, 8, -1) for m in
-         (layer.self_attn for layer in model.language_model.model.layers)]
-    k = [m.k_proj.weight.detach().double().numpy().reshape(2, 8, -1)[[0, 0, 1, 1]] for m in
-         (layer.self_attn for layer in model.language_model.model.layers)]
+    spec = open_checkpoint(str(folder), ReadOptions(qk_norm="fold")).spec
+    rotation = Rotation.of(spec.rope.pairing, spec.rope.frequencies)
     for layer, head, delta, *stats in profiles:
         at_zero = next(row[3:] for row in profiles if row[:3] == (layer, head, 0))
         if layer == 3:  # NoPE: the same form at every distance
             assert tuple(stats) == at_zero
         else:
-            dense = k[layer][head].T @ rotation.matrix(delta, 8) @ q[layer][head]
+            q, k = maps[layer]
+            dense = k[head].T @ rotation.matrix(delta, 8) @ q[head]
             assert stats[0] == pytest.approx(np.linalg.norm(dense), rel=1e-9)
     assert any(row[3] != next(r[3] for r in profiles if r[:3] == (0, row[1], 0)) for row in profiles if row[0] == 0)
     con.close()
@@ -271,7 +265,7 @@ _CONFIG = {"model_type": "llama4_text", "num_hidden_layers": 8, "num_attention_h
 
 
 def test_the_nope_layers_default_to_every_fourth():
-    """An empty no_rope_layers (as Scout's config.json has it) is every no_rope_layer_interval-th layer, 4 unless set."""
+    """An empty no_rope_layers (Scout's config.json has one) is every no_rope_layer_interval-th layer, 4 unless set."""
     options = ReadOptions(qk_norm="fold")
     assert model_spec(_CONFIG | {"no_rope_layers": []}, options)[1].rope.nope_layers == (3, 7)
     assert model_spec(_CONFIG | {"no_rope_layer_interval": 2}, options)[1].rope.nope_layers == (1, 3, 5, 7)
