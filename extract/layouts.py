@@ -199,8 +199,8 @@ class Variant:
 
 @dataclass(frozen=True)
 class NoPE:
-    """Layers a family's RoPE skips and the factor their queries take (Llama 4): their form is L at every
-    distance, times a positive factor of the query's absolute position, recorded as models.config."""
+    """Layers a family's RoPE skips (Llama 4, SmolLM3) and any factor their queries take: their form is L at every
+    distance, times Llama 4's temperature of the query's position, recorded in models.config."""
 
     layers: Callable[[dict, int], tuple[int, ...]]  # (config, n_layers) -> the layers without RoPE
     treatment: str                                  # in words, for `headforms architectures`

@@ -37,7 +37,7 @@ class Rope:
     frequencies: tuple[float, ...] = ()
     refusal: str | None = None  # why L_delta at delta != 0 is not computed for this checkpoint
     attention_factor: float = 1.0  # a on cos and sin (yarn, longrope): the rotated part of q.k scaled by a^2
-    nope_layers: tuple[int, ...] = ()  # layers it skips (Llama 4's NoPE layers): R(delta) = I there
+    nope_layers: tuple[int, ...] = ()  # layers it skips (Llama 4's, SmolLM3's NoPE layers): R(delta) = I
 
     def describe(self) -> dict:
         """The description recorded in models.config (rope)."""
