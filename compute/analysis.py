@@ -67,7 +67,8 @@ def start_layer(pool: Pool, wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray
         kv = np.asarray(kv_index, dtype=np.intp)
         if rotation is not None:
             deltas = np.asarray(deltas, dtype=np.int64)
-        solve = None if rotation is None else deltas != 0  # L_0 = L: delta 0's eigenproblems are the spectra's
+        # L_0 = L: delta 0's eigenproblems are the spectra's, and every delta's where no plane rotates (a NoPE layer)
+        solve = None if rotation is None else (deltas != 0) & (len(rotation.frequencies) > 0)
         # a piece's forms are r x r, r = min(N, 2n); a key/value group's heads share a piece (and their key's QR)
         parts = batches(n_heads, min(d_model, 2 * head_dim), kv)
         pieces = [pool.submit(_heads, k, kv[part], q[part], head_dim, rotation, deltas, solve) for part in parts]

@@ -28,6 +28,8 @@ def _hf_row(family: str, layout: Layout) -> dict:
                                       if "qk_norm" in v.fields]
     notes = [latent.TREATMENT if kind == LATENT_NORMS else f"{when}QK-norm ({kind} gains): refused unless --qk-norm fold"
              for when, kind in norms if kind]
+    if layout.nope:
+        notes.append(layout.nope.treatment)
     if layout.softcap:
         notes.append(f"soft-capped: the logit is cap * tanh(s / cap), cap = {layout.softcap} when set; the form "
                      "gives s (models.attention_softcap)")

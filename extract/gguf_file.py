@@ -140,8 +140,10 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "grok": GGUFArchitecture("rope", refusal="llama.cpp soft-caps its attention logits (a tanh of q.k), "
                                              "so the score is not bilinear in x"),
     "deepseek2": GGUFArchitecture("rope", packings=("latent",), rope_pairing="interleaved", qk_norm="latent"),
-    "llama4": GGUFArchitecture("rope", refusal="its RoPE layers L2-normalise q and k, and its other layers scale q "
-                                               "by a temperature that grows with position"),
+    "llama4": GGUFArchitecture("rope", refusal="which of its layers skip RoPE, scale q by a temperature and "
+                                               "L2-normalise q and k is not in the file but in llama.cpp's code, whose "
+                                               "rules for it have changed between versions (the Hugging Face "
+                                               "checkpoint is read)"),
 }
 SUPPORTED_GGUF = [name for name, a in GGUF_ARCHITECTURES.items() if a.refusal is None]
 

@@ -111,6 +111,7 @@ LATENT = Packing(
     ov_split=lambda t, s: (),
 )
 LATENT_NORMS = "latent"  # Layout.qk_norm of MLA: its q and kv latents' RMSNorms, always folded
+UNIT_NORMS = "unit"  # Layout.qk_norm of an RMS norm per head without a gain (Llama 4's L2 norm): no tensor to fold
 
 _SHAPE_PROBE = ModelSpec("probe", 1, 1, 1, 1, 1, 1.0, "learned")  # a spec to list a packing's roles with
 
@@ -197,6 +198,16 @@ class Variant:
 
 
 @dataclass(frozen=True)
+class NoPE:
+    """Layers a family's RoPE skips (Llama 4, SmolLM3) and any factor their queries take: their form is L at every
+    distance, times Llama 4's temperature of the query's position, recorded in models.config."""
+
+    layers: Callable[[dict, int], tuple[int, ...]]  # (config, n_layers) -> the layers without RoPE
+    treatment: str                                  # in words, for `headforms architectures`
+    temperature: Callable[[dict], dict | None] | None = None  # config -> the query factor's parameters (None: 1)
+
+
+@dataclass(frozen=True)
 class Embeddings:
     """Where a family keeps its token embedding W_E (under the layout's prefix), its unembedding W_U (full names, the
     first present wins; absent or tie_word_embeddings: W_E) and the final norm whose gain folds into W_U."""
@@ -229,13 +240,15 @@ class Layout:
     variants: tuple[Variant, ...] = ()  # config-switched fields, every matching one applied in order
     scale: Scale = INVERSE_SQRT_HEAD_DIM
     refusal: Callable[[dict], str | None] = _no_refusal
-    qk_norm: str | None = None    # None, "head" (gain of size n), "projection" (H*n) or "centred" (LayerNorm, (H, n))
+    qk_norm: str | None = None    # None, "head" (gain of size n), "projection" (H*n), "centred" (LayerNorm, (H, n)),
+    #                               or "unit" (per head, no gain)
     norm_offset: float = 0.0      # the norm multiplies by (offset + weight); gemma3 stores weight - 1
     rope_pairing: str = "split-half"  # RoPE's pairs of each head's rows: rotate_half, or GPT-J's rotate_every_two
     softcap: str | None = None    # the config key of a soft cap: the logit is cap * tanh(s / cap), the form gives s
     embeddings: Embeddings | None = None  # W_E, W_U and the final norm (read for the ov circuit's copying scores)
     ov_refused: str | None = None  # why the ov circuit is refused although Q/K are read (a discovered family's proof)
     attention_layers: Callable[[dict], tuple[int, ...]] | None = None  # a hybrid's softmax-attention layers; None: all
+    nope: NoPE | None = None      # layers without RoPE, and the factor on their queries
 
     def ov_refusal(self) -> str | None:
         """Why this layout cannot read the ov circuit (its V, O tensors or embeddings not described), or None."""
@@ -256,7 +269,8 @@ class Layout:
         if "ov" in circuits:
             shapes |= self.packing.ov_shapes(spec)
         per_module = {}  # one norm module per head (stablelm): role.h -> its gain of size n
-        if spec.qk_norm == "folded" and "qk" in circuits and self.qk_norm != LATENT_NORMS:  # latent: packing roles
+        # gains to read (latent: among the packing's roles; unit: none)
+        if spec.qk_norm == "folded" and "qk" in circuits and self.qk_norm not in (LATENT_NORMS, UNIT_NORMS):
             gains = {"head": lambda heads: (spec.head_dim,), "projection": lambda heads: (heads * spec.head_dim,),
                      "centred": lambda heads: (heads, spec.head_dim)}[self.qk_norm]
             for role, heads in (("q_norm", spec.n_heads), ("k_norm", spec.n_kv_heads)):
@@ -280,7 +294,7 @@ class Layout:
         w_q, w_k = self.packing.split(tensors, spec)
         if spec.qk_norm == "folded" and self.qk_norm == "centred":
             w_q, w_k = w_q - w_q.mean(axis=1, keepdims=True), w_k - w_k.mean(axis=1, keepdims=True)
-        if spec.qk_norm == "folded":
+        if spec.qk_norm == "folded" and self.qk_norm != UNIT_NORMS:
             w_q = w_q * (self.norm_offset + _gains(tensors, "q_norm", spec.n_heads)).reshape(-1, spec.head_dim, 1)
             w_k = w_k * (self.norm_offset + _gains(tensors, "k_norm", spec.n_kv_heads)).reshape(-1, spec.head_dim, 1)
         rope = spec.rope
@@ -402,6 +416,46 @@ _FALCON_VARIANTS = (
 _GPT_BIGCODE_VARIANTS = (_MULTI_QUERY,)
 
 
+# Llama 4: its NoPE layers apply no RoPE and no QK-norm and, with attn_temperature_tuning, multiply q_i by a
+# temperature of the query's position i; its RoPE layers rotate complex pairs (2k, 2k+1) and, with use_qk_norm,
+# L2-normalise q and k after the rotation without a gain. RoPE keeps each head's norm, so that norm is R(q / rms(q)):
+# an RMS norm of unit gains before the rotation, the score x_j^T L_(i-j) x_i / (rms(W_Q x_i) rms(W_K x_j)).
+_LLAMA4_TEMPERATURE = "log(1 + floor((i + 1) / floor_scale)) * attn_scale + 1"
+_LLAMA4_DEFAULTS = {"head_dim": 128, "num_key_value_heads": 8, "rope_theta": 500000.0, "use_qk_norm": True,
+                    "no_rope_layer_interval": 4, "attn_temperature_tuning": True, "floor_scale": 8192,
+                    "attn_scale": 0.1}
+
+
+def _no_rope_layers(config: dict, n_layers: int) -> tuple[int, ...]:
+    """no_rope_layers' zeros (a flag per layer, 1: RoPE), or every no_rope_layer_interval-th layer where it is empty
+    (Llama 4, SmolLM3)."""
+    flags = config.get("no_rope_layers") or [int((i + 1) % config["no_rope_layer_interval"] != 0)
+                                             for i in range(n_layers)]
+    if len(flags) != n_layers:
+        raise ExtractError(f"config.json: no_rope_layers has {len(flags)} entries for {n_layers} layers")
+    return tuple(i for i, rotary in enumerate(flags) if not rotary)
+
+
+def _llama4_temperature(config: dict) -> dict | None:
+    """The NoPE layers' query temperature and its floor_scale and attn_scale, None without attn_temperature_tuning."""
+    if not config.get("attn_temperature_tuning"):
+        return None
+    return {"factor": _LLAMA4_TEMPERATURE, "floor_scale": config["floor_scale"], "attn_scale": config["attn_scale"]}
+
+
+_LLAMA4_NOPE = NoPE(_no_rope_layers, temperature=_llama4_temperature, treatment=(
+    "RoPE layers rotate complex pairs (2k, 2k+1), their L2 norm after RoPE an RMS norm of unit gains (a rotation keeps "
+    "the norm); NoPE layers (no_rope_layers 0, else every no_rope_layer_interval-th): no RoPE, no QK-norm, one form at "
+    f"every distance, q_i times {_LLAMA4_TEMPERATURE} of its position i with attn_temperature_tuning (models.config "
+    "attention_temperature)"))
+_llama4 = _llama_like(defaults=_LLAMA4_DEFAULTS, rope_pairing="interleaved", nope=_LLAMA4_NOPE,
+                      variants=(Variant("use_qk_norm", lambda c: c.get("use_qk_norm"), {"qk_norm": UNIT_NORMS}),))
+# SmolLM3: a llama whose NoPE layers apply no RoPE (and nothing else differs).
+_smollm3 = _llama_like(defaults={"num_key_value_heads": 4, "rope_theta": 2000000.0, "no_rope_layer_interval": 4},
+                       nope=NoPE(_no_rope_layers, "NoPE layers (no_rope_layers 0, else every "
+                                                  "no_rope_layer_interval-th): no RoPE, one form at every distance"))
+
+
 # DeepSeek-V2/V3 (and the checkpoints reusing deepseek_v3: Kimi-K2): each head two forms, extract.latent. The OV
 # circuit's values run through the kv latent's RMSNorm too (W_O W_vb diag(g) W_kva / rms_kv(x_j)): not built yet.
 _latent = Layout(positional="rope", prefixes=_LLAMA_PREFIXES,
@@ -445,6 +499,9 @@ LAYOUTS: dict[str, Layout] = {
     "gemma3": _llama_like(("language_model.model.", "model.language_model."), defaults=_GEMMA3_DEFAULTS,
                           sub_config="text_config", scale=QUERY_PRE_ATTN_SCALE, softcap=_SOFTCAP,
                           qk_norm="head", norm_offset=1.0, embeddings=_GEMMA_EMBEDDINGS),
+    "llama4_text": _llama4,
+    "llama4": replace(_llama4, prefixes=("language_model.model.", "model.language_model."), sub_config="text_config"),
+    "smollm3": _smollm3,
     # rotary decoders with q_proj/k_proj
     "mixtral": _llama_like(),
     "starcoder2": _llama_like(),
@@ -513,14 +570,9 @@ LAYOUTS: dict[str, Layout] = {
 }
 # model_type -> its towers, the first read unless another is asked for.
 TOWERS = {"clip": ("text", "vision"), "siglip": ("text", "vision"), "whisper": ("encoder", "decoder")}
-_LLAMA4 = ("its NoPE layers multiply q by a temperature log(1 + floor((i + 1) / floor_scale)) * attn_scale + 1 of "
-           "the query's absolute position i, so the score is not scale * x_j^T L x_i with one L per layer; its RoPE "
-           "layers rotate complex pairs (2i, 2i+1) and L2-normalise q and k after the rotation")
 # Families transformers knows whose attention score is not scale * x_j^T L x_i: refused by name, never discovered.
 REFUSED = {
     "diffllama": "differential attention subtracts two softmaxes, so no single bilinear score exists",
-    "llama4": _LLAMA4,
-    "llama4_text": _LLAMA4,
     "t5": "a learned relative-position bias is added to q.k, and the score is unscaled per bucket",
 }
 SUPPORTED = sorted({key.partition(".")[0] for key in LAYOUTS})

@@ -37,11 +37,17 @@ class Rope:
     frequencies: tuple[float, ...] = ()
     refusal: str | None = None  # why L_delta at delta != 0 is not computed for this checkpoint
     attention_factor: float = 1.0  # a on cos and sin (yarn, longrope): the rotated part of q.k scaled by a^2
+    nope_layers: tuple[int, ...] = ()  # layers it skips (Llama 4's, SmolLM3's NoPE layers): R(delta) = I
 
     def describe(self) -> dict:
         """The description recorded in models.config (rope)."""
         return {"theta": self.theta, "rotary_dims": self.rotary_dims, "pairing": self.pairing,
-                "scaling": self.scaling, "refusal": self.refusal, "attention_factor": self.attention_factor}
+                "scaling": self.scaling, "refusal": self.refusal, "attention_factor": self.attention_factor} | (
+            {"nope_layers": list(self.nope_layers)} if self.nope_layers else {})
+
+    def frequencies_of(self, layer: int) -> tuple[float, ...]:
+        """A layer's frequencies: none where RoPE skips it (a NoPE layer's form is the same at every distance)."""
+        return () if layer in self.nope_layers else self.frequencies
 
 
 def _base_frequencies(theta: float, dims: int) -> np.ndarray:
@@ -54,9 +60,11 @@ def _llama3(freq: np.ndarray, params: dict) -> np.ndarray:
     factor, low, high = float(params["factor"]), float(params["low_freq_factor"]), float(params["high_freq_factor"])
     context = float(params["original_max_position_embeddings"])
     wavelength = 2 * math.pi / freq
-    smooth = (context / wavelength - low) / (high - low)
-    ramped = (1 - smooth) * freq / factor + smooth * freq
-    return np.where(wavelength > context / low, freq / factor, np.where(wavelength < context / high, freq, ramped))
+    out = np.where(wavelength > context / low, freq / factor, freq)
+    ramp = (wavelength <= context / low) & (wavelength >= context / high)  # empty where low = high (Llama 4 Scout)
+    smooth = (context / wavelength[ramp] - low) / (high - low)
+    out[ramp] = (1 - smooth) * freq[ramp] / factor + smooth * freq[ramp]
+    return out
 
 
 def _transformers_rope(config: dict, scaling: str) -> tuple[np.ndarray, float]:

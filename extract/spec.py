@@ -3,6 +3,7 @@ discovered from transformers (extract.discover), validated against the reading o
 from __future__ import annotations
 
 import fnmatch
+from dataclasses import replace
 
 from headforms.extract import latent, quantized
 from headforms.extract.checkpoint import ExtractError, ModelSpec, ReadOptions
@@ -141,6 +142,14 @@ def shaped_spec(layout: Layout, raw: dict, config: dict, architecture: str) -> M
     if layout.positional == "rope":
         recorded["rotary_fraction"] = _rotary_fraction(config, head_dim)
         rope = hf_rope(_rope_settings(config), config, head_dim, recorded["rotary_fraction"], layout.rope_pairing)
+        if layout.nope is not None:  # layers without RoPE (Llama 4, SmolLM3): R(delta) = I, a query factor recorded
+            rope = replace(rope, nope_layers=layout.nope.layers(config, n_layers))
+            if rope.nope_layers and layout.nope.temperature and (temperature := layout.nope.temperature(config)):
+                recorded["attention_temperature"] = temperature
+            if rope.nope_layers and rope.attention_factor != 1.0:
+                raise ExtractError(f"{architecture} is refused: RoPE's attention factor {rope.attention_factor:g} "
+                                   "scales the scores of its RoPE layers but not of its NoPE layers; per-layer score "
+                                   "scales are not implemented")
     if architecture != raw.get("model_type"):
         recorded["tower"] = architecture.partition(".")[2]
     attention = layout.attention_layers(config) if layout.attention_layers else None

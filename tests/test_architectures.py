@@ -13,7 +13,7 @@ from headforms import cli
 from headforms.extract import gguf_file, latent
 from headforms.extract.architectures import architectures, markdown, table_block
 from headforms.extract.layouts import LAYOUTS, REFUSED, layout_key
-from tests import tiny_models as tm
+from tests import test_llama4 as llama4, tiny_models as tm
 
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "architectures.md"
@@ -30,6 +30,7 @@ def test_every_listed_family_is_proven_by_a_tiny_model():
         config = getattr(transformers, tiny.config_class)(**tiny.kwargs).to_dict()
         proven.add(layout_key(config, tiny.tower))
     proven |= set(latent.FAMILIES)  # their two parts per head: proven by their logits in tests/test_latent.py
+    proven |= set(llama4.FAMILIES)  # RoPE and NoPE layers, their per-token factors: tests/test_llama4.py
     listed = {row["family"] for row in architectures() if row["format"] == "hf" and row["family"] not in REFUSED}
     assert listed == set(LAYOUTS) and listed <= proven
     assert len({family.partition(".")[0] for family in proven}) >= 35

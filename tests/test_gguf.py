@@ -501,7 +501,7 @@ def test_gemma3_norm_gains_stored_plus_one(tiny, tmp_path):
 
 @pytest.mark.parametrize(("arch", "metadata", "reason"), [
     ("grok", {}, "llama.cpp soft-caps its attention logits"),
-    ("llama4", {}, "L2-normalise q and k"),
+    ("llama4", {}, "skip RoPE, scale q by a temperature and L2-normalise q and k is not in the file"),
     ("qwen2", {"{arch}.attn_logit_softcapping": 30.0}, "attn_logit_softcapping=30 makes the score a tanh"),
     ("llama", {"{arch}.rope.scaling.type": "yarn"}, "rope scaling 'yarn'"),
     ("qwen2", {"{arch}.rope.scaling.attn_factor": 1.19}, r"attention factor 1\.19"),

@@ -52,6 +52,7 @@ EXPECTED = {
     "gpt_bigcode": (4, 1, 8, 32, "learned", 8**-0.5, None),
     "gpt_bigcode_mha": (4, 4, 8, 32, "learned", 8**-0.5, None),
     "starcoder2": (4, 2, 8, 32, "rope", 8**-0.5, None),
+    "smollm3": (4, 2, 8, 32, "rope", 8**-0.5, None),
     "stablelm": (4, 2, 8, 32, "rope", 8**-0.5, None),
     "stablelm_qk_norm": (4, 2, 8, 32, "rope", 8**-0.5, "folded"),
     "olmo": (4, 2, 8, 32, "rope", 8**-0.5, None),
@@ -387,8 +388,6 @@ def test_soft_cap_recorded_with_transformers_default():
     ({"model_type": "mpt", "attn_config": {"qk_ln": True}}, "attn_config.qk_ln=True: q and k pass through"),
     ({"model_type": "mpt", "attn_config": {"clip_qkv": 6}}, "attn_config.clip_qkv=6: q and k are clipped"),
     ({"model_type": "diffllama"}, "differential attention subtracts two softmaxes"),
-    ({"model_type": "llama4_text"}, "^llama4_text is refused: its NoPE layers multiply q by a temperature .* of the "
-                                    "query's absolute position i, so the score is not scale"),
 ])
 def test_non_bilinear_scores_refused(config, reason):
     with pytest.raises(ExtractError, match=reason) as err:

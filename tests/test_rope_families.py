@@ -22,7 +22,7 @@ from headforms.extract.gguf_file import GGUF_ARCHITECTURES, open_gguf
 from headforms.extract.hf import open_hf_folder
 from headforms.extract.layouts import LAYOUTS, layout_key
 from headforms.extract.rope import DEFAULT_THETA, GGUF_PER_LAYER_ROPE, HF_PER_LAYER_ROPE, rope
-from tests import gguf_convert
+from tests import gguf_convert, test_llama4 as llama4
 from tests import tiny_models as tm
 from tests.dense import dense_reference
 from tests.test_gguf import GGUF_CASES, _additive_mask, tiny, write_gguf  # noqa: F401  (tiny: a fixture)
@@ -122,7 +122,10 @@ def assert_forms_reproduce_logits(ckpt, model, qk_norm_kind: str | None) -> None
     assert r.refusal is None and len(r.frequencies) == r.rotary_dims // 2 >= 2
     trace = trace_at_positions(model)
     for layer in range(ckpt.spec.n_layers):
-        assert logit_error(ckpt, trace, layer, model, Rotation.of(r.pairing, r.frequencies), qk_norm_kind) < 1e-5
+        own = Rotation.of(r.pairing, r.frequencies_of(layer))  # none on a layer RoPE skips (SmolLM3's NoPE layers)
+        assert logit_error(ckpt, trace, layer, model, own, qk_norm_kind) < 1e-5
+        if layer in r.nope_layers:  # rotating it misses
+            assert logit_error(ckpt, trace, layer, model, Rotation.of(r.pairing, r.frequencies), qk_norm_kind) > 1e-3
     other = {"split-half": "interleaved", "interleaved": "split-half"}[r.pairing]
     wrong = [Rotation.of(other, r.frequencies), Rotation.of(r.pairing, np.zeros(len(r.frequencies)))]
     if r.theta != DEFAULT_THETA and r.scaling == "default":
@@ -135,8 +138,9 @@ def test_every_rope_layout_has_a_case():
     """Each Hugging Face layout with RoPE (a config variant may switch it off: Falcon's alibi) has a tiny model
     here, and each GGUF architecture with RoPE a GGUF case; families found by discovery are cases too."""
     # multi-head latent attention's rope part: proven at distances 1 .. 47 (and beyond yarn's context) by
-    # tests/test_latent.py
-    rope_layouts = {key for key, layout in LAYOUTS.items() if layout.positional == "rope"} - set(latent.FAMILIES)
+    # tests/test_latent.py; Llama 4's RoPE and NoPE layers by tests/test_llama4.py
+    rope_layouts = {key for key, layout in LAYOUTS.items() if layout.positional == "rope"} - set(latent.FAMILIES) \
+        - set(llama4.FAMILIES)
     assert rope_layouts == {_family(name) for name in HF_ROPE} - {"discovered"}
     assert {name for name in HF_ROPE if _family(name) == "discovered"} == {
         name for name, t in tm.TINY.items() if t.discovered and t.rope}

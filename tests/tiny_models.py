@@ -157,6 +157,9 @@ TINY |= {
                            _decoder(num_attention_heads=4, num_key_value_heads=2, use_qk_norm=True), rope=True),
     "granite": Tiny("GraniteForCausalLM", "GraniteConfig",
                     _decoder(num_attention_heads=4, num_key_value_heads=2, attention_multiplier=0.2), rope=True),
+    "smollm3": Tiny("SmolLM3ForCausalLM", "SmolLM3Config",  # layer 0 a NoPE layer, layer 1 rotated
+                    _decoder(num_attention_heads=4, num_key_value_heads=2, no_rope_layers=[0, 1], pad_token_id=0,
+                             bos_token_id=1, eos_token_id=2), rope=True),
     "mixtral": Tiny("MixtralForCausalLM", "MixtralConfig",
                     _decoder(num_attention_heads=4, num_key_value_heads=2, num_local_experts=2), rope=True),
     "qwen2_moe": Tiny("Qwen2MoeForCausalLM", "Qwen2MoeConfig",

@@ -129,7 +129,7 @@ def start_rows(ckpt: Checkpoint, opts: LoadOptions, layer: int, weights: Weights
     read's figures, not the maps: those are freed once the pieces are done, for the layers read next to reuse."""
     t0, read_seconds, fetched, sinks = time.perf_counter(), weights.seconds, weights.bytes_fetched, weights.sinks
     spec = ckpt.spec
-    rotation = Rotation.of(spec.rope.pairing, spec.rope.frequencies) if spec.rope is not None else None
+    rotation = Rotation.of(spec.rope.pairing, spec.rope.frequencies_of(layer)) if spec.rope is not None else None
     with stage("compute", ckpt.name, layer):
         # each form of the heads (spec.forms: one, or a latent-attention head's parts) analysed on its own; maps
         # given in a smaller span than N (extract.latent) count their ambient zeros and baseline in N
