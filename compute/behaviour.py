@@ -57,3 +57,9 @@ def self_logit_parts(x: np.ndarray, w_q: np.ndarray, w_k: np.ndarray, b_q: np.nd
         k_factor = k_factor if k_factor.shape[-1] == 1 else k_factor[..., kv_index]
         factor = factor * np.broadcast_to(k_factor, (*x.shape[:2], heads)).transpose(0, 2, 1)
     return scale * form * factor, scale * bias * factor
+
+
+def query_temperature(positions: int, floor_scale: float, attn_scale: float) -> np.ndarray:
+    """(P,) Llama 4's factor on the query of its NoPE layers at token i: log(1 + floor((i + 1) / floor_scale)) *
+    attn_scale + 1 (exactly 1 below floor_scale - 1 tokens)."""
+    return np.log1p(np.floor((np.arange(positions) + 1.0) / floor_scale)) * attn_scale + 1.0

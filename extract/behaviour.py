@@ -31,7 +31,9 @@ from headforms.extract.checkpoint import ExtractError, first_line
 CAPTURE = "headforms_capture"  # the attention function's name in transformers' registry
 # an attention module's norms of q and k; multi-head latent attention's of its q latent (absent without q_lora_rank)
 # and of its kv latent, the compressed part of kv_a_proj_with_mqa's output (not its rope slice)
-QK_NORMS = (("q_norm", "k_norm"), ("query_layernorm", "key_layernorm"), ("q_a_layernorm", "kv_a_layernorm"))
+# one module normalising q, then k (Llama 4's unit-gain qk_norm, on its RoPE layers only)
+QK_NORMS = (("q_norm", "k_norm"), ("query_layernorm", "key_layernorm"), ("q_a_layernorm", "kv_a_layernorm"),
+            ("qk_norm", "qk_norm"))
 INSTALL = "pip install 'headforms[behaviour]'"
 
 
@@ -109,6 +111,17 @@ def _rms_factor(u, norm, positions: int) -> np.ndarray | None:
     u = u.detach().double().cpu().numpy()
     u = u[:, :, None] if u.ndim == 3 else u if u.shape[1] == positions else u.transpose(0, 2, 1, 3)
     return 1.0 / np.sqrt(np.mean(u * u, axis=-1) + float(eps))
+
+
+def _alternating(norm_inputs: dict, module: int):
+    """A pre-hook for a norm an attention module calls on q, then on k: what it reads, by turns under 'q' and 'k'."""
+    calls = [0]
+
+    def hook(norm, args) -> None:
+        norm_inputs[(module, "qk"[calls[0] % 2])] = args[0]
+        calls[0] += 1
+
+    return hook
 
 
 _RECORDER: _Recorder | None = None
@@ -328,8 +341,12 @@ def run(model, allowed: np.ndarray, *, length: int, sequences: int, seed: int, n
                 lambda m, args, kwargs: recorder.inputs.__setitem__(id(m), kwargs.get("hidden_states",
                                                                                      args[0] if args else None)),
                 with_kwargs=True))
-            for side in ("q", "k"):
-                if (norm := _qk_norm(module, side)) is not None:
+            norms = {side: _qk_norm(module, side) for side in ("q", "k")}
+            if norms["q"] is not None and norms["q"] is norms["k"]:  # one norm: q, then k
+                hooks.append(norms["q"].register_forward_pre_hook(_alternating(recorder.norm_inputs, id(module))))
+                continue
+            for side, norm in norms.items():
+                if norm is not None:
                     hooks.append(norm.register_forward_pre_hook(
                         lambda m, args, key=(id(module), side): recorder.norm_inputs.__setitem__(key, args[0])))
     device = next(model.parameters()).device

@@ -285,3 +285,20 @@ def test_refused_in_one_line(changes, message):
     options = ReadOptions(qk_norm="refuse" if not changes else "fold")
     with pytest.raises(ExtractError, match=message):
         model_spec(_CONFIG | changes, options)
+
+
+@pytest.mark.parametrize("name", ["llama4_text", "llama4_no_qk_norm"])
+def test_behaviour_reproduces_the_self_logits(name, tmp_path):
+    """behaviour's forward pass of 16-token sequences (floor_scale 4: the NoPE layers' temperature is above 1 from the
+    fourth token on): the RoPE layers' unit-norm factors of q and k (one qk_norm module, called on q then k) and the
+    NoPE layers' temperature make every head's form give its self-logits."""
+    _, folder = saved(name, tmp_path)
+    db = str(tmp_path / "w.duckdb")
+    assert CliRunner().invoke(main, ["extract", str(folder), "--db", db, "--qk-norm", "fold"]).exit_code == 0
+    result = CliRunner().invoke(main, ["behaviour", str(folder), "--db", db, "--length", "8", "--sequences", "2"])
+    assert result.exit_code == 0, result.output
+    with duckdb.connect(db, read_only=True) as con:
+        rows = con.sql("SELECT layer, reproduction_error, self_logit FROM head_behaviour").fetchall()
+    assert sorted({layer for layer, _, _ in rows}) == [0, 1, 2, 3] and len(rows) == 16
+    largest = max(abs(logit) for *_, logit in rows)
+    assert largest > 0.1 and max(error for _, error, _ in rows) < 1e-4 * largest

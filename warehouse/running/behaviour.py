@@ -14,7 +14,7 @@ import numpy as np
 import polars as pl
 
 from headforms.compute import bootstrap
-from headforms.compute.behaviour import self_logit_parts
+from headforms.compute.behaviour import query_temperature, self_logit_parts
 from headforms.extract.checkpoint import ExtractError
 from headforms.warehouse.storing.store import insert, query, transaction
 
@@ -109,13 +109,19 @@ def _whole_self_logits(model: dict, ckpt, layer: int, taken) -> tuple[np.ndarray
     b_q = np.zeros(w_q.shape[:2]) if taken.b_q is None else taken.b_q
     b_k = np.zeros(w_k.shape[:2]) if taken.b_k is None else taken.b_k
     folded = model["qk_norm"] == "folded"
-    if folded and (taken.q_factor is None or taken.k_factor is None):
+    q_factor, k_factor = (taken.q_factor, taken.k_factor) if folded else (None, None)
+    rope = ckpt.spec.rope
+    if rope is not None and layer in rope.nope_layers:  # Llama 4's NoPE layers: no QK-norm; q_i times a temperature
+        temperature = ckpt.spec.config.get("attention_temperature")
+        q_factor = None if temperature is None else query_temperature(
+            taken.inputs.shape[1], temperature["floor_scale"], temperature["attn_scale"])[None, :, None]
+    elif folded and (q_factor is None or k_factor is None):
         raise ExtractError(f"{ckpt.name}: extracted with qk_norm='fold', but layer {layer}'s attention has no "
                            "q and k norm behaviour can read the per-token factors of")
     if folded and (np.any(b_q) or np.any(b_k)):  # a bias inside the norm is scaled by a gain the form holds
         raise ExtractError(f"{ckpt.name}: q/k biases under a QK-norm are not reproduced by behaviour")
     return self_logit_parts(taken.inputs, w_q, w_k, b_q, b_k, ckpt.spec.kv_index, model["score_scale"],
-                            taken.q_factor if folded else None, taken.k_factor if folded else None)
+                            q_factor, k_factor)
 
 
 def _parts_self_logits(model: dict, ckpt, layer: int, taken) -> tuple[np.ndarray, np.ndarray]:
