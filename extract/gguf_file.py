@@ -137,8 +137,9 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "starcoder": GGUFArchitecture("learned", packings=("fused",)),  # multi-query gpt_bigcode
     "bloom": GGUFArchitecture("alibi", packings=("fused",)),
     # Known to llama.cpp, refused with the reason:
-    "grok": GGUFArchitecture("rope", refusal="llama.cpp soft-caps its attention logits (a tanh of q.k), "
-                                             "so the score is not bilinear in x"),
+    "grok": GGUFArchitecture("rope", refusal="its soft cap and score scale are fixed in llama.cpp's code, not in the "
+                                             "file, and transformers has no Grok whose logits could prove its Q/K "
+                                             "layout"),
     "deepseek2": GGUFArchitecture("rope", packings=("latent",), rope_pairing="interleaved", qk_norm="latent"),
     "llama4": GGUFArchitecture("rope", refusal="which of its layers skip RoPE, scale q by a temperature and "
                                                "L2-normalise q and k is not in the file but in llama.cpp's code, whose "

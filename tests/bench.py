@@ -46,7 +46,10 @@ Sections, each a function below, printed in this order:
 5f. latent_v3        (`--only v3`; `--divide K` for N, the latent ranks and the heads over K) DeepSeek-V3's
                      attention in FP8 e4m3 with 128 x 128 block scales, `--qk-norm fold` from the folder and from
                      the local hub server: wall over the floor of its layer 0 x 61, peak RSS, and the bytes the
-                     hub served against the FP8 tensors and scales the forms need (target <= 1.05x).
+                     hub served against the FP8 tensors and scales the forms need (target <= 1.05x); then a hub
+                     run with a connection dropped every 300 MB served (/ K^2) and kill -9 in the middle of a
+                     layer after half of them, rerun: the bytes both fetched, and its warehouse against the folder
+                     run's (equal).
 5d. device_24b       (`--only device --device cuda`, on a machine with that torch device) the same shape
                      (v and o tensors, no MLP) extracted cold by whole processes with `--device` and on
                      the CPU: walls, cores busy and peak RSS, each over the shape's floor on this
@@ -1142,8 +1145,7 @@ def both_circuits_24b(tmp_root: Path, start_s: float) -> dict | None:
         evict(info["files"])
         gbps = floor.read_gbps([(folder / name, begin, end) for name, begin, end in info["qk_spans"]])
         floors = {"qk": floor.Floor(floor.add_parts({}, qk_parts, spec.n_layers), floor.cores(), start_s, info["qk"],
-                                    gbps, [f"one layer's parts x {spec.n_layers} layers (the common span: its QR only, not "
-                                   "the up-projections' products through it)"])}
+                                    gbps, [f"one layer's parts x {spec.n_layers} layers"])}
         both = floor.add_parts(floor.add_parts(floors["qk"].parts, ov_parts, spec.n_layers), {"copying": gram_seconds})
         floors["qk,ov"] = floor.Floor(both, floor.cores(), start_s, info["qk"] + info["other"] + info["embeddings"],
                                       gbps, [f"the OV circuits' part: {sum(ov_parts.values()) * spec.n_layers:.2f} s "
@@ -1168,6 +1170,7 @@ def both_circuits_24b(tmp_root: Path, start_s: float) -> dict | None:
 # the latent ranks and the heads by K.
 V3 = {"layers": 61, "heads": 128, "N": 7168, "q_lora": 1536, "kv_lora": 512, "nope": 128, "rope": 64, "v": 128}
 V3_BLOCK = 128
+V3_DROP_EVERY = 300 * 10**6  # bytes the hub serves between two dropped connections in 5f's interrupted run (/ K^2)
 
 
 def write_latent_fp8(folder: Path, shape: dict) -> dict:
@@ -1232,6 +1235,56 @@ def write_latent_fp8(folder: Path, shape: dict) -> dict:
     return {"form_bytes": form_bytes, "files": files, "total": sum(f.stat().st_size for f in files)}
 
 
+def interrupted_hub_run(server, repo: str, folder: Path, layers: int, drop_every: int) -> dict:
+    """5f's hub run interrupted: a connection dropped each time the server has served another `drop_every` bytes,
+    and kill -9 in the middle of the layer after half of them are committed; then the same command again, which
+    must fetch only what the first run had not. The bytes each run fetched, and the warehouse (resume.duckdb)."""
+    from headforms.warehouse.running.progress import running
+
+    db, env = folder.parent / "resume.duckdb", {"HF_ENDPOINT": server.endpoint, "HF_HUB_OFFLINE": "0",
+                                                 "HEADFORMS_CACHE": str(folder.parent / "cache-resume")}
+    served = lambda: sum(n for name, n in server.served.items() if name.endswith(".safetensors"))  # noqa: E731
+    before, drops, next_drop = served(), 0, served() + drop_every
+    proc = subprocess.Popen([str(HEADFORMS), "extract", repo, "--qk-norm", "fold", "--db", str(db)], cwd=ROOT,
+                            env=os.environ | env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    killed_at = None
+    while proc.poll() is None:
+        if served() >= next_drop:
+            server.faults.append("drop")
+            drops, next_drop = drops + 1, next_drop + drop_every
+        state = running(db) or {}
+        if killed_at is None and state.get("layers_done", 0) >= layers // 2:
+            # the next layers' bytes now arrive: kill once half a layer's more are in
+            killed_at = (state["layers_done"], served(), (served() - before) / state["layers_done"] / 2)
+        if killed_at is not None and served() > killed_at[1] + killed_at[2]:
+            proc.kill()
+            break
+        time.sleep(0.02)
+    proc.wait()
+    first = served() - before
+    server.faults.clear()
+    rerun = run_cli(["extract", repo, "--qk-norm", "fold", "--db", str(db)], env=env)
+    return {"first": first, "rerun": served() - before - first, "drops": drops, "killed_after": killed_at,
+            "rerun_wall": rerun["wall"], "db": db}
+
+
+def same_heads(a: Path, b: Path) -> float:
+    """The largest difference between two warehouses' heads and eigenvalues (every numeric column, by key)."""
+    with duckdb.connect() as con:
+        con.execute(f"ATTACH '{a}' AS a (READ_ONLY); ATTACH '{b}' AS b (READ_ONLY)")
+        numeric = [c for (c,) in con.execute("SELECT column_name FROM duckdb_columns() WHERE database_name = 'a' "
+                                             "AND table_name = 'heads' AND data_type IN ('DOUBLE', 'INTEGER', "
+                                             "'BIGINT')").fetchall() if c not in ("layer", "head")]
+        worst = [con.execute(f"SELECT max(abs(x.{c} - y.{c})) FROM a.heads x FULL JOIN b.heads y "
+                             "USING (layer, head, part)").fetchone()[0] or 0.0 for c in numeric]
+        rows = con.execute("SELECT (SELECT count(*) FROM a.eigenvalues), (SELECT count(*) FROM b.eigenvalues), "
+                           "(SELECT max(abs(x.value - y.value)) FROM a.eigenvalues x JOIN b.eigenvalues y "
+                           "USING (layer, head, part, spectrum, idx))").fetchone()
+    if rows[0] != rows[1]:
+        return float("inf")
+    return max([*worst, rows[2] or 0.0])
+
+
 def latent_v3(tmp_root: Path, start_s: float, divide: int) -> dict | None:
     """Section 5f: `headforms extract --qk-norm fold` of the DeepSeek-V3-shaped FP8 checkpoint from the folder and
     from the local hub server by range (a fresh range cache): wall against the floor measured on its own layer 0
@@ -1264,6 +1317,8 @@ def latent_v3(tmp_root: Path, start_s: float, divide: int) -> dict | None:
                           env={"HF_ENDPOINT": server.endpoint, "HF_HUB_OFFLINE": "0",
                                "HEADFORMS_CACHE": str(folder.parent / "cache-hub")})
             fetched = sum(n for name, n in server.served.items() if name.endswith(".safetensors"))
+            resumed = interrupted_hub_run(server, "bench/deepseek-v3-synthetic", folder, shape["layers"],
+                                          V3_DROP_EVERY // divide**2)
         finally:
             server.close()
         os.environ["HEADFORMS_CACHE"] = str(folder.parent / "cache-floor")
@@ -1274,9 +1329,15 @@ def latent_v3(tmp_root: Path, start_s: float, divide: int) -> dict | None:
                 layer = ckpt.read_circuits(0)["qk"]
         finally:
             os.environ.pop("HEADFORMS_CACHE")
+        ql, kl, heads = shape["q_lora"], shape["kv_lora"], shape["heads"]
+        rng = np.random.default_rng(5)
+        up_q = rng.standard_normal((heads * (shape["nope"] + shape["rope"]), ql))  # q_b, and kv_b's nope rows
+        up_kv = rng.standard_normal((heads * shape["nope"], kl))
         with threadpool_limits(limits=1):
             span_seconds = floor.best(lambda: latent.common_span(layer.down))[0]
-        parts = {"qr": span_seconds}  # the layer's common span: a QR, beside each part's own
+            r = layer.r  # each head's W_Q, W_K in the span: the up-projections times R's triangular blocks
+            products = floor.best(lambda: (up_q @ r[:ql, :ql].T, up_kv @ r[:ql + kl, ql:ql + kl].T))[0]
+        parts = {"qr": span_seconds, "up-projections": products}  # the layer's common span, beside each part's
         for form in spec.forms:
             wq, wk = layer[form.name]
             parts = floor.add_parts(parts, floor.layer_floor(wq, wk, np.asarray(form.kv_index),
@@ -1285,8 +1346,8 @@ def latent_v3(tmp_root: Path, start_s: float, divide: int) -> dict | None:
         evict(info["files"])
         gbps = floor.read_gbps([(f, 0, f.stat().st_size) for f in info["files"][:2]])
         bound = floor.Floor(floor.add_parts({}, parts, spec.n_layers), floor.cores(), start_s, info["form_bytes"],
-                            gbps, [f"one layer's parts x {spec.n_layers} layers (the common span: its QR only, not "
-                                   "the up-projections' products through it)"])
+                            gbps, [f"one layer's parts x {spec.n_layers} layers (the common span's QR, the "
+                                   "up-projections through its R, each part's own)"])
         print(f"floor: {bound.describe()}")
         for label, res in (("folder", local), ("hub", hub)):
             print(f"  {label}: {res['wall']:.1f} s wall = {res['wall'] / bound.total:.2f}x its floor; "
@@ -1294,8 +1355,18 @@ def latent_v3(tmp_root: Path, start_s: float, divide: int) -> dict | None:
         read = local["io"].get("rchar", 0)
         print(f"  bytes: folder read {read / GB:.3f} GB (rchar), the hub served {fetched / GB:.3f} GB = "
               f"{fetched / info['form_bytes']:.3f}x the forms' tensors (target <= 1.05x)")
+        total = resumed["first"] + resumed["rerun"]
+        difference = same_heads(folder.parent / "folder.duckdb", resumed["db"])
+        print(f"  interrupted hub run: {resumed['drops']} connections dropped (one each "
+              f"{V3_DROP_EVERY // divide**2 / 1e6:.0f} MB served), kill -9 in the layer after "
+              f"{resumed['killed_after'][0] if resumed['killed_after'] else '?'} committed, having fetched "
+              f"{resumed['first'] / GB:.3f} GB; the rerun fetched {resumed['rerun'] / GB:.3f} GB "
+              f"({resumed['rerun_wall']:.1f} s): {total / info['form_bytes']:.3f}x the forms' tensors in all; "
+              f"its heads and eigenvalues against the folder run's: largest difference {difference:.3g} "
+              f"({'PASS' if difference == 0 else 'FAIL'}: equal)")
         return {"ratio": local["wall"] / bound.total, "hub_ratio": hub["wall"] / bound.total,
-                "fetched_over_forms": fetched / info["form_bytes"], "rss": max(local["rss_bytes"], hub["rss_bytes"])}
+                "fetched_over_forms": fetched / info["form_bytes"], "rss": max(local["rss_bytes"], hub["rss_bytes"]),
+                "resumed_over_forms": total / info["form_bytes"], "resumed_difference": difference}
     finally:
         shutil.rmtree(folder.parent, ignore_errors=True)
 

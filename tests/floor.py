@@ -32,7 +32,7 @@ from threadpoolctl import threadpool_limits
 from headforms.warehouse.running.executors import WORKER_IMPORTS
 
 REPEATS = 3
-PARTS = ("qr", "spectra", "distances", "baseline", "copying")
+PARTS = ("qr", "spectra", "distances", "baseline", "copying", "up-projections")  # the last: latent attention's
 # What `headforms extract` imports: the command line, the writer and what a worker imports (the executors, the
 # readers of both checkpoint formats); the API imports them only when a command extracts (the writer's half, DuckDB
 # and polars, once a new warehouse's first layers have started). The floor counts all of it as a one-core start.

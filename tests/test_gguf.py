@@ -500,7 +500,7 @@ def test_gemma3_norm_gains_stored_plus_one(tiny, tmp_path):
 
 
 @pytest.mark.parametrize(("arch", "metadata", "reason"), [
-    ("grok", {}, "llama.cpp soft-caps its attention logits"),
+    ("grok", {}, "its soft cap and score scale are fixed in llama.cpp's code"),
     ("llama4", {}, "skip RoPE, scale q by a temperature and L2-normalise q and k is not in the file"),
     ("qwen2", {"{arch}.attn_logit_softcapping": 30.0}, "attn_logit_softcapping=30 makes the score a tanh"),
     ("llama", {"{arch}.rope.scaling.type": "yarn"}, "rope scaling 'yarn'"),

@@ -185,7 +185,8 @@ def test_sink_logits_are_stored_and_with_the_form_give_the_models_probabilities(
         logits = ckpt.spec.score_scale * np.einsum("hna,bia,hnc,bjc->bhij", w_q, x, w_k[ckpt.spec.kv_index], x)
         logits = np.where(trace.allowed, logits, -np.inf)
         z = np.exp(sinks[layer])[None, :, None] + np.exp(logits).sum(-1)
-        np.testing.assert_allclose(np.exp(logits) / z[..., None], trace.probs[layer], rtol=1e-6, atol=1e-9)  # yarn float32
+        # rtol: transformers' float32 yarn factor on cos and sin
+        np.testing.assert_allclose(np.exp(logits) / z[..., None], trace.probs[layer], rtol=1e-6, atol=1e-9)
     ckpt.close()
     tm.save(tm.build("qwen2"), tmp_path / "qwen2")
     assert CliRunner().invoke(main, ["extract", str(tmp_path / "qwen2"), "--db", str(db)]).exit_code == 0
