@@ -218,7 +218,7 @@ def test_write_summaries_writes_copying_intervals_only_with_ov_rows(tiny_rope_db
     with duckdb.connect(str(db)) as con:
         [(model,)] = con.execute("SELECT model FROM models").fetchall()
         assert con.execute("SELECT count(*) FROM copying_intervals").fetchall() == [(0,)]
-        con.execute("INSERT INTO ov_heads SELECT * EXCLUDE (part), (layer - 1) / 2 + head / 10, 0.5 - head / 7 "
+        con.execute("INSERT INTO ov_heads SELECT * EXCLUDE (part, sink_logit), (layer - 1) / 2 + head / 10, 0.5 - head / 7 "
                     "FROM heads")
         for table in ("intervals", "head_types"):
             con.execute(f"DELETE FROM {table}")
@@ -277,7 +277,7 @@ def published_db(tiny_rope_db, tmp_path_factory):
                                   "AND database_name = current_database() AND schema_name = 'main' AND table_name IN "
                                   "(SELECT table_name FROM duckdb_tables())").fetchall():
             con.execute(f"INSERT INTO {table} SELECT * REPLACE ('qk-only' AS model) FROM {table}")
-        con.execute("""INSERT INTO ov_heads SELECT * EXCLUDE (part) REPLACE (d AS c, c AS d, d_sym AS c_sym,
+        con.execute("""INSERT INTO ov_heads SELECT * EXCLUDE (part, sink_logit) REPLACE (d AS c, c AS d, d_sym AS c_sym,
                            c_sym AS d_sym,
                            CASE parity WHEN 'I+' THEN 'I-' WHEN 'I-' THEN 'I+' ELSE parity END AS parity),
                            cos(layer + 2 * head), 0.8 * sin(3 * layer - head)
@@ -395,7 +395,7 @@ def checked_db(tiny_rope_db, tmp_path_factory):
     shutil.copy(tiny_rope_db, path)
     with duckdb.connect(str(path)) as con:
         con.execute("UPDATE models SET circuits = 'qk,ov'")
-        con.execute("INSERT INTO ov_heads SELECT * EXCLUDE (part), 0.5, -0.5 FROM heads")
+        con.execute("INSERT INTO ov_heads SELECT * EXCLUDE (part, sink_logit), 0.5, -0.5 FROM heads")
         con.execute("INSERT INTO ov_eigenvalues SELECT * EXCLUDE (part) FROM eigenvalues")
         con.execute("INSERT INTO ov_fits SELECT * EXCLUDE (part) FROM fits")
     return path

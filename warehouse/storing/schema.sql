@@ -269,7 +269,7 @@ ALTER TABLE models ADD COLUMN IF NOT EXISTS quantization VARCHAR;  -- Q/K scheme
 ALTER TABLE models ADD COLUMN IF NOT EXISTS circuits VARCHAR;  -- the circuits extracted: 'qk' or 'qk,ov' (NULL: built before, 'qk')
 
 -- One row per query head of a model extracted with the OV circuit: every column of heads, of OV_h in place of L,
--- then its copying scores (every column of heads but part: OV belongs to the whole head). Joined to heads'
+-- then its copying scores (every column of heads but part and sink_logit: OV belongs to the whole head, a sink to its softmax). Joined to heads'
 -- part = 'whole' rows by (model, layer, head).
 CREATE TABLE IF NOT EXISTS ov_heads (
     model                    VARCHAR NOT NULL,  -- the model (models.model)
