@@ -20,8 +20,8 @@ from headforms.extract import MODEL_SETS, ExtractError, ReadOptions
 from headforms.extract.sources import REVISION_SETS, ArgumentError, name_clashes, plan_targets
 from headforms.warehouse.publishing.render import FORMATS, LIMIT, render, write_parquet
 from headforms.warehouse.running import EXECUTORS
-from headforms.warehouse.storing.failures import ModelIncomplete, WarehouseError
 from headforms.warehouse.storing import READ_WAIT, default_db
+from headforms.warehouse.storing.failures import ModelIncomplete, WarehouseError
 
 
 class Progress:
@@ -127,7 +127,7 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
                         _summary(rows, ckpt, result)
                         progress.model_done(ckpt, result)
     except Exception as error:  # an interruption (Ctrl-C, a lost network) keeps committed layers, and so the file
-        from headforms.extract.hub import FetchError
+        from headforms.extract.transport.hub import FetchError
         from headforms.warehouse.storing.store import remove_warehouse
 
         kept = isinstance(error, (FetchError, ModelIncomplete)) or no_space(error) is not None  # layers stay
@@ -187,7 +187,7 @@ def plan(sources: str | Iterable[str], *, name: str | None = None, revision: str
     Raises the first source's ExtractError when every source is refused: there is nothing to plan."""
     import polars as pl
 
-    from headforms.extract.formats import IncompleteFile
+    from headforms.extract.formats.unreadable import IncompleteFile
     from headforms.extract.sources import open_target
 
     read = ReadOptions(qk_norm=qk_norm or "refuse", tower=tower, fold_norm=fold_norm,
@@ -225,7 +225,7 @@ def cache(clear: bool = False, repo: str | None = None):
     """The hub range cache, one row per repo and commit (files, bytes); clear=True deletes it (or one repo's) first."""
     import polars as pl
 
-    from headforms.extract.hub import cache_usage, clear_cache
+    from headforms.extract.transport.hub import cache_usage, clear_cache
 
     if clear:
         clear_cache(repo)
@@ -235,7 +235,7 @@ def cache(clear: bool = False, repo: str | None = None):
 
 def cache_folder() -> Path:
     """Where headforms caches hub ranges and local revision digests ($HEADFORMS_CACHE, else beside the HF cache)."""
-    from headforms.extract.caches import cache_root
+    from headforms.extract.transport.caches import cache_root
 
     return cache_root()
 
@@ -315,7 +315,7 @@ def check(db: str | Path | None = None, *, quick: bool = False, wait: float = RE
 def architectures(markdown: bool = False):
     """Supported families of both formats (positional scheme, Q/K packing, score scale, what is refused): a polars
     frame, or the README's markdown table."""
-    from headforms.extract import architectures as table_of
+    from headforms.extract.layouts import architectures as table_of
 
     if markdown:
         return table_of.markdown()

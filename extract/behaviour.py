@@ -10,7 +10,7 @@ the attention module keeps its input x (after the norm that feeds attention, as 
 model (qwen3, gemma3, olmo2), pre-hooks on its q and k norms keep each token's RMS factor 1 / sqrt(mean(u^2) + eps)
 of the projection u they normalise, the factor a folded form's self-logit is multiplied by; on multi-head latent
 attention (deepseek_v2, deepseek_v3) the same pre-hooks on the norms of its q and kv latents keep 1/rms_q and 1/rms_kv
-(extract.latent), the factors of its parts' forms.
+(extract.layouts.latent), the factors of its parts' forms.
 """
 from __future__ import annotations
 
@@ -265,7 +265,7 @@ def _gguf_parsed_once():
     load at a time)."""
     import gguf
 
-    from headforms.extract.gguf_file import PlainReader
+    from headforms.extract.formats.gguf_file import PlainReader
 
     with _GGUF_LOAD:
         reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
@@ -311,7 +311,7 @@ def _gguf_normal_ids(name: str, kwargs: dict) -> np.ndarray:
     """The ids a GGUF file's tokenizer.ggml.token_type marks NORMAL (not control, user-defined, unused or byte)."""
     import gguf
 
-    from headforms.extract.gguf_file import gguf_array
+    from headforms.extract.formats.gguf_file import gguf_array
 
     path = Path(name) / kwargs["gguf_file"]
     if not path.exists():  # a hub file: transformers has just downloaded it into the hub cache

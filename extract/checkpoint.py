@@ -12,8 +12,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from headforms.extract.caches import cache_root
-from headforms.extract.rope import Rope
+from headforms.extract.layouts.rope import Rope
+from headforms.extract.transport.caches import cache_root
 
 
 class ExtractError(Exception):
@@ -32,7 +32,7 @@ def first_line(error: BaseException, typed: bool = False) -> str:
 @dataclass(frozen=True)
 class FormPart:
     """One of the bilinear forms a head's score is the sum of, where it is more than one (multi-head latent
-    attention's 'nope' and 'rope': extract.latent): its head size, the key head of each query head, whether RoPE
+    attention's 'nope' and 'rope': extract.layouts.latent): its head size, the key head of each query head, whether RoPE
     rotates it, and the positive per-token factor on x_j^T L x_i besides score_scale."""
 
     name: str
@@ -56,11 +56,11 @@ class ModelSpec:
     positional: str            # "learned", "absolute", "rope", "alibi"
     qk_norm: str | None = None  # None, or "folded" when norm gains were folded into W_Q, W_K
     config: dict = field(default_factory=dict, compare=False)  # the raw config / metadata
-    rope: "Rope | None" = None  # RoPE's conventions (extract.rope) when positional == "rope"
+    rope: "Rope | None" = None  # RoPE's conventions (extract.layouts.rope) when positional == "rope"
     fold_norm: str | None = None  # None, or "gain" / "center" when the preceding norm was folded in
     softcap: float | None = None  # the logit is softcap * tanh(s / softcap) of the score s the form gives
     parts: tuple[FormPart, ...] | None = None  # a head's score as several forms (heads.part); None: one, 'whole'
-    form: object = field(default=None, compare=False, repr=False)  # the parts' builder's own spec (extract.latent)
+    form: object = field(default=None, compare=False, repr=False)  # the parts' builder's spec (extract.layouts.latent)
     attention_layers: tuple[int, ...] | None = None  # a hybrid's softmax-attention layers in its stack; None: all
 
     @property
@@ -88,7 +88,7 @@ class ReadOptions:
     revision: str | None = None  # hub revision (branch, tag or commit) or a local checkpoint's given name for it
     qk_norm: str = "refuse"      # "refuse" QK-norm models, or "fold" their gains into W_Q, W_K
     tower: str | None = None     # which tower of a multi-tower model (clip, siglip, whisper); None: the first
-    fold_norm: str = "none"      # "none", "gain" or "center": fold the pre-attention norm in (extract.norms)
+    fold_norm: str = "none"      # "none", "gain" or "center": fold the pre-attention norm in (extract.layouts.norms)
     circuits: tuple[str, ...] = ("qk",)  # the circuits read per layer: "qk" (W_Q, W_K) and/or "ov" (W_V, W_O)
 
     def __post_init__(self):
@@ -143,9 +143,9 @@ class Checkpoint:
     def read_circuits(self, layer: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """The circuits of options.circuits of a layer, every tensor read in one go, as float64 arrays:
         "qk": (W_Q (n_heads, n, N), W_K (n_kv_heads, n, N)), or where spec.parts is set a dict part name -> its
-        (W_Q, W_K) (their width may be a smaller span's, extract.latent); "ov": (W_V (n_kv_heads, n, N), W_O (n_heads, N, n)),
-        so head h adds W_O[h] @ W_V[kv_index[h]] @ sum_j A_ij x_j to the attention output (before its bias); and
-        with "qk", "sinks": (n_heads,) the heads' sink logits where the family has them (gpt-oss).
+        (W_Q, W_K) (their width may be a smaller span's, extract.layouts.latent); "ov": (W_V (n_kv_heads, n, N),
+        W_O (n_heads, N, n)), so head h adds W_O[h] @ W_V[kv_index[h]] @ sum_j A_ij x_j to the attention output (before
+        its bias); and with "qk", "sinks": (n_heads,) the heads' sink logits where the family has them (gpt-oss).
 
         Biases are not read: a V bias adds the constant W_O[h] b_V to a head's output (each row of A sums to 1),
         an O bias one constant per layer. Raises ExtractError naming the layer and tensor if a weight is not finite.

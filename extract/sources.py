@@ -8,8 +8,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from headforms.extract.checkpoint import Checkpoint, ExtractError, ReadOptions
-from headforms.extract.formats import refuse_foreign
-from headforms.extract.gguf_file import open_gguf
+from headforms.extract.formats.gguf_file import open_gguf
+from headforms.extract.formats.unreadable import refuse_foreign
 
 # Named sets of (model name, source) for `headforms extract SET`.
 MODEL_SETS: dict[str, list[tuple[str, str]]] = {
@@ -181,8 +181,8 @@ def open_checkpoint(source: str, options: ReadOptions = ReadOptions(), *, name: 
             raise ExtractError(f"a hub file source is org/name/FILE.gguf (or hf://org/name/FILE.gguf): {source}")
         if tower is not None:
             raise ExtractError(f"{source}: --tower applies to Hugging Face checkpoints with several towers, not GGUF files")
-        from headforms.extract.hub import hf_cache_file
-        from headforms.extract.remote import open_hub_gguf
+        from headforms.extract.transport.hub import hf_cache_file
+        from headforms.extract.formats.remote import open_hub_gguf
 
         if _offline() and (cached := hf_cache_file("/".join(parts[:2]), parts[2], options.revision)) is not None:
             return open_gguf(cached, name=name or Path(parts[2]).stem, source=source,
@@ -198,8 +198,8 @@ def open_checkpoint(source: str, options: ReadOptions = ReadOptions(), *, name: 
         return _open_local(path, name=name, source=source, options=options)
     if source.startswith(("/", ".", "~")) or source.endswith(_PATH_SUFFIXES) or source.count("/") >= 2:
         raise ExtractError(f"no such file or folder: {source}")
-    from headforms.extract.hub import RepoNotFound
-    from headforms.extract.remote import open_hub  # torch loads only when a hub model is opened
+    from headforms.extract.transport.hub import RepoNotFound
+    from headforms.extract.formats.remote import open_hub  # torch loads only when a hub model is opened
 
     name = name or _towered(source.rsplit("/", 1)[-1], tower)
     if _offline() and (snapshot := _hf_cache_model(source, options.revision)) is not None:
@@ -223,8 +223,8 @@ def _offline() -> bool:
 def _hf_cache_model(repo_id: str, revision: str | None) -> Path | None:
     """A hub model's snapshot in the Hugging Face cache when it holds config.json and weights (a snapshot of
     config or tokenizer files alone is no model: the range cache is looked in next), else None."""
-    from headforms.extract.hub import hf_cache_snapshot
-    from headforms.extract.remote import HUB_LAYOUTS
+    from headforms.extract.transport.hub import hf_cache_snapshot
+    from headforms.extract.formats.remote import HUB_LAYOUTS
 
     snapshot = hf_cache_snapshot(repo_id, revision)
     if snapshot is None or not (snapshot / "config.json").is_file():
@@ -251,7 +251,7 @@ def _towered(name: str, tower: str | None) -> str:
 def _open_local(path: Path, *, name: str | None, source: str, options: ReadOptions) -> Checkpoint:
     """A local model folder (config.json + weights) or GGUF file; names default to local_name."""
     if path.is_dir():
-        from headforms.extract.hf import open_hf_folder  # torch and safetensors load only when a folder is opened
+        from headforms.extract.formats.hf import open_hf_folder  # torch and safetensors: only for a folder
 
         return open_hf_folder(path, name=name or _towered(local_name(path), options.tower), source=source,
                               options=options)

@@ -1025,7 +1025,7 @@ def synthetic_24b(tmp_root: Path, start_s: float) -> dict | None:
               f"{rerun['wall']:.1f} s wall, rchar {rerun['io']['rchar'] / 1e6:.2f} MB, read_bytes "
               f"{rerun['io']['read_bytes'] / 1e6:.2f} MB (Q/K {info['qk'] / GB:.2f} GB)")
         hub = hub_24b(folder, files)
-        from headforms.extract import remote
+        from headforms.extract.formats import remote
 
         print(f"the same checkpoint from a local hub server (subprocess, by range, read-ahead up to {remote.AHEAD} "
               f"layers within {remote.AHEAD_BYTES >> 20} MB): "
@@ -1290,7 +1290,8 @@ def latent_v3(tmp_root: Path, start_s: float, divide: int) -> dict | None:
     from the local hub server by range (a fresh range cache): wall against the floor measured on its own layer 0
     (the common span's QR and products, each part's reduction, spectra, distances and baseline) x 61, peak RSS, and
     the bytes fetched against the FP8 tensors and scales the forms need."""
-    from headforms.extract import ReadOptions, latent, open_checkpoint
+    from headforms.extract import ReadOptions, open_checkpoint
+    from headforms.extract.layouts import latent
     from headforms.warehouse.running.load import LoadOptions, deltas
     from tests.hub_server import HubServer
 
@@ -1427,7 +1428,7 @@ def projection(read_gbps: float | None, start: float) -> dict:
     (the interpreter and imports) added to both."""
     from headforms.compute.analysis import analyse_layer
     from headforms.compute.rotary import DEFAULT_DISTANCES, Rotation
-    from headforms.extract.rope import rope
+    from headforms.extract.layouts.rope import rope
 
     header("6. projection: the paper's fourteen models, 9,512 heads (one random layer per shape, x layers)")
     rng = np.random.default_rng(6)
@@ -1562,7 +1563,7 @@ def hub_ranged(tmp_root: Path) -> dict:
         from huggingface_hub import hf_hub_download
 
         import huggingface_hub.hf_api  # noqa: F401  (imports are not the network's time: torch's, and the
-        import headforms.extract.remote  # noqa: F401   hub client's model-info API, which both ways use)
+        import headforms.extract.formats.remote  # noqa: F401   hub client's model-info API, which both ways use)
         from headforms.extract import open_checkpoint
 
         t0 = time.perf_counter()

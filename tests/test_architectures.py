@@ -10,9 +10,10 @@ import transformers
 from click.testing import CliRunner
 
 from headforms import cli
-from headforms.extract import gguf_file, latent
-from headforms.extract.architectures import architectures, markdown, table_block
-from headforms.extract.layouts import LAYOUTS, REFUSED, layout_key
+from headforms.extract.formats import gguf_file
+from headforms.extract.layouts import latent
+from headforms.extract.layouts.architectures import architectures, markdown, table_block
+from headforms.extract.layouts.table import LAYOUTS, REFUSED, layout_key
 from tests import test_llama4 as llama4, tiny_models as tm
 
 
@@ -21,7 +22,7 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "architectures.md"
 
 def test_docs_table_is_the_generated_one():
     assert table_block(DOC.read_text()) == markdown(discovered=False), (
-        "docs/architectures.md's table is stale: regenerate it with python -m headforms.extract.architectures --write")
+        "docs/architectures.md's table is stale: regenerate it with python -m headforms.extract.layouts.architectures --write")
 
 
 def test_every_listed_family_is_proven_by_a_tiny_model():

@@ -16,13 +16,13 @@ import headforms
 from headforms import cli
 from headforms.compute.norm_gains import fold_gain
 from headforms.extract.checkpoint import ExtractError, ReadOptions
-from headforms.extract.gguf_file import open_gguf
-from headforms.extract.hf import open_hf_folder
+from headforms.extract.formats.gguf_file import open_gguf
+from headforms.extract.formats.hf import open_hf_folder
 from tests import tiny_models as tm
 from tests.test_gguf import write_gguf
 from tests.test_layouts import logit_error
 
-# name -> (module feeding layer i's attention, kind): written out here, independently of extract.norms.
+# name -> (module feeding layer i's attention, kind): written out here, independently of extract.layouts.norms.
 NORM_MODULES = {
     "llama": ("model.layers.{i}.input_layernorm", "rms"),
     "gemma": ("model.layers.{i}.input_layernorm", "rms"),        # multiplies by 1 + weight
@@ -210,7 +210,7 @@ def test_fold_norm_comparison_view(compared):
 def test_an_unknown_fold_norm_option_names_the_options():
     """The API's fold_norm (the CLI offers only these) refused with every option named."""
     from headforms.extract.checkpoint import ExtractError
-    from headforms.extract.norms import HF_NORMS, norm_for
+    from headforms.extract.layouts.norms import HF_NORMS, norm_for
 
     with pytest.raises(ExtractError) as refused:
         norm_for(None, "centre", HF_NORMS)

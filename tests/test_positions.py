@@ -16,9 +16,9 @@ from headforms import api, cli
 from headforms.compute.reduction import reduce_factors
 from headforms.compute.rotary import DEFAULT_DISTANCES, Rotation, distance_forms, distance_profiles
 from headforms.extract.checkpoint import ReadOptions
-from headforms.extract.gguf_file import open_gguf
-from headforms.extract.hf import open_hf_folder
-from headforms.extract.spec import model_spec
+from headforms.extract.formats.gguf_file import open_gguf
+from headforms.extract.formats.hf import open_hf_folder
+from headforms.extract.layouts.spec import model_spec
 from tests import tiny_models as tm
 from tests.dense import dense_reference
 from tests.test_gguf import write_gguf

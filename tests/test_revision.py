@@ -21,8 +21,8 @@ from safetensors.torch import load_file, save_file
 import tests.tiny_models as tm
 from headforms import api, cli
 from headforms.extract import checkpoint as checkpoint_module
-from headforms.extract import hf
 from headforms.extract.checkpoint import ReadOptions
+from headforms.extract.formats import hf
 from headforms.extract.sources import open_checkpoint
 from tests.test_gguf import write_gguf
 from tests.test_robustness import interrupt_at
@@ -218,9 +218,9 @@ def test_inside_a_hugging_face_cache_snapshot_the_revision_is_its_commit(tmp_pat
 
 
 def cache_root_under(env: dict) -> Path:
-    """extract.hub.cache_root() in a fresh interpreter with only `env` of the cache variables set."""
+    """extract.transport.hub.cache_root() in a fresh interpreter with only `env` of the cache variables set."""
     clean = {k: v for k, v in os.environ.items() if k not in ("HEADFORMS_CACHE", "HF_HOME", "HF_HUB_CACHE")}
-    out = subprocess.run([sys.executable, "-c", "from headforms.extract.caches import cache_root; print(cache_root())"],
+    out = subprocess.run([sys.executable, "-c", "from headforms.extract.transport.caches import cache_root; print(cache_root())"],
                          env=clean | env, capture_output=True, text=True, check=True)
     return Path(out.stdout.strip())
 
@@ -238,7 +238,7 @@ def test_the_cache_root_is_a_headforms_folder_in_the_hub_cache(tmp_path, monkeyp
     """In this process (as a run calls it): the hub cache huggingface_hub resolved, its `headforms` folder."""
     import huggingface_hub.constants
 
-    from headforms.extract.caches import cache_root
+    from headforms.extract.transport.caches import cache_root
 
     monkeypatch.delenv("HEADFORMS_CACHE")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))

@@ -15,7 +15,7 @@ from tests.test_gguf import write_gguf
 
 @pytest.fixture
 def fake_hf(monkeypatch):
-    """Stand-in for extract.hf: records how open_hf_folder was called and returns the arguments."""
+    """Stand-in for extract.formats.hf: records how open_hf_folder was called and returns the arguments."""
     calls = []
 
     def open_hf_folder(folder, *, name, source, options):
@@ -23,9 +23,9 @@ def fake_hf(monkeypatch):
                           qk_norm=options.qk_norm, tower=options.tower, fold_norm=options.fold_norm))
         return calls[-1]
 
-    module = types.ModuleType("headforms.extract.hf")
+    module = types.ModuleType("headforms.extract.formats.hf")
     module.open_hf_folder = open_hf_folder
-    monkeypatch.setitem(sys.modules, "headforms.extract.hf", module)
+    monkeypatch.setitem(sys.modules, "headforms.extract.formats.hf", module)
     return calls
 
 

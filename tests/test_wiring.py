@@ -164,7 +164,7 @@ def test_distances_of_a_rope_refused_beyond_zero_are_zero_only():
     is not implemented gets (0,), asked for or not, and asking for more is refused; no RoPE, no distances."""
     from headforms.compute.rotary import DEFAULT_DISTANCES
     from headforms.extract import ExtractError
-    from headforms.extract.spec import model_spec
+    from headforms.extract.layouts.spec import model_spec
     from headforms.warehouse.running.layers import LoadOptions, deltas
 
     base = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 32}

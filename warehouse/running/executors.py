@@ -204,7 +204,8 @@ class _Ahead:
 SINGLE_THREADED_BLAS = {"OPENBLAS_NUM_THREADS": "1"}
 # What a worker process needs, imported once by the `--jobs` fork server: the layer's task and the readers, not
 # the warehouse (no DuckDB, no polars).
-WORKER_IMPORTS = ("headforms.warehouse.running.executors", "headforms.extract.hf", "headforms.extract.gguf_file")
+WORKER_IMPORTS = ("headforms.warehouse.running.executors", "headforms.extract.formats.hf",
+                  "headforms.extract.formats.gguf_file")
 
 
 @contextmanager

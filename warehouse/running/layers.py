@@ -12,12 +12,12 @@ import numpy as np
 import pyarrow as pa
 
 from headforms.compute import copying
+from headforms.compute import threads
 from headforms.compute.analysis import LayerAnalysis, start_layer
 from headforms.compute.bootstrap import RESAMPLES
 from headforms.compute.reduction import device_problem
 from headforms.compute.rotary import DEFAULT_DISTANCES, PROFILE_COLUMNS, Rotation
 from headforms.compute.statistics import PARITY_TOLERANCE, lobes
-from headforms.compute import threads
 from headforms.compute.threads import Pool
 from headforms.extract import Checkpoint, ExtractError
 from headforms.extract.checkpoint import WHOLE
@@ -132,7 +132,7 @@ def start_rows(ckpt: Checkpoint, opts: LoadOptions, layer: int, weights: Weights
     rotation = Rotation.of(spec.rope.pairing, spec.rope.frequencies_of(layer)) if spec.rope is not None else None
     with stage("compute", ckpt.name, layer):
         # each form of the heads (spec.forms: one, or a latent-attention head's parts) analysed on its own; maps
-        # given in a smaller span than N (extract.latent) count their ambient zeros and baseline in N
+        # given in a smaller span than N (extract.layouts.latent) count their ambient zeros and baseline in N
         later = {form.name: start_layer(
             pool, *weights.qk[form.name], np.asarray(form.kv_index), layer=layer, seed=opts.seed,
             parity_tolerance=opts.parity_tolerance, device=opts.device, rotation=rotation if form.rotary else None,

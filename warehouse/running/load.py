@@ -25,11 +25,11 @@ import pyarrow as pa
 
 from headforms.compute.threads import single_threaded
 from headforms.extract import Checkpoint
-from headforms.extract.hub import FetchError
+from headforms.extract.transport.hub import FetchError
+from headforms.warehouse.running import summaries
 from headforms.warehouse.running.executors import Serial
 from headforms.warehouse.running.layers import LayerRows, LoadOptions, deltas
 from headforms.warehouse.running.progress import RunProgress
-from headforms.warehouse.running import summaries
 from headforms.warehouse.storing.failures import ModelIncomplete, WarehouseError, no_space, place_of, stage, words
 from headforms.warehouse.storing.store import Writer, insert, query, transaction
 

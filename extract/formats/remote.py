@@ -17,13 +17,14 @@ from functools import partial
 import numpy as np
 
 from headforms.extract.checkpoint import Checkpoint, ExtractError, ReadOptions, first_line
-from headforms.extract.formats import header_cut
-from headforms.extract.gguf_file import _Cut, _HeaderReader, gguf_checkpoint
-from headforms.extract.hf import (Weights, float64_array, hf_checkpoint, parse_config, read_header, safetensors_spans,
-                                  span_array, span_rows, spans_meta, torch_state_dict, torch_zip_extent)
-from headforms.extract.hub import HubRepo, RangeReader, RemoteFile
-from headforms.extract.spec import model_spec
-from headforms.extract.torch_pickle import RecordingUnpickler, TensorRef
+from headforms.extract.formats.gguf_file import _Cut, _HeaderReader, gguf_checkpoint
+from headforms.extract.formats.hf import (Weights, float64_array, hf_checkpoint, parse_config, read_header,
+                                          safetensors_spans, span_array, span_rows, spans_meta, torch_state_dict,
+                                          torch_zip_extent)
+from headforms.extract.formats.torch_pickle import RecordingUnpickler, TensorRef
+from headforms.extract.formats.unreadable import header_cut
+from headforms.extract.layouts.spec import model_spec
+from headforms.extract.transport.hub import HubRepo, RangeReader, RemoteFile
 
 # Layers fetched in the background while one is analysed: AHEAD, fewer where their bytes (held in memory until
 # read) would pass AHEAD_BYTES, at least one (a 24B model's 52 MB layer alone).

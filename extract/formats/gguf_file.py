@@ -20,11 +20,11 @@ from gguf import GGMLQuantizationType, GGUFValueType
 
 from headforms.extract.checkpoint import (Checkpoint, Digest, ExtractError, ModelSpec, ReadOptions, first_line,
                                           hf_cache_commit, row_blocks)
-from headforms.extract import latent
-from headforms.extract.formats import extent_problem, header_cut, refuse_foreign
-from headforms.extract.layouts import SEPARATE, Layout
-from headforms.extract.norms import GGUF_NORMS, norm_for
-from headforms.extract.rope import DEFAULT_THETA, gguf_rope
+from headforms.extract.formats.unreadable import extent_problem, header_cut, refuse_foreign
+from headforms.extract.layouts import latent
+from headforms.extract.layouts.norms import GGUF_NORMS, norm_for
+from headforms.extract.layouts.rope import DEFAULT_THETA, gguf_rope
+from headforms.extract.layouts.table import SEPARATE, Layout
 
 
 def _inverse_sqrt_head_dim(meta: dict, arch: str, spec: dict) -> float:
@@ -63,7 +63,7 @@ class GGUFArchitecture:
     """Positional scheme: "rope", "learned" (absolute embeddings added to x) or "alibi"."""
     packings: tuple[str, ...] = ("separate",)
     """Q/K tensors the converter writes, first present wins: "separate" attn_q/attn_k, "fused" attn_qkv (rows
-    Q|K|V), "latent" multi-head latent attention's down- and up-projections (extract.latent)."""
+    Q|K|V), "latent" multi-head latent attention's down- and up-projections (extract.layouts.latent)."""
     rope_pairing: str | None = None
     """RoPE pairs of a head's rows as stored: "interleaved" (2i, 2i+1) or "split-half" (i, i + n/2); None: no RoPE."""
     qk_norm: str | None = None
@@ -394,7 +394,7 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
 
     pinned: the revision when it needs no hashing. options.qk_norm="refuse" rejects files with RMS QK-norm gains;
     "fold" folds attn_q_norm / attn_k_norm into W_Q, W_K and marks the spec qk_norm="folded". options.fold_norm
-    as in extract.norms. (A GGUF file holds one tower: options.tower is refused before this.)
+    as in extract.layouts.norms. (A GGUF file holds one tower: options.tower is refused before this.)
     """
     qk_norm, fold_norm = options.qk_norm, options.fold_norm
     if qk_norm not in ("refuse", "fold"):
@@ -426,7 +426,7 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
     tensors = {t.name: t for t in reader.tensors}
     first = {"separate": "blk.0.attn_q.weight", "fused": "blk.0.attn_qkv.weight", "latent": "blk.0.attn_kv_a_mqa.weight"}
     packing = next((p for p in layout.packings if first[p] in tensors), layout.packings[0])
-    form = None  # a latent-attention file's LatentSpec: each head read as its two parts (extract.latent)
+    form = None  # a latent-attention file's LatentSpec: each head read as its two parts (extract.layouts.latent)
     q_rows, k_rows = n_heads * head_dim, n_kv_heads * head_dim
     circuits = options.circuits
     roles = ({"q": ("attn_q", (q_rows, d_model)), "k": ("attn_k", (k_rows, d_model))} if packing == "separate"

@@ -2,7 +2,7 @@
 --fold-norm (fold its gain, and LayerNorm's centering, into W_Q and W_K, and W_V for the ov circuit;
 statistics.md section 7).
 
-A separate table keyed by model_type (and GGUF architecture), beside extract.layouts' LAYOUTS.
+A separate table keyed by model_type (and GGUF architecture), beside extract.layouts.table's LAYOUTS.
 Architectures where no norm precedes Q and K, or not listed here, are refused with a reason.
 """
 from __future__ import annotations

@@ -26,19 +26,21 @@ import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 
-from headforms.extract import pages, quantized
-from headforms.extract.buffers import BufferPool
 from headforms.extract.checkpoint import (Checkpoint, Digest, ExtractError, ReadOptions, first_line, hf_cache_commit,
                                           row_blocks)
-from headforms.extract.formats import IncompleteFile, extent_problem, header_cut, refuse_foreign, size_mismatch
-from headforms.extract.spec import model_spec
-from headforms.extract.norms import HF_NORMS, norm_for
-from headforms.extract.torch_pickle import RecordingUnpickler, TensorRef
+from headforms.extract.formats.torch_pickle import RecordingUnpickler, TensorRef
+from headforms.extract.formats.unreadable import (IncompleteFile, extent_problem, header_cut, refuse_foreign,
+                                                  size_mismatch)
+from headforms.extract.layouts import quantized
+from headforms.extract.layouts.norms import HF_NORMS, norm_for
+from headforms.extract.layouts.spec import model_spec
+from headforms.extract.transport import pages
+from headforms.extract.transport.buffers import BufferPool
 
 BF16_BLOCK = 1 << 17  # bfloat16 values decoded at a time (a 512 kB float32 block)
 _DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64",  # safetensors -> torch names
            "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "I32": "int32", "I8": "int8", "U8": "uint8"}
-_FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})  # a dense weight's; quantized: extract.quantized
+_FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})  # dense weights'; quantized: layouts.quantized
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,  # bytes per value of each torch dtype name
              "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
              "float8_e4m3fn": 1, "float8_e5m2": 1}
@@ -568,7 +570,7 @@ def open_hf_folder(folder: Path, *, name: str, source: str, options: ReadOptions
     config = _read_config(folder)
     model_spec(config, options)  # an unsupported config is refused before the weights are read
     weights = _find_weights(folder)
-    # GPTQ, AWQ, MLX known by their tensors alone (a quantization_config says how to read them: extract.quantized)
+    # GPTQ, AWQ, MLX known by their tensors alone (a quantization_config says how to read them: layouts.quantized)
     refuse_foreign(folder, config=config, tensors=() if config.get("quantization_config") else weights.meta)
     commit = None if revision else hf_cache_commit(folder.absolute())
     digest = None
@@ -595,7 +597,7 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
     """A Checkpoint over a config and its weight files (local or on the hub); checks every layer's Q/K up front.
 
     pinned: the revision when it needs no hashing (the hub's commit, a cache snapshot's, or given); options.qk_norm,
-    options.tower: see model_spec; options.fold_norm (extract.norms) folds the pre-norm feeding attention in."""
+    options.tower: see model_spec; options.fold_norm (extract.layouts.norms) folds the pre-norm feeding attention in."""
     layout, spec = model_spec(config, options)
     if quantized.refusal(config):  # accepted all the same: its attention is left unquantized (modules_to_not_convert)
         config = {key: value for key, value in config.items() if key != "quantization_config"}
@@ -622,7 +624,7 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
     stored = quantized.stored(config, {name: shape for name, shape, _ in wanted}, weights.meta)  # quantized weights
 
     def sources(names) -> list[str]:
-        """The stored tensors that make `names`: a quantized weight's values, scales ... (extract.quantized)."""
+        """The stored tensors that make `names`: a quantized weight's values, scales ... (extract.layouts.quantized)."""
         return [s for t in names for s in (stored[t].names.values() if t in stored else (t,))]
 
     _check_tensors(weights, [w for w in wanted if w[0] not in stored]
