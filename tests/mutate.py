@@ -61,6 +61,7 @@ TARGETS = {
                                        "test_norm_gains.py"],
     "headforms/extract/formats/hf.py": _READING + ["test_positions.py", "test_norm_gains.py", "test_fixed_costs.py"],
     "headforms/extract/checkpoint.py": _READING,
+    "headforms/extract/formats/provenance.py": _READING,
     "headforms/extract/formats/unreadable.py": _READING,
     "headforms/extract/formats/torch_pickle.py": _READING,
     "headforms/extract/sources.py": _READING + ["test_dynamics.py"],
@@ -524,7 +525,7 @@ PY_EQUIVALENT = {
     ('headforms.warehouse.storing.store.x__shadow_added_columns',
      'database = con.execute("SELECT CURRENT_DATABASE()").fetchone()[0]'):
         "CURRENT_DATABASE(): DuckDB's function names are case-insensitive",
-    ('headforms.extract.checkpoint.xǁDigestǁ__init__',
+    ('headforms.extract.formats.provenance.xǁDigestǁ__init__',
      'self.layers: list[list[tuple[Path, str]]] = None  # per layer, the (file, tensor) its reader reads'):
         "a digest's layers before expect() as None: both readers call expect() before the Checkpoint exists, and nothing reads them earlier",
     ('headforms.warehouse.storing.store.x_insert',
@@ -715,7 +716,7 @@ def run_sql(env: dict) -> dict[str, Counter]:
 # name, the file, the exact text and its replacement, the test files that judge it). Each is applied in place, its
 # tests run, and the file restored; the report names each one, killed or SURVIVED.
 HELD_OUT = [
-    ("a folder's revision ignores config.json", "extract/checkpoint.py",
+    ("a folder's revision ignores config.json", "extract/formats/provenance.py",
      "        h.update(hashlib.sha256(self.preamble).digest())\n", "", ["test_revision.py"]),
     ("gengamma mode at q = 0 with the wrong sign", "compute/fits.py",
      "r = np.where(q == 0, -p,", "r = np.where(q == 0, p,", ["test_fits.py"]),

@@ -20,9 +20,8 @@ from safetensors.torch import load_file, save_file
 
 import tests.tiny_models as tm
 from headforms import api, cli
-from headforms.extract import checkpoint as checkpoint_module
 from headforms.extract.checkpoint import ReadOptions
-from headforms.extract.formats import hf
+from headforms.extract.formats import hf, provenance
 from headforms.extract.sources import open_checkpoint
 from tests.test_gguf import write_gguf
 from tests.test_robustness import interrupt_at
@@ -66,7 +65,7 @@ def rchar() -> int:
 def reads(monkeypatch):
     """Bytes through headforms' positioned reads, and the tensors the digest hashed, during the test."""
     seen = {"read": 0, "hashed": []}
-    read_at, update = hf._read_at, checkpoint_module.Digest.update
+    read_at, update = hf._read_at, provenance.Digest.update
 
     def counting_read(f, offset, size, path, *empty):
         seen["read"] += size
@@ -78,7 +77,7 @@ def reads(monkeypatch):
         return update(self, path, name, data)
 
     monkeypatch.setattr(hf, "_read_at", counting_read)
-    monkeypatch.setattr(checkpoint_module.Digest, "update", counting_update)
+    monkeypatch.setattr(provenance.Digest, "update", counting_update)
     return seen
 
 

@@ -18,8 +18,8 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType
 
-from headforms.extract.checkpoint import (Checkpoint, Digest, ExtractError, ModelSpec, ReadOptions, first_line,
-                                          hf_cache_commit, row_blocks)
+from headforms.extract.checkpoint import Checkpoint, ExtractError, ModelSpec, ReadOptions, first_line, row_blocks
+from headforms.extract.formats.provenance import Digest, hf_cache_commit
 from headforms.extract.formats.unreadable import extent_problem, header_cut, refuse_foreign
 from headforms.extract.layouts import latent
 from headforms.extract.layouts.norms import GGUF_NORMS, norm_for

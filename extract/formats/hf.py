@@ -26,8 +26,8 @@ import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 
-from headforms.extract.checkpoint import (Checkpoint, Digest, ExtractError, ReadOptions, first_line, hf_cache_commit,
-                                          row_blocks)
+from headforms.extract.checkpoint import Checkpoint, ExtractError, ReadOptions, first_line, row_blocks
+from headforms.extract.formats.provenance import Digest, hf_cache_commit
 from headforms.extract.formats.torch_pickle import RecordingUnpickler, TensorRef
 from headforms.extract.formats.unreadable import (IncompleteFile, extent_problem, header_cut, refuse_foreign,
                                                   size_mismatch)
