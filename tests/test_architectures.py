@@ -10,8 +10,7 @@ import transformers
 from click.testing import CliRunner
 
 from headforms import cli
-from headforms.extract.formats import gguf_file
-from headforms.extract.layouts import latent
+from headforms.extract.layouts import gguf_table, latent
 from headforms.extract.layouts.architectures import architectures, markdown, table_block
 from headforms.extract.layouts.table import LAYOUTS, REFUSED, layout_key
 from tests import test_llama4 as llama4, tiny_models as tm
@@ -50,7 +49,7 @@ def test_rows_follow_the_tables():
     assert rows["hf", "deepseek_v3"]["notes"] == latent.TREATMENT
     assert rows["hf", "diffllama"]["notes"] == f"refused: {REFUSED['diffllama']}"
     gguf = {family for fmt, family in rows if fmt == "gguf"}
-    assert gguf == set(gguf_file.GGUF_ARCHITECTURES)
+    assert gguf == set(gguf_table.GGUF_ARCHITECTURES)
 
 
 @pytest.mark.parametrize("fmt", ["json", "markdown"])

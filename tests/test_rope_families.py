@@ -17,9 +17,10 @@ from headforms import api
 from headforms.compute.reduction import reduce_factors
 from headforms.compute.rotary import Rotation, distance_forms
 from headforms.extract.checkpoint import ReadOptions
-from headforms.extract.formats.gguf_file import GGUF_ARCHITECTURES, open_gguf
+from headforms.extract.formats.gguf_file import open_gguf
 from headforms.extract.formats.hf import open_hf_folder
 from headforms.extract.layouts import latent
+from headforms.extract.layouts.gguf_table import GGUF_ARCHITECTURES
 from headforms.extract.layouts.rope import DEFAULT_THETA, GGUF_PER_LAYER_ROPE, HF_PER_LAYER_ROPE, rope
 from headforms.extract.layouts.table import LAYOUTS, layout_key
 from tests import gguf_convert, test_llama4 as llama4

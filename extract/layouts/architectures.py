@@ -8,8 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from headforms.extract.formats import gguf_file
-from headforms.extract.layouts import latent
+from headforms.extract.layouts import gguf_table, latent
 from headforms.extract.layouts.discover import discovered_families
 from headforms.extract.layouts.table import LATENT_NORMS, LAYOUTS, REFUSED, Layout, _no_refusal
 
@@ -44,10 +43,10 @@ def _hf_row(family: str, layout: Layout) -> dict:
 
 
 def _gguf_rows() -> list[dict]:
-    """GGUF architectures, from gguf_file's own table."""
+    """GGUF architectures, from gguf_table's own table."""
     return [{"format": "gguf", "family": arch, "positional": info.positional, "packing": info.packing,
              "score_scale": info.score_scale, "notes": info.notes}
-            for arch, info in sorted(gguf_file.GGUF_ARCHITECTURES.items())]
+            for arch, info in sorted(gguf_table.GGUF_ARCHITECTURES.items())]
 
 
 def architectures(discovered: bool = True) -> list[dict]:
