@@ -93,29 +93,20 @@ WHOLE = "whole"  # heads.part of a head whose score is one form
 CIRCUITS = ("qk", "ov")  # a head's query-key form L = W_K^T W_Q and output-value map OV = W_O W_V
 
 
-@dataclass
-class Checkpoint:
-    """A resolved checkpoint: provenance plus a reader of one layer's circuits at a time."""
+@dataclass(frozen=True)
+class Provenance:
+    """Where a checkpoint comes from, built once by its opener (extract.formats.provenance) and passed whole: the
+    model's name, the source asked for, its revision and what kind that is, its size, a training checkpoint's step."""
 
     name: str                  # default model name in the warehouse
     source: str                # what the user asked for
     pinned: str | None         # the revision when it needs no hashing: hub or HF-cache commit, or given; else None
-    spec: ModelSpec
-    reader: Callable[[int], dict[str, tuple[np.ndarray, np.ndarray]]] = field(repr=False)  # see read_circuits
-    close: Callable[[], None] = field(default=lambda: None, repr=False)
-    base_model: str | None = None     # a training checkpoint: the model it is a revision of
-    training_step: int | None = None  # a training checkpoint's step, from its revision's name
-    qk_bytes: int | None = None          # bytes of the tensors the reader reads (Q/K, V/O with "ov", gains)
+    revision_kind: str         # 'hub', 'hf-cache', 'digest' or 'given' (models.revision_kind)
+    digest: object = field(default=None, repr=False)  # local files without a pinned revision: their Digest
     checkpoint_bytes: int | None = None  # bytes of the weight files
     meter: object = field(default=None, repr=False)  # hub sources: a Meter of the bytes fetched over the network
-    revision_kind: str = "given"     # 'hub', 'hf-cache', 'digest' or 'given' (models.revision_kind)
-    digest: object = field(default=None, repr=False)  # local files without a pinned revision: their Digest
-    options: ReadOptions = ReadOptions()  # how it was opened (a worker reopens it with the same)
-    quantization: str | None = None  # a quantized checkpoint's scheme(s) of Q/K (models.quantization), else None
-    # the ov circuit's: (W_E, W_U) by blocks of the given number of vocabulary rows, in order (None: one block)
-    embeddings: Callable[[int | None], Iterator[tuple[np.ndarray | None, np.ndarray | None]]] | None = field(
-        default=None, repr=False)
-    unembedding: bool = False  # whether read_embeddings' W_U is there (a linear unembedding of the residual stream)
+    base_model: str | None = None     # a training checkpoint: the model it is a revision of
+    training_step: int | None = None  # a training checkpoint's step, from its revision's name
 
     @property
     def revision(self) -> str:
@@ -130,6 +121,35 @@ class Checkpoint:
     def bytes_fetched(self) -> int | None:
         """Bytes this checkpoint fetched over the network so far (None for local files)."""
         return None if self.meter is None else self.meter.bytes
+
+
+@dataclass
+class Checkpoint:
+    """A resolved checkpoint: its provenance plus a reader of one layer's circuits at a time."""
+
+    provenance: Provenance
+    spec: ModelSpec
+    reader: Callable[[int], dict[str, tuple[np.ndarray, np.ndarray]]] = field(repr=False)  # see read_circuits
+    close: Callable[[], None] = field(default=lambda: None, repr=False)
+    qk_bytes: int | None = None          # bytes of the tensors the reader reads (Q/K, V/O with "ov", gains)
+    options: ReadOptions = ReadOptions()  # how it was opened (a worker reopens it with the same)
+    quantization: str | None = None  # a quantized checkpoint's scheme(s) of Q/K (models.quantization), else None
+    # the ov circuit's: (W_E, W_U) by blocks of the given number of vocabulary rows, in order (None: one block)
+    embeddings: Callable[[int | None], Iterator[tuple[np.ndarray | None, np.ndarray | None]]] | None = field(
+        default=None, repr=False)
+    unembedding: bool = False  # whether read_embeddings' W_U is there (a linear unembedding of the residual stream)
+
+    # The provenance's fields, read as the checkpoint's own.
+    name = property(lambda self: self.provenance.name)
+    source = property(lambda self: self.provenance.source)
+    revision = property(lambda self: self.provenance.revision)
+    revision_kind = property(lambda self: self.provenance.revision_kind)
+    digest = property(lambda self: self.provenance.digest)
+    checkpoint_bytes = property(lambda self: self.provenance.checkpoint_bytes)
+    meter = property(lambda self: self.provenance.meter)
+    bytes_fetched = property(lambda self: self.provenance.bytes_fetched)
+    base_model = property(lambda self: self.provenance.base_model)
+    training_step = property(lambda self: self.provenance.training_step)
 
     def read_circuits(self, layer: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """The circuits of options.circuits of a layer, every tensor read in one go, as float64 arrays:

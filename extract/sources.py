@@ -164,8 +164,8 @@ def open_target(target: Target, options: ReadOptions = ReadOptions()) -> Checkpo
     if not target.of_revision:
         return open_checkpoint(target.source, options, name=target.name)
     ckpt = open_checkpoint(target.source, options, name=target.base)
-    return replace(ckpt, name=target.name or f"{ckpt.name}@{target.revision}", base_model=ckpt.name,
-                   training_step=training_step(target.revision))
+    return replace(ckpt, provenance=replace(ckpt.provenance, name=target.name or f"{ckpt.name}@{target.revision}",
+                                            base_model=ckpt.name, training_step=training_step(target.revision)))
 
 
 def open_checkpoint(source: str, options: ReadOptions = ReadOptions(), *, name: str | None = None) -> Checkpoint:

@@ -170,7 +170,7 @@ def test_distance_forms_reproduce_model_logits(case, tmp_path):
     for layer in range(ckpt.spec.n_layers):
         assert logit_error_at_positions(ckpt, inputs, probs, layer) < 1e-5
     # the same forms without the rotation (distance 0 everywhere) do not reproduce the logits
-    flat = replace(ckpt, name="flat", spec=replace(ckpt.spec, rope=_no_rotation(ckpt.spec.rope)))
+    flat = replace(ckpt, spec=replace(ckpt.spec, rope=_no_rotation(ckpt.spec.rope)))
     assert logit_error_at_positions(flat, inputs, probs, 0) > 1e-3
 
 
@@ -198,7 +198,7 @@ def test_gguf_permuted_llama_reproduces_model_logits(tmp_path):
     inputs, probs = rope_trace(model)
     for layer in range(2):
         assert logit_error_at_positions(ckpt, inputs, probs, layer) < 1e-5
-    wrong = replace(ckpt, name="w", spec=replace(ckpt.spec, rope=_with_pairing(rope, "split-half")))
+    wrong = replace(ckpt, spec=replace(ckpt.spec, rope=_with_pairing(rope, "split-half")))
     assert logit_error_at_positions(wrong, inputs, probs, 0) > 1e-3
 
 

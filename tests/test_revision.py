@@ -216,6 +216,29 @@ def test_inside_a_hugging_face_cache_snapshot_the_revision_is_its_commit(tmp_pat
     assert (given.revision, given.revision_kind) == ("mine", "given")
 
 
+def test_a_local_revision_kind_is_decided_in_one_place(tmp_path):
+    """local_provenance, for every local opener: the revision given ('given'), else the commit of the Hugging Face
+    cache snapshot holding the path ('hf-cache'), else the opener's Digest, made only then ('digest'); the Checkpoint
+    reads its name, source and revision from that one record."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = tmp_path / "models--org--tiny" / "snapshots" / commit
+    made = []
+
+    def local(path, revision=None):
+        record = provenance.local_provenance(path, name="m", source="s", revision=revision, checkpoint_bytes=7,
+                                             digest=lambda: made.append(path) or "its digest")
+        return record.pinned, record.revision_kind, record.digest
+
+    assert local(snapshot / "tiny.gguf", "mine") == ("mine", "given", None)
+    assert local(snapshot / "tiny.gguf") == (commit, "hf-cache", None)
+    assert made == []
+    assert local(tmp_path / "tiny.gguf") == (None, "digest", "its digest") and made == [tmp_path / "tiny.gguf"]
+    write_gguf(tmp_path / "tiny.gguf")
+    ckpt = open_checkpoint(str(tmp_path / "tiny.gguf"), ReadOptions(revision="mine"), name="named")
+    assert (ckpt.name, ckpt.source, ckpt.revision) == (ckpt.provenance.name, ckpt.provenance.source, "mine")
+    assert ckpt.provenance.checkpoint_bytes == (tmp_path / "tiny.gguf").stat().st_size and ckpt.name == "named"
+
+
 def cache_root_under(env: dict) -> Path:
     """extract.transport.hub.cache_root() in a fresh interpreter with only `env` of the cache variables set."""
     clean = {k: v for k, v in os.environ.items() if k not in ("HEADFORMS_CACHE", "HF_HOME", "HF_HUB_CACHE")}

@@ -735,7 +735,8 @@ def test_fetched_bytes_are_recorded_when_the_network_gives_out_and_add_up_on_res
         def reader(layer):
             meter.bytes += 1000
             return local.reader(layer)
-        return dataclasses.replace(local, reader=reader, meter=meter)
+        return dataclasses.replace(local, reader=reader,
+                                   provenance=dataclasses.replace(local.provenance, meter=meter))
 
     con = connect(tmp_path / "w.duckdb")
     create_schema(con)
@@ -745,7 +746,8 @@ def test_fetched_bytes_are_recorded_when_the_network_gives_out_and_add_up_on_res
     assert con.sql("SELECT bytes_fetched, complete FROM models").fetchall() == [(1300, False)]
     assert load_model(con, metered(SimpleNamespace(bytes=300)), LoadOptions()).status == "resumed"
     assert con.sql("SELECT bytes_fetched, complete FROM models").fetchall() == [(1300 + 1300, True)]
-    load_model(con, dataclasses.replace(local, name="local"), LoadOptions())
+    renamed = dataclasses.replace(local, provenance=dataclasses.replace(local.provenance, name="local"))
+    load_model(con, renamed, LoadOptions())
     assert con.sql("SELECT bytes_fetched FROM models WHERE model = 'local'").fetchall() == [(None,)]
 
 

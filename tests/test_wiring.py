@@ -155,7 +155,7 @@ def test_layer_rows_count_the_bytes_their_read_fetched(tmp_path):
         meter.bytes += 100 * (layer + 1)
         return local.reader(layer)
 
-    remote = replace(local, reader=reader, meter=meter)
+    remote = replace(local, reader=reader, provenance=replace(local.provenance, meter=meter))
     assert [layer_rows(remote, LoadOptions(), layer).bytes_fetched for layer in (1, 0)] == [200, 100]
 
 

@@ -16,8 +16,9 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType
 
-from headforms.extract.checkpoint import Checkpoint, ExtractError, ModelSpec, ReadOptions, first_line, row_blocks
-from headforms.extract.formats.provenance import Digest, hf_cache_commit
+from headforms.extract.checkpoint import (Checkpoint, ExtractError, ModelSpec, Provenance, ReadOptions, first_line,
+                                          row_blocks)
+from headforms.extract.formats.provenance import Digest, local_provenance
 from headforms.extract.formats.unreadable import extent_problem, header_cut, refuse_foreign
 from headforms.extract.layouts import latent
 from headforms.extract.layouts.gguf_table import (GGUF_ARCHITECTURES, SCALE_RULES, SUPPORTED_GGUF, file_refusal,
@@ -180,11 +181,12 @@ def _embeddings(tensors: dict, d_model: int, path) -> dict:
 def open_gguf(path: Path, *, name: str, source: str, options: ReadOptions = ReadOptions()) -> Checkpoint:
     """Open a llama.cpp GGUF file; options.revision None: a Hugging Face cache snapshot's commit, else a Digest
     of the header and the tensors read. The other options: see gguf_checkpoint."""
-    revision = options.revision
     path = Path(path)
     reader = _open_reader(path)
-    commit = None if revision else hf_cache_commit(path.absolute())
-    digest = None if revision or commit else Digest({path: bytes(reader.data[:reader.data_offset])})
+    provenance = local_provenance(path, name=name, source=source, revision=options.revision,
+                                  checkpoint_bytes=path.stat().st_size,
+                                  digest=lambda: Digest({path: bytes(reader.data[:reader.data_offset])}))
+    digest = provenance.digest
 
     def data_of(tensors, rows: slice | None = None) -> list[np.ndarray]:
         """The tensors' views of the mapped file (`rows` of each: None, all), whole ones hashed as they are first
@@ -196,20 +198,17 @@ def open_gguf(path: Path, *, name: str, source: str, options: ReadOptions = Read
                 digest.update(path, t.name, t.data)
         return [t.data for t in tensors]
 
-    return gguf_checkpoint(reader, data_of, path, name=name, source=source, pinned=revision or commit,
-                           revision_kind="given" if revision else "hf-cache" if commit else "digest", digest=digest,
-                           checkpoint_bytes=path.stat().st_size, options=options)
+    return gguf_checkpoint(reader, data_of, path, provenance, options)
 
 
-def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source: str, pinned: str | None,
-                    checkpoint_bytes: int, options: ReadOptions, meter=None, revision_kind: str = "hub",
-                    digest: Digest | None = None) -> Checkpoint:
+def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, provenance: Provenance,
+                    options: ReadOptions) -> Checkpoint:
     """A Checkpoint over a parsed GGUF header; data_of(tensors, rows=None) gives those tensors' raw data arrays, or
     a slice `rows` of each (local: views of the mapped file; hub: fetched by range). `path` names the file in errors.
 
-    pinned: the revision when it needs no hashing. options.qk_norm="refuse" rejects files with RMS QK-norm gains;
-    "fold" folds attn_q_norm / attn_k_norm into W_Q, W_K and marks the spec qk_norm="folded". options.fold_norm
-    as in extract.layouts.norms. (A GGUF file holds one tower: options.tower is refused before this.)
+    options.qk_norm="refuse" rejects files with RMS QK-norm gains; "fold" folds attn_q_norm / attn_k_norm into W_Q,
+    W_K and marks the spec qk_norm="folded". options.fold_norm as in extract.layouts.norms. (A GGUF file holds one
+    tower: options.tower is refused before this.)
     """
     qk_norm, fold_norm = options.qk_norm, options.fold_norm
     if qk_norm not in ("refuse", "fold"):
@@ -304,7 +303,7 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
     def read(layer: int, circuits: tuple[str, ...] = circuits) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """The layer's circuits (Checkpoint.read_circuits), every tensor fetched in one go."""
         if not 0 <= layer < n_layers:
-            raise ExtractError(f"layer {layer} out of range: {name} has {n_layers} layers")
+            raise ExtractError(f"layer {layer} out of range: {provenance.name} has {n_layers} layers")
         tensors = {role: t for role, t in layers[layer].items()
                    if role in ({*qk_roles} if "qk" in circuits else set()) | ({"qkv", *ov_roles} if "ov" in circuits
                                                                              else set())}
@@ -342,6 +341,7 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
             w_u = arrays[output.name]
             yield arrays[token.name], w_u if gain is None else w_u * gain
 
+    digest = provenance.digest
     if digest is not None:  # the Q/K circuit's tensors only, so a model's revision does not depend on the circuits
         digest.expect({i: [(path, t.name) for role, t in layer.items() if role in qk_roles] + [
             (path, t.name) for t in gains[i:i + 1]] for i, layer in enumerate(layers)},
@@ -352,13 +352,11 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
             digest.save()
         layers.clear()
 
-    checkpoint = Checkpoint(name=name, source=source, pinned=pinned, spec=spec, reader=read, close=close,
+    checkpoint = Checkpoint(provenance, spec, reader=read, close=close,
                             embeddings=read_embeddings if "ov" in circuits else None, unembedding="ov" in circuits,
                             qk_bytes=sum(int(t.n_bytes) for layer in layers for t in [*layer.values()])
-                            + sum(int(t.n_bytes) for t in gains),
-                            checkpoint_bytes=checkpoint_bytes, meter=meter, revision_kind=revision_kind,
-                            digest=digest, options=options)
-    _check_extent(reader, path, checkpoint_bytes, checkpoint)
+                            + sum(int(t.n_bytes) for t in gains), options=options)
+    _check_extent(reader, path, provenance.checkpoint_bytes, checkpoint)
     return checkpoint
 
 

@@ -26,8 +26,8 @@ import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 
-from headforms.extract.checkpoint import Checkpoint, ExtractError, ReadOptions, first_line, row_blocks
-from headforms.extract.formats.provenance import Digest, hf_cache_commit
+from headforms.extract.checkpoint import Checkpoint, ExtractError, Provenance, ReadOptions, first_line, row_blocks
+from headforms.extract.formats.provenance import Digest, local_provenance
 from headforms.extract.formats.torch_pickle import RecordingUnpickler, TensorRef
 from headforms.extract.formats.unreadable import (IncompleteFile, extent_problem, header_cut, refuse_foreign,
                                                   size_mismatch)
@@ -564,7 +564,6 @@ def open_hf_folder(folder: Path, *, name: str, source: str, options: ReadOptions
     options.revision None: a folder inside a Hugging Face cache snapshot is its commit; any other folder a Digest
     of config.json, the weight files' headers and the tensors read.
     """
-    revision = options.revision
     folder = Path(folder)
     refuse_foreign(folder)  # a CTranslate2, ONNX, GPTQ ... folder is named before its config.json can mislead
     config = _read_config(folder)
@@ -572,16 +571,13 @@ def open_hf_folder(folder: Path, *, name: str, source: str, options: ReadOptions
     weights = _find_weights(folder)
     # GPTQ, AWQ, MLX known by their tensors alone (a quantization_config says how to read them: layouts.quantized)
     refuse_foreign(folder, config=config, tensors=() if config.get("quantization_config") else weights.meta)
-    commit = None if revision else hf_cache_commit(folder.absolute())
-    digest = None
-    if not (revision or commit):
-        digest = Digest({path: _header_bytes(weights, path) for path in weights.files},
-                        preamble=(folder / "config.json").read_bytes())
-        weights.fetch = partial(weights.fetch, digest=digest)
-    return hf_checkpoint(config, weights, name=name, source=source, options=options,
-                         pinned=revision or commit, revision_kind="given" if revision else "hf-cache" if commit
-                         else "digest", digest=digest,
-                         checkpoint_bytes=sum(os.path.getsize(f) for f in weights.files))
+    provenance = local_provenance(folder, name=name, source=source, revision=options.revision,
+                                  checkpoint_bytes=sum(os.path.getsize(f) for f in weights.files),
+                                  digest=lambda: Digest({path: _header_bytes(weights, path) for path in weights.files},
+                                                        preamble=(folder / "config.json").read_bytes()))
+    if provenance.digest is not None:
+        weights.fetch = partial(weights.fetch, digest=provenance.digest)
+    return hf_checkpoint(config, weights, provenance, options)
 
 
 def _header_bytes(weights: Weights, path: Path) -> bytes:
@@ -591,13 +587,11 @@ def _header_bytes(weights: Weights, path: Path) -> bytes:
     return json.dumps(table).encode()
 
 
-def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, options: ReadOptions,
-                  pinned: str | None, checkpoint_bytes: int | None = None, meter=None, revision_kind: str = "hub",
-                  digest: Digest | None = None) -> Checkpoint:
+def hf_checkpoint(config: dict, weights: Weights, provenance: Provenance, options: ReadOptions) -> Checkpoint:
     """A Checkpoint over a config and its weight files (local or on the hub); checks every layer's Q/K up front.
 
-    pinned: the revision when it needs no hashing (the hub's commit, a cache snapshot's, or given); options.qk_norm,
-    options.tower: see model_spec; options.fold_norm (extract.layouts.norms) folds the pre-norm feeding attention in."""
+    options.qk_norm, options.tower: see model_spec; options.fold_norm (extract.layouts.norms) folds the pre-norm
+    feeding attention in."""
     layout, spec = model_spec(config, options)
     if quantized.refusal(config):  # accepted all the same: its attention is left unquantized (modules_to_not_convert)
         config = {key: value for key, value in config.items() if key != "quantization_config"}
@@ -640,7 +634,7 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
     def read_circuits(layer: int, circuits: tuple[str, ...] = circuits) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """The layer's circuits, all their tensors (a fused QKV once) in one read."""
         if layer not in following:
-            raise ExtractError(f"layer {layer} out of range: {name} has {spec.n_layers} layers"
+            raise ExtractError(f"layer {layer} out of range: {provenance.name} has {spec.n_layers} layers"
                                + (f", of which {list(spec.layers)} are attention" if spec.attention_layers else ""))
         roles = tensors(layer, circuits)
         arrays = weights.read(sources(roles.values()))  # before the layers ahead are asked for: a first layer has the link
@@ -692,7 +686,8 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
             w_u = w_u * (layout.embeddings.norm_offset + arrays[embeddings["final_norm"]])
         return w_e, w_u
 
-    if digest is not None:  # the Q/K circuit's tensors only, so a model's revision does not depend on --circuits
+    digest = provenance.digest
+    if digest is not None:  # the Q/K circuit's tensors only, so a model's revision does not depend on the circuits
         digest.expect({layer: [(weights.where[t], t) for t in sources(tensors(layer, ("qk",)).values())]
                        for layer in spec.layers}, partial(read_circuits, circuits=("qk",)))
 
@@ -701,10 +696,8 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
         if digest is not None:
             digest.save()
 
-    return weights.checked(Checkpoint(name=name, source=source, pinned=pinned, spec=spec, reader=read_circuits,
-                                      close=close, embeddings=read_embeddings if "ov" in circuits else None,
-                                      unembedding="unembedding" in embeddings,
-                                      qk_bytes=qk_bytes, checkpoint_bytes=checkpoint_bytes, meter=meter,
-                                      revision_kind=revision_kind, digest=digest, options=options,
+    return weights.checked(Checkpoint(provenance, spec, reader=read_circuits, close=close,
+                                      embeddings=read_embeddings if "ov" in circuits else None,
+                                      unembedding="unembedding" in embeddings, qk_bytes=qk_bytes, options=options,
                                       quantization="; ".join(sorted({s.scheme.describe() for s in stored.values()}))
                                       or None))

@@ -1,4 +1,5 @@
-"""A local checkpoint's revision: the commit of the Hugging Face cache snapshot it is in, else a Digest of its files."""
+"""A checkpoint's Provenance, built once by its opener: a hub checkpoint's commit; a local one's revision as given,
+else the commit of the Hugging Face cache snapshot it is in, else a Digest of its files."""
 from __future__ import annotations
 
 import hashlib
@@ -9,9 +10,26 @@ import threading
 from pathlib import Path
 from typing import Callable
 
+from headforms.extract.checkpoint import Provenance
 from headforms.extract.transport.caches import cache_root
 
 DIGEST_FORMAT = b"headforms revision digest 1\n"  # changes when what the digest covers changes
+
+
+def hub_provenance(repo, *, name: str, source: str, checkpoint_bytes: int) -> Provenance:
+    """A hub checkpoint's: the commit its HubRepo resolved the revision to, and the repo's meter of bytes fetched."""
+    return Provenance(name, source, repo.commit, "hub", checkpoint_bytes=checkpoint_bytes, meter=repo.meter)
+
+
+def local_provenance(path: Path, *, name: str, source: str, revision: str | None, checkpoint_bytes: int,
+                     digest: Callable[[], Digest]) -> Provenance:
+    """A local checkpoint's: the revision given, else the commit of the Hugging Face cache snapshot holding `path`,
+    else digest(), the Digest of its files (made only then)."""
+    commit = None if revision else hf_cache_commit(Path(path).absolute())
+    if revision or commit:
+        return Provenance(name, source, revision or commit, "given" if revision else "hf-cache",
+                          checkpoint_bytes=checkpoint_bytes)
+    return Provenance(name, source, None, "digest", digest=digest(), checkpoint_bytes=checkpoint_bytes)
 
 
 def hf_cache_commit(path: Path) -> str | None:
