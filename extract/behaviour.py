@@ -239,13 +239,13 @@ def _load_model(transformers, name: str, kwargs: dict, label: str, spec, *, leng
     text = config.get_text_config()
     positions = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
     if spec.positional in ("learned", "absolute") and positions and 2 * length > positions:
-        raise ExtractError(f"{label}: --length {length} makes sequences of {2 * length} tokens and the model has "
-                           f"{positions} learned positions: use --length {positions // 2} or less")
+        raise ExtractError(f"{label}: length={length} makes sequences of {2 * length} tokens and the model has "
+                           f"{positions} learned positions: use length={positions // 2} or less")
     need, free = forward_bytes(params, spec, length, sequences), available_bytes(device)
     if free is not None and need > free:
         raise ExtractError(f"{label}: the forward pass needs about {need / 2**30:.1f} GiB ({params / 1e6:.0f}M "
                            f"parameters in float32, {sequences} x {2 * length} tokens) and {device} has "
-                           f"{free / 2**30:.1f} GiB free: use fewer --sequences or a smaller --length")
+                           f"{free / 2**30:.1f} GiB free: use fewer `sequences` or a smaller `length`")
     try:
         with contextlib.redirect_stderr(io.StringIO()):  # the GGUF loader's own progress bar (plain tqdm)
             model = transformers.AutoModel.from_pretrained(name, config=config, attn_implementation=CAPTURE,

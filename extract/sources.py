@@ -84,23 +84,23 @@ def plan_targets(sources: str | list[str], *, name: str | None = None, revision:
     if isinstance(revisions, str):
         revisions = [r.strip() for r in revisions.split(",")]
     if revisions is not None and (not revisions or not all(revisions)):
-        raise ArgumentError("--revisions needs a comma-separated list of revisions, e.g. step1000,step2000")
+        raise ArgumentError("`revisions` needs a comma-separated list of revisions, e.g. step1000,step2000")
     if revision and revisions:
-        raise ArgumentError("--revision and --revisions exclude each other")
+        raise ArgumentError("`revision` and `revisions` exclude each other")
     if revisions and set_file is not None:
-        raise ArgumentError("--revisions does not apply to --set: give each line of the set file its revision")
+        raise ArgumentError("`revisions` does not apply to `set_file`: give each line of the set file its revision")
     targets = [target for source in sources for target in _source_targets(source)]
     if set_file is not None:
         targets += read_set_file(set_file)
     if not targets:
-        raise ArgumentError("give a SOURCE or --set FILE")
+        raise ArgumentError("give a source or set_file=FILE")
     if name:
         if len(targets) != 1:
-            raise ArgumentError("--name needs exactly one source")
+            raise ArgumentError("`name` needs exactly one source")
         targets = [replace(targets[0], **({"base": name} if targets[0].of_revision else {"name": name}))]
     if revisions:
         if any(target.of_revision for target in targets):
-            raise ArgumentError("--revisions does not apply to a set that lists its own revisions")
+            raise ArgumentError("`revisions` does not apply to a set that lists its own revisions")
         return [Target(t.source, revision=r, base=t.name, of_revision=True) for t in targets for r in revisions]
     return [t if t.revision or not revision else replace(t, revision=revision) for t in targets]
 
@@ -117,7 +117,7 @@ def name_clashes(models: list[tuple[str, str]]) -> dict[int, str]:
             clashes[i] = f"{source} is given twice (model '{name}')"
         else:
             clashes[i] = (f"{first[name]} and {source} would both be model '{name}': name them apart in a set file "
-                          "(`source - name` a line) or extract them one at a time with --name")
+                          "(`source - name` a line) or extract them one at a time with `name`")
     return clashes
 
 
@@ -180,7 +180,7 @@ def open_checkpoint(source: str, options: ReadOptions = ReadOptions(), *, name: 
         if len(parts) < 3 or not parts[2].endswith(".gguf"):
             raise ExtractError(f"a hub file source is org/name/FILE.gguf (or hf://org/name/FILE.gguf): {source}")
         if tower is not None:
-            raise ExtractError(f"{source}: --tower applies to Hugging Face checkpoints with several towers, not GGUF files")
+            raise ExtractError(f"{source}: `tower` applies to Hugging Face checkpoints with several towers, not GGUF files")
         from headforms.extract.transport.hub import hf_cache_file
         from headforms.extract.formats.remote import open_hub_gguf
 
@@ -257,7 +257,7 @@ def _open_local(path: Path, *, name: str | None, source: str, options: ReadOptio
                               options=options)
     if path.suffix == ".gguf":
         if options.tower is not None:
-            raise ExtractError(f"{path}: --tower applies to Hugging Face folders with several towers, not GGUF files")
+            raise ExtractError(f"{path}: `tower` applies to Hugging Face folders with several towers, not GGUF files")
         return open_gguf(path, name=name or local_name(path), source=source, options=options)
     refuse_foreign(path)  # an ONNX, GGML, TensorFlow, ... file is named
     raise ExtractError(f"cannot read {path}: give a model folder (config.json + weights) or a .gguf file")

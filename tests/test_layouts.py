@@ -314,7 +314,7 @@ def test_towers(tmp_path):
     with pytest.raises(ExtractError, match="whisper has no tower 'vision'; towers: encoder, decoder"):
         open_folder(folder, tower="vision")
     _, llama = saved("llama", tmp_path / "llama")
-    with pytest.raises(ExtractError, match="^llama has a single tower; --tower applies to clip, siglip, whisper$"):
+    with pytest.raises(ExtractError, match="^llama has a single tower; `tower` applies to clip, siglip, whisper$"):
         open_folder(llama, tower="text")
 
 
@@ -410,7 +410,7 @@ def test_qk_norm_refused_when_opening(tmp_path):
     _, folder = saved("qwen3", tmp_path)
     with pytest.raises(ExtractError, match="qk_norm=.fold."):
         open_folder(folder)
-    with pytest.raises(ExtractError, match="unknown qk-norm option 'maybe'"):
+    with pytest.raises(ExtractError, match="unknown qk_norm='maybe'"):
         open_folder(folder, qk_norm="maybe")
 
 

@@ -106,7 +106,7 @@ def test_folder_dispatch(tmp_path, fake_hf):
 
 def test_tower_of_a_gguf_file_refused(tmp_path):
     write_gguf(tmp_path / "tiny-model.gguf")
-    with pytest.raises(ExtractError, match=r"--tower applies to Hugging Face folders with several towers"):
+    with pytest.raises(ExtractError, match=r"`tower` applies to Hugging Face folders with several towers"):
         open_checkpoint(str(tmp_path / "tiny-model.gguf"), ReadOptions(tower="text"))
 
 

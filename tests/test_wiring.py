@@ -175,7 +175,7 @@ def test_distances_of_a_rope_refused_beyond_zero_are_zero_only():
     assert deltas(plain, LoadOptions(distances=(4, 0, 4))) == (0, 4)
     assert deltas(dynamic, LoadOptions()) == deltas(dynamic, LoadOptions(distances=(0,))) == (0,)
     with pytest.raises(ExtractError, match=r"^RoPE beyond distance 0 is not computed for this llama checkpoint: .*"
-                                           r"; pass --distances 0$"):
+                                           r"; pass distances=\(0,\)$"):
         deltas(dynamic, LoadOptions(distances=(0, 4)))
     assert deltas(bert, LoadOptions(distances=(0, 4))) is None
 
@@ -339,7 +339,7 @@ def test_ray_executor_without_ray_says_what_to_install(monkeypatch):
     from headforms.warehouse.storing.failures import WarehouseError
 
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
-    with pytest.raises(WarehouseError, match=r"^--executor ray needs Ray: pip install 'headforms\[ray\]'$"):
+    with pytest.raises(WarehouseError, match=r"^executor='ray' needs Ray: pip install 'headforms\[ray\]'$"):
         Ray()
 
 

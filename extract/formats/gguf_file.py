@@ -149,10 +149,10 @@ def _weight(tensor, data: np.ndarray, layer: int | None, rows: int | None = None
 
 
 def _norm_tensor(tensors: dict, name: str, d_model: int, path: Path):
-    """A norm gain tensor of shape (d_model,), for --fold-norm."""
+    """A norm gain tensor of shape (d_model,), for fold_norm."""
     tensor = tensors.get(name)
     if tensor is None:
-        raise ExtractError(f"GGUF file {path} has no tensor {name} (needed by --fold-norm)")
+        raise ExtractError(f"GGUF file {path} has no tensor {name} (needed by `fold_norm`)")
     if tuple(int(d) for d in tensor.shape) != (d_model,):
         raise ExtractError(f"GGUF tensor {name} has shape {tuple(tensor.shape)}, expected ({d_model},)")
     return tensor
@@ -212,7 +212,7 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, provenance: Provenan
     """
     qk_norm, fold_norm = options.qk_norm, options.fold_norm
     if qk_norm not in ("refuse", "fold"):
-        raise ExtractError(f"unknown qk-norm option '{qk_norm}'; expected 'refuse' or 'fold'")
+        raise ExtractError(f"unknown qk_norm={qk_norm!r}; expected 'refuse' or 'fold'")
     meta = {key: field.contents() for key, field in reader.fields.items()
             if field.types and field.types[0] != GGUFValueType.ARRAY
             and not key.startswith("tokenizer.")}

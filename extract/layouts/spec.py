@@ -93,7 +93,7 @@ def model_spec(raw: dict, options: ReadOptions = ReadOptions()) -> tuple[Layout,
     """
     qk_norm, tower = options.qk_norm, options.tower
     if qk_norm not in ("refuse", "fold"):
-        raise ExtractError(f"unknown qk-norm option '{qk_norm}'; expected 'refuse' or 'fold'")
+        raise ExtractError(f"unknown qk_norm={qk_norm!r}; expected 'refuse' or 'fold'")
     architecture = layout_key(raw, tower)
     layout = layout_for(architecture, raw)
     config = (layout.defaults or {}) | ((raw.get(layout.sub_config) or {}) if layout.sub_config else raw)

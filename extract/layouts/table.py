@@ -587,7 +587,7 @@ def layout_key(raw: dict, tower: str | None = None) -> str:
             raise ExtractError(f"{model_type} has no tower '{tower}'; towers: {', '.join(towers)}")
         return f"{model_type}.{tower or towers[0]}"
     if tower is not None:
-        raise ExtractError(f"{model_type} has a single tower; --tower applies to {', '.join(TOWERS)}")
+        raise ExtractError(f"{model_type} has a single tower; `tower` applies to {', '.join(TOWERS)}")
     return model_type
 
 

@@ -409,7 +409,7 @@ class Ray(_Windowed):
         except ImportError:
             from headforms.warehouse.storing.failures import WarehouseError
 
-            raise WarehouseError("--executor ray needs Ray: pip install 'headforms[ray]'") from None
+            raise WarehouseError("executor='ray' needs Ray: pip install 'headforms[ray]'") from None
         super().__init__(starts=False)  # a task is submitted at once; a worker's imports are its own
         self.ray, self.started = ray, not ray.is_initialized()
         if self.started:

@@ -66,7 +66,7 @@ def deltas(spec, opts: LoadOptions) -> tuple[int, ...] | None:
         return opts.distances or DEFAULT_DISTANCES
     if opts.distances not in (None, (0,)):
         raise ExtractError(f"RoPE beyond distance 0 is not computed for this {spec.architecture} checkpoint: "
-                           f"{spec.rope.refusal}; pass --distances 0")
+                           f"{spec.rope.refusal}; pass distances=(0,)")
     return (0,)
 
 

@@ -121,7 +121,7 @@ def _plan(con, ckpt: Checkpoint, opts: LoadOptions) -> _Plan:
                                                     "AND database_name = current_database()")["key"].explode():
         raise WarehouseError(f"model '{name}' stores each head as its parts ({', '.join(p.name for p in ckpt.spec.parts)}), "
                              "and this warehouse was built before head parts (its heads are keyed without part): "
-                             "extract it into a new warehouse (--db), or rebuild this one")
+                             "extract it into a new warehouse (`db`), or rebuild this one")
     record = _model_record(ckpt, opts)
     columns = ", ".join("coalesce(circuits, 'qk') AS circuits" if key == "circuits" else key for key in IDENTITY)
     old = query(con, f"SELECT {columns}, complete FROM models WHERE model = ?", [name])  # models before: qk
@@ -130,7 +130,7 @@ def _plan(con, ckpt: Checkpoint, opts: LoadOptions) -> _Plan:
         changed = [f"{key} {prev[key]} -> {record[key]}" for key in IDENTITY if prev[key] != record[key]]
         if changed and not opts.force:
             raise WarehouseError(f"model '{name}' in the warehouse differs from this source ({'; '.join(changed)}): "
-                                 f"use --force to replace it, or --name to keep both")
+                                 f"use force=True to replace it, or `name` to keep both")
         if opts.force:
             return _Plan(ckpt, opts, record, list(layers), "replaced", False)
         if prev["complete"]:
