@@ -65,11 +65,11 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     into W_Q, W_K (recorded in models.fold_norm); `qk_norm` ("refuse" or "fold" a QK-norm model's gains into
     W_Q, W_K) left None reads a model as the warehouse holds it (folded again), else refuses; `circuits` ("qk", or
     "qk,ov" for the output-value circuits too: ov_heads, ov_eigenvalues, ov_fits, recorded in models.circuits).
-    `options` are the fields of
-    `headforms.warehouse.running.load.LoadOptions` (parity_tolerance, seed, device, force, resamples,
-    distances). Layers are read and analysed in this process, in `jobs` worker processes, or as Ray
-    tasks (executor="ray", on the cluster at `ray_address`, else a local one); one writer commits
-    them in order, holding the file only while it commits. Returns one row per model: status, layers
+    `options` are the fields of `headforms.warehouse.running.layers.AnalysisOptions` (parity_tolerance, seed,
+    resamples, distances: what the stored numbers depend on) and of `LoadOptions` (device, force: how the run runs).
+    Layers are read and analysed in this process, in `jobs` worker processes, or as Ray tasks (executor="ray", on the
+    cluster at `ray_address`, else a local one); one writer commits them in order, holding the file only while it
+    commits. Returns one row per model: status, layers
     and heads written, seconds, shape, bytes. A failed first run leaves no warehouse file behind; an
     interruption (Ctrl-C, a hub that gave out, a full disk) keeps committed layers, and so does a step after the
     last layer (ModelIncomplete: the model is kept incomplete, models.failed_step names the step; run again to
@@ -78,12 +78,14 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     from headforms.extract.sources import open_target
     from headforms.warehouse.running.executors import executor as make_executor
     from headforms.warehouse.storing.failures import no_space, stage
-    from headforms.warehouse.running.layers import LoadOptions
+    from headforms.warehouse.running.layers import AnalysisOptions, LoadOptions
 
-    unknown = set(options) - {f.name for f in fields(LoadOptions)}
+    analysed = {f.name for f in fields(AnalysisOptions)}
+    unknown = set(options) - analysed - {f.name for f in fields(LoadOptions) if f.name != "analysis"}
     if unknown:
         raise TypeError(f"extract() got unknown options: {', '.join(sorted(unknown))}")
-    opts = LoadOptions(**options)
+    opts = LoadOptions(AnalysisOptions(**{k: v for k, v in options.items() if k in analysed}),
+                       **{k: v for k, v in options.items() if k not in analysed})
     read = ReadOptions(qk_norm=qk_norm or "refuse", tower=tower, fold_norm=fold_norm,
                        circuits=circuit_names(circuits))
     progress = progress or Progress()
