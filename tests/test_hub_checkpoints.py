@@ -1,5 +1,5 @@
-"""Hub checkpoints whose files are wrong or unusual (`extract/formats/remote.py`): each refusal is one line that names the
-repo, the file and what is wrong; unusual but valid layouts (tensors that view a shared storage at an offset, an
+"""Hub checkpoints whose files are wrong or unusual (`extract/formats/remote.py`): each refusal is one line that names
+the repo, the file and what is wrong; unusual but valid layouts (tensors that view a shared storage at an offset, an
 empty tensor, a fused GGUF attn_qkv, a named revision) read as the same files do from a folder."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""A hub file read by range (`extract/transport/hub.py`) against the local hub: the requests it sends, each fault's retry, wait
-and message, spans coalesced and cached bytes never fetched twice (checked byte by byte against sets of offsets),
-a seekable reader that behaves as `io.BytesIO`, and the range cache's accounting against the files on disk."""
+"""A hub file read by range (`extract/transport/hub.py`) against the local hub: the requests it sends, each fault's
+retry, wait and message, spans coalesced and cached bytes never fetched twice (checked byte by byte against sets of
+offsets), a seekable reader that behaves as `io.BytesIO`, and the range cache's accounting against the files on disk."""
 from __future__ import annotations
 
 import importlib

@@ -1,5 +1,6 @@
-"""Families found by discovery are accepted only once proven on their own tiny instance (extract.layouts.discover.prove),
-and the verdict is kept per (model_type, transformers version) in the headforms cache."""
+"""Families found by discovery are accepted only once proven on their own tiny instance
+(extract.layouts.discover.prove), and the verdict is kept per (model_type, transformers version) in the headforms
+cache."""
 from __future__ import annotations
 
 import json

@@ -165,8 +165,8 @@ def test_circuits_option_is_validated():
 
 
 def test_a_discovered_family_without_a_proven_ov_circuit_refuses_it(tmp_path, monkeypatch):
-    """Discovery proves a family's ov circuit beside its Q/K (extract.layouts.discover._prove_ov); where it finds no output
-    projection it refuses ov alone, in one line."""
+    """Discovery proves a family's ov circuit beside its Q/K (extract.layouts.discover._prove_ov); where it finds no
+    output projection it refuses ov alone, in one line."""
     from headforms.extract.layouts import discover
 
     monkeypatch.setenv("HEADFORMS_CACHE", str(tmp_path / "cache"))
