@@ -20,8 +20,8 @@ from headforms.extract import MODEL_SETS, ExtractError, ReadOptions
 from headforms.extract.sources import REVISION_SETS, ArgumentError, name_clashes, plan_targets
 from headforms.warehouse.publishing.render import FORMATS, LIMIT, render, write_parquet
 from headforms.warehouse.running import EXECUTORS
-from headforms.warehouse.storing.failures import ModelIncomplete, WarehouseError
 from headforms.warehouse.storing import READ_WAIT, default_db
+from headforms.warehouse.storing.failures import ModelIncomplete, WarehouseError
 
 
 class Progress:
@@ -65,11 +65,11 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     into W_Q, W_K (recorded in models.fold_norm); `qk_norm` ("refuse" or "fold" a QK-norm model's gains into
     W_Q, W_K) left None reads a model as the warehouse holds it (folded again), else refuses; `circuits` ("qk", or
     "qk,ov" for the output-value circuits too: ov_heads, ov_eigenvalues, ov_fits, recorded in models.circuits).
-    `options` are the fields of
-    `headforms.warehouse.running.load.LoadOptions` (parity_tolerance, seed, device, force, resamples,
-    distances). Layers are read and analysed in this process, in `jobs` worker processes, or as Ray
-    tasks (executor="ray", on the cluster at `ray_address`, else a local one); one writer commits
-    them in order, holding the file only while it commits. Returns one row per model: status, layers
+    `options` are the fields of `headforms.warehouse.running.layers.AnalysisOptions` (parity_tolerance, seed,
+    resamples, distances: what the stored numbers depend on) and of `LoadOptions` (device, force: how the run runs).
+    Layers are read and analysed in this process, in `jobs` worker processes, or as Ray tasks (executor="ray", on the
+    cluster at `ray_address`, else a local one); one writer commits them in order, holding the file only while it
+    commits. Returns one row per model: status, layers
     and heads written, seconds, shape, bytes. A failed first run leaves no warehouse file behind; an
     interruption (Ctrl-C, a hub that gave out, a full disk) keeps committed layers, and so does a step after the
     last layer (ModelIncomplete: the model is kept incomplete, models.failed_step names the step; run again to
@@ -78,12 +78,14 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
     from headforms.extract.sources import open_target
     from headforms.warehouse.running.executors import executor as make_executor
     from headforms.warehouse.storing.failures import no_space, stage
-    from headforms.warehouse.running.layers import LoadOptions
+    from headforms.warehouse.running.layers import AnalysisOptions, LoadOptions
 
-    unknown = set(options) - {f.name for f in fields(LoadOptions)}
+    analysed = {f.name for f in fields(AnalysisOptions)}
+    unknown = set(options) - analysed - {f.name for f in fields(LoadOptions) if f.name != "analysis"}
     if unknown:
         raise TypeError(f"extract() got unknown options: {', '.join(sorted(unknown))}")
-    opts = LoadOptions(**options)
+    opts = LoadOptions(AnalysisOptions(**{k: v for k, v in options.items() if k in analysed}),
+                       **{k: v for k, v in options.items() if k not in analysed})
     read = ReadOptions(qk_norm=qk_norm or "refuse", tower=tower, fold_norm=fold_norm,
                        circuits=circuit_names(circuits))
     progress = progress or Progress()
@@ -127,7 +129,7 @@ def extract(sources: str | Iterable[str], db: str | Path | None = None, *, progr
                         _summary(rows, ckpt, result)
                         progress.model_done(ckpt, result)
     except Exception as error:  # an interruption (Ctrl-C, a lost network) keeps committed layers, and so the file
-        from headforms.extract.hub import FetchError
+        from headforms.extract.transport.hub import FetchError
         from headforms.warehouse.storing.store import remove_warehouse
 
         kept = isinstance(error, (FetchError, ModelIncomplete)) or no_space(error) is not None  # layers stay
@@ -187,7 +189,7 @@ def plan(sources: str | Iterable[str], *, name: str | None = None, revision: str
     Raises the first source's ExtractError when every source is refused: there is nothing to plan."""
     import polars as pl
 
-    from headforms.extract.formats import IncompleteFile
+    from headforms.extract.formats.unreadable import IncompleteFile
     from headforms.extract.sources import open_target
 
     read = ReadOptions(qk_norm=qk_norm or "refuse", tower=tower, fold_norm=fold_norm,
@@ -225,7 +227,7 @@ def cache(clear: bool = False, repo: str | None = None):
     """The hub range cache, one row per repo and commit (files, bytes); clear=True deletes it (or one repo's) first."""
     import polars as pl
 
-    from headforms.extract.hub import cache_usage, clear_cache
+    from headforms.extract.transport.hub import cache_usage, clear_cache
 
     if clear:
         clear_cache(repo)
@@ -235,7 +237,7 @@ def cache(clear: bool = False, repo: str | None = None):
 
 def cache_folder() -> Path:
     """Where headforms caches hub ranges and local revision digests ($HEADFORMS_CACHE, else beside the HF cache)."""
-    from headforms.extract.caches import cache_root
+    from headforms.extract.transport.caches import cache_root
 
     return cache_root()
 
@@ -315,7 +317,7 @@ def check(db: str | Path | None = None, *, quick: bool = False, wait: float = RE
 def architectures(markdown: bool = False):
     """Supported families of both formats (positional scheme, Q/K packing, score scale, what is refused): a polars
     frame, or the README's markdown table."""
-    from headforms.extract import architectures as table_of
+    from headforms.extract.layouts import architectures as table_of
 
     if markdown:
         return table_of.markdown()

@@ -68,7 +68,7 @@ class Group(click.Group):
             if ctx.params.get("debug"):
                 traceback.print_exception(exc)
             command = self.commands.get(ctx.invoked_subcommand or "")
-            raise click.ClickException(_in_flags(_error_line(exc), command, self.commands.values())) from None
+            raise click.ClickException(_in_flags(_error_line(exc), command)) from None
 
 
 def _error_line(exc: Exception) -> str:
@@ -77,21 +77,40 @@ def _error_line(exc: Exception) -> str:
     return f"{line} ({_log(exc)})" if logged else line
 
 
-def _in_flags(line: str, command, commands) -> str:
-    """The API's keywords in a message (qk_norm='fold', force=True) as the command line's flags (--qk-norm fold,
-    --force): the running command's options first, then the other commands' (a message may say what to extract)."""
-    options = [p for c in ([command] if command else []) + list(commands) for p in c.params
-               if isinstance(p, click.Option) and p.name]
-    seen = set()
-    for option in options:
-        if option.name in seen:
-            continue
-        seen.add(option.name)
-        flag = max(option.opts, key=len)
-        line = re.sub(rf"\b{option.name}=(?:'([^']*)'|\"([^\"]*)\"|(\w[\w.-]*))",
-                      lambda m: flag if option.is_flag and m.group(3) == "True"
-                      else f"{flag} {next(g for g in m.groups() if g is not None)}", line)
-    return line
+# A keyword of the API in a message, as the layers below the command line write one: with its value (qk_norm='fold',
+# force=True, distances=(0,), wait=SECONDS), or named alone in backticks (`name`).
+_KEYWORD = re.compile(r"`(\w+)`|\b(\w+)=(?:'([^']*)'|\"([^\"]*)\"|\(([^()]*)\)|(\w[\w.-]*))")
+
+
+def _in_flags(line: str, command: click.Command | None = None) -> str:
+    """A message from below the command line in its words: each API keyword that is an option (of `command`, else
+    the running one, first; then of the other commands: a message may say what to extract) as its flag,
+    qk_norm='fold' as --qk-norm fold, force=True as --force, distances=(0, 8) as --distances 0,8, `name` as --name."""
+    flags = {}
+    for option in (p for c in [command or click.get_current_context().command, *main.commands.values()]
+                   for p in c.params):
+        if isinstance(option, click.Option) and option.name and option.name not in flags:
+            flags[option.name] = option
+
+    def flag(match: re.Match) -> str:
+        keyword, (quoted, double, items, word) = match.group(1) or match.group(2), match.groups()[2:]
+        if keyword not in flags:
+            return match.group(0)
+        option = flags[keyword]
+        name = max(option.opts, key=len)
+        if match.group(1) or (option.is_flag and word == "True"):
+            return name
+        if items is not None:  # a tuple, as the option's comma-separated list
+            listed = [item.strip().strip("'\"") for item in items.split(",")]
+            return f"{name} {','.join(item for item in listed if item)}"
+        return f"{name} {next(value for value in (quoted, double, word) if value is not None)}"
+
+    return _KEYWORD.sub(flag, line)
+
+
+def _usage(error: Exception) -> click.UsageError:
+    """A usage error the API raised (ArgumentError), in the command line's words."""
+    return click.UsageError(_in_flags(str(error)))
 
 
 def _log(exc: Exception) -> str:
@@ -202,11 +221,10 @@ def extract(sources, db, name, revision, revisions, set_file, force, qk_norm, to
             frame = api.plan(sources, name=name, revision=revision, revisions=revisions, set_file=set_file,
                              qk_norm=qk_norm, tower=tower, fold_norm=fold_norm, circuits=circuits)
         except api.ArgumentError as exc:
-            raise click.UsageError(str(exc)) from None
+            raise _usage(exc) from None
         _print(frame, "table", None)  # every model the run would touch
         for warning in frame["warning"].drop_nulls():  # the table cuts long text: each warning whole, on stderr
-            click.echo(f"Warning: {_in_flags(warning, click.get_current_context().command, main.commands.values())}",
-                       err=True)
+            click.echo(f"Warning: {_in_flags(warning)}", err=True)
         return
     started, progress = time.perf_counter(), _BarProgress()
     try:
@@ -217,7 +235,7 @@ def extract(sources, db, name, revision, revisions, set_file, force, qk_norm, to
                                   set_file=set_file, fold_norm=fold_norm, circuits=circuits, distances=distances,
                                   jobs=jobs, executor=executor, ray_address=ray_address)
     except api.ArgumentError as exc:
-        raise click.UsageError(str(exc)) from None
+        raise _usage(exc) from None
     except KeyboardInterrupt:
         raise click.ClickException("interrupted: committed layers are kept; run the same command to resume") from None
     finally:
@@ -324,7 +342,7 @@ def behaviour(sources, db, length, sequences, seed, device, tower, name, resampl
         frame = api.behaviour(sources, db=db, length=length, sequences=sequences, seed=seed, device=device,
                               tower=tower, name=name, resamples=resamples, wait=wait, progress=progress)
     except api.ArgumentError as exc:
-        raise click.UsageError(str(exc)) from None
+        raise _usage(exc) from None
     finally:
         progress.close()
     for row in frame.iter_rows(named=True):
@@ -460,7 +478,7 @@ def check(db, quick, wait):
     """
     findings = api.check(db, quick=quick, wait=wait)
     for finding in findings:
-        click.echo(str(finding))
+        click.echo(_in_flags(str(finding)))
     violations = sum(finding.level == "violation" for finding in findings)
     if violations:
         raise click.ClickException(f"{db}: {_counted(violations, 'violation')} of the warehouse's invariants")

@@ -46,7 +46,7 @@ def analyse_layer(
     On the CPU every library runs single-threaded here; the heads are spread over threads
     instead (compute.threads). With a RoPE `rotation`, also the profiles of L_delta at `deltas`,
     from the same reduction's factors. `ambient`: the width N the maps act on where they are given in an
-    orthonormal basis of a smaller span (extract.latent), for n_zero_ambient and the random baseline."""
+    orthonormal basis of a smaller span (extract.layouts.latent), for n_zero_ambient and the random baseline."""
     with Pool() as pool:
         return start_layer(pool, wq, wk, kv_index, layer=layer, seed=seed, parity_tolerance=parity_tolerance,
                            device=device, rotation=rotation, deltas=deltas, ambient=ambient)()

@@ -10,7 +10,7 @@ the attention module keeps its input x (after the norm that feeds attention, as 
 model (qwen3, gemma3, olmo2), pre-hooks on its q and k norms keep each token's RMS factor 1 / sqrt(mean(u^2) + eps)
 of the projection u they normalise, the factor a folded form's self-logit is multiplied by; on multi-head latent
 attention (deepseek_v2, deepseek_v3) the same pre-hooks on the norms of its q and kv latents keep 1/rms_q and 1/rms_kv
-(extract.latent), the factors of its parts' forms.
+(extract.layouts.latent), the factors of its parts' forms.
 """
 from __future__ import annotations
 
@@ -239,13 +239,13 @@ def _load_model(transformers, name: str, kwargs: dict, label: str, spec, *, leng
     text = config.get_text_config()
     positions = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
     if spec.positional in ("learned", "absolute") and positions and 2 * length > positions:
-        raise ExtractError(f"{label}: --length {length} makes sequences of {2 * length} tokens and the model has "
-                           f"{positions} learned positions: use --length {positions // 2} or less")
+        raise ExtractError(f"{label}: length={length} makes sequences of {2 * length} tokens and the model has "
+                           f"{positions} learned positions: use length={positions // 2} or less")
     need, free = forward_bytes(params, spec, length, sequences), available_bytes(device)
     if free is not None and need > free:
         raise ExtractError(f"{label}: the forward pass needs about {need / 2**30:.1f} GiB ({params / 1e6:.0f}M "
                            f"parameters in float32, {sequences} x {2 * length} tokens) and {device} has "
-                           f"{free / 2**30:.1f} GiB free: use fewer --sequences or a smaller --length")
+                           f"{free / 2**30:.1f} GiB free: use fewer `sequences` or a smaller `length`")
     try:
         with contextlib.redirect_stderr(io.StringIO()):  # the GGUF loader's own progress bar (plain tqdm)
             model = transformers.AutoModel.from_pretrained(name, config=config, attn_implementation=CAPTURE,
@@ -265,7 +265,7 @@ def _gguf_parsed_once():
     load at a time)."""
     import gguf
 
-    from headforms.extract.gguf_file import PlainReader
+    from headforms.extract.formats.gguf_file import PlainReader
 
     with _GGUF_LOAD:
         reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
@@ -311,7 +311,7 @@ def _gguf_normal_ids(name: str, kwargs: dict) -> np.ndarray:
     """The ids a GGUF file's tokenizer.ggml.token_type marks NORMAL (not control, user-defined, unused or byte)."""
     import gguf
 
-    from headforms.extract.gguf_file import gguf_array
+    from headforms.extract.formats.gguf_file import gguf_array
 
     path = Path(name) / kwargs["gguf_file"]
     if not path.exists():  # a hub file: transformers has just downloaded it into the hub cache

@@ -1,19 +1,10 @@
 """The contract between extract/ and the rest: a model's shape and a per-layer reader of its heads' circuits."""
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import re
-import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
-
-from headforms.extract.caches import cache_root
-from headforms.extract.rope import Rope
 
 
 class ExtractError(Exception):
@@ -32,7 +23,7 @@ def first_line(error: BaseException, typed: bool = False) -> str:
 @dataclass(frozen=True)
 class FormPart:
     """One of the bilinear forms a head's score is the sum of, where it is more than one (multi-head latent
-    attention's 'nope' and 'rope': extract.latent): its head size, the key head of each query head, whether RoPE
+    attention's 'nope' and 'rope': extract.layouts.latent): its head size, the key head of each query head, whether RoPE
     rotates it, and the positive per-token factor on x_j^T L x_i besides score_scale."""
 
     name: str
@@ -56,11 +47,11 @@ class ModelSpec:
     positional: str            # "learned", "absolute", "rope", "alibi"
     qk_norm: str | None = None  # None, or "folded" when norm gains were folded into W_Q, W_K
     config: dict = field(default_factory=dict, compare=False)  # the raw config / metadata
-    rope: "Rope | None" = None  # RoPE's conventions (extract.rope) when positional == "rope"
+    rope: object = None        # RoPE's conventions, a Rope (extract.layouts.rope), when positional == "rope"
     fold_norm: str | None = None  # None, or "gain" / "center" when the preceding norm was folded in
     softcap: float | None = None  # the logit is softcap * tanh(s / softcap) of the score s the form gives
     parts: tuple[FormPart, ...] | None = None  # a head's score as several forms (heads.part); None: one, 'whole'
-    form: object = field(default=None, compare=False, repr=False)  # the parts' builder's own spec (extract.latent)
+    form: object = field(default=None, compare=False, repr=False)  # the parts' builder's spec (extract.layouts.latent)
     attention_layers: tuple[int, ...] | None = None  # a hybrid's softmax-attention layers in its stack; None: all
 
     @property
@@ -88,7 +79,7 @@ class ReadOptions:
     revision: str | None = None  # hub revision (branch, tag or commit) or a local checkpoint's given name for it
     qk_norm: str = "refuse"      # "refuse" QK-norm models, or "fold" their gains into W_Q, W_K
     tower: str | None = None     # which tower of a multi-tower model (clip, siglip, whisper); None: the first
-    fold_norm: str = "none"      # "none", "gain" or "center": fold the pre-attention norm in (extract.norms)
+    fold_norm: str = "none"      # "none", "gain" or "center": fold the pre-attention norm in (extract.layouts.norms)
     circuits: tuple[str, ...] = ("qk",)  # the circuits read per layer: "qk" (W_Q, W_K) and/or "ov" (W_V, W_O)
 
     def __post_init__(self):
@@ -102,29 +93,20 @@ WHOLE = "whole"  # heads.part of a head whose score is one form
 CIRCUITS = ("qk", "ov")  # a head's query-key form L = W_K^T W_Q and output-value map OV = W_O W_V
 
 
-@dataclass
-class Checkpoint:
-    """A resolved checkpoint: provenance plus a reader of one layer's circuits at a time."""
+@dataclass(frozen=True)
+class Provenance:
+    """Where a checkpoint comes from, built once by its opener (extract.formats.provenance) and passed whole: the
+    model's name, the source asked for, its revision and what kind that is, its size, a training checkpoint's step."""
 
     name: str                  # default model name in the warehouse
     source: str                # what the user asked for
     pinned: str | None         # the revision when it needs no hashing: hub or HF-cache commit, or given; else None
-    spec: ModelSpec
-    reader: Callable[[int], dict[str, tuple[np.ndarray, np.ndarray]]] = field(repr=False)  # see read_circuits
-    close: Callable[[], None] = field(default=lambda: None, repr=False)
-    base_model: str | None = None     # a training checkpoint: the model it is a revision of
-    training_step: int | None = None  # a training checkpoint's step, from its revision's name
-    qk_bytes: int | None = None          # bytes of the tensors the reader reads (Q/K, V/O with "ov", gains)
+    revision_kind: str         # 'hub', 'hf-cache', 'digest' or 'given' (models.revision_kind)
+    digest: object = field(default=None, repr=False)  # local files without a pinned revision: their Digest
     checkpoint_bytes: int | None = None  # bytes of the weight files
     meter: object = field(default=None, repr=False)  # hub sources: a Meter of the bytes fetched over the network
-    revision_kind: str = "given"     # 'hub', 'hf-cache', 'digest' or 'given' (models.revision_kind)
-    digest: Digest | None = field(default=None, repr=False)  # local files without a pinned revision
-    options: ReadOptions = ReadOptions()  # how it was opened (a worker reopens it with the same)
-    quantization: str | None = None  # a quantized checkpoint's scheme(s) of Q/K (models.quantization), else None
-    # the ov circuit's: (W_E, W_U) by blocks of the given number of vocabulary rows, in order (None: one block)
-    embeddings: Callable[[int | None], Iterator[tuple[np.ndarray | None, np.ndarray | None]]] | None = field(
-        default=None, repr=False)
-    unembedding: bool = False  # whether read_embeddings' W_U is there (a linear unembedding of the residual stream)
+    base_model: str | None = None     # a training checkpoint: the model it is a revision of
+    training_step: int | None = None  # a training checkpoint's step, from its revision's name
 
     @property
     def revision(self) -> str:
@@ -140,12 +122,41 @@ class Checkpoint:
         """Bytes this checkpoint fetched over the network so far (None for local files)."""
         return None if self.meter is None else self.meter.bytes
 
+
+@dataclass
+class Checkpoint:
+    """A resolved checkpoint: its provenance plus a reader of one layer's circuits at a time."""
+
+    provenance: Provenance
+    spec: ModelSpec
+    reader: Callable[[int], dict[str, tuple[np.ndarray, np.ndarray]]] = field(repr=False)  # see read_circuits
+    close: Callable[[], None] = field(default=lambda: None, repr=False)
+    qk_bytes: int | None = None          # bytes of the tensors the reader reads (Q/K, V/O with "ov", gains)
+    options: ReadOptions = ReadOptions()  # how it was opened (a worker reopens it with the same)
+    quantization: str | None = None  # a quantized checkpoint's scheme(s) of Q/K (models.quantization), else None
+    # the ov circuit's: (W_E, W_U) by blocks of the given number of vocabulary rows, in order (None: one block)
+    embeddings: Callable[[int | None], Iterator[tuple[np.ndarray | None, np.ndarray | None]]] | None = field(
+        default=None, repr=False)
+    unembedding: bool = False  # whether read_embeddings' W_U is there (a linear unembedding of the residual stream)
+
+    # The provenance's fields, read as the checkpoint's own.
+    name = property(lambda self: self.provenance.name)
+    source = property(lambda self: self.provenance.source)
+    revision = property(lambda self: self.provenance.revision)
+    revision_kind = property(lambda self: self.provenance.revision_kind)
+    digest = property(lambda self: self.provenance.digest)
+    checkpoint_bytes = property(lambda self: self.provenance.checkpoint_bytes)
+    meter = property(lambda self: self.provenance.meter)
+    bytes_fetched = property(lambda self: self.provenance.bytes_fetched)
+    base_model = property(lambda self: self.provenance.base_model)
+    training_step = property(lambda self: self.provenance.training_step)
+
     def read_circuits(self, layer: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """The circuits of options.circuits of a layer, every tensor read in one go, as float64 arrays:
         "qk": (W_Q (n_heads, n, N), W_K (n_kv_heads, n, N)), or where spec.parts is set a dict part name -> its
-        (W_Q, W_K) (their width may be a smaller span's, extract.latent); "ov": (W_V (n_kv_heads, n, N), W_O (n_heads, N, n)),
-        so head h adds W_O[h] @ W_V[kv_index[h]] @ sum_j A_ij x_j to the attention output (before its bias); and
-        with "qk", "sinks": (n_heads,) the heads' sink logits where the family has them (gpt-oss).
+        (W_Q, W_K) (their width may be a smaller span's, extract.layouts.latent); "ov": (W_V (n_kv_heads, n, N),
+        W_O (n_heads, N, n)), so head h adds W_O[h] @ W_V[kv_index[h]] @ sum_j A_ij x_j to the attention output (before
+        its bias); and with "qk", "sinks": (n_heads,) the heads' sink logits where the family has them (gpt-oss).
 
         Biases are not read: a V bias adds the constant W_O[h] b_V to a head's output (each row of A sums to 1),
         an O bias one constant per layer. Raises ExtractError naming the layer and tensor if a weight is not finite.
@@ -193,138 +204,3 @@ def row_blocks(total: int, rows: int | None) -> list[slice]:
     the blocks an embeddings reader yields."""
     step = rows or max(total, 1)
     return [slice(start, min(start + step, total)) for start in range(0, max(total, 1), step)]
-
-
-DIGEST_FORMAT = b"headforms revision digest 1\n"  # changes when what the digest covers changes
-
-
-def hf_cache_commit(path: Path) -> str | None:
-    """The commit of a Hugging Face cache snapshot holding `path` (.../models--org--name/snapshots/<commit>/...)."""
-    for folder in [path, *path.parents]:
-        if (folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--")
-                and re.fullmatch(r"[0-9a-f]{40}", folder.name)):
-            return folder.name
-    return None
-
-
-class Digest:
-    """The revision of local weights without a commit: sha256 over the checkpoint's headers (config, each weight
-    file's tensor table) and the bytes of every tensor the run reads (Q/K, folded gains), by file and name.
-
-    Hashed while the layers are read, so the first extraction reads each byte once: its models row carries
-    `pending` (a digest of the headers and of each file's size and mtime) until the last layer is read, then
-    the digest. Each tensor's sha256 is cached per file, keyed by path, size and mtime, so an up-to-date
-    rerun hashes nothing; a file whose size or mtime changed is hashed again, and is the same revision if and
-    only if its bytes are the same. Compared with hashing before reading, this saves a second pass over the
-    Q/K bytes; compared with whole-file sha256, it never reads the tensors a survey does not use."""
-
-    def __init__(self, headers: dict[Path, bytes], preamble: bytes = b""):
-        self.headers = headers     # weight file -> its tensor table as bytes (what it says each tensor is and where)
-        self.preamble = preamble   # config.json's bytes (folders)
-        self.stats = {path: _stat_key(path) for path in headers}
-        self.layers: dict[int, list[tuple[Path, str]]] = {}  # layer index -> the (file, tensor) its reader reads
-        self.read_layer: Callable[[int], object] = lambda layer: None  # the checkpoint's own reader
-        self.tensors: dict[tuple[Path, str], str] = {}  # sha256 of each tensor hashed so far (or cached)
-        self.covered: set[tuple[Path, str]] = set()  # the (file, tensor) of every layer
-        self.deferred = False
-        self._lock = threading.Lock()
-        for path in headers:
-            cached = _read_cache(path)
-            if cached.get("stat") == list(self.stats[path]):
-                self.tensors |= {(path, name): hexdigest for name, hexdigest in cached.get("tensors", {}).items()}
-
-    def expect(self, layers: dict[int, list[tuple[Path, str]]], read_layer: Callable[[int], object]) -> None:
-        """The tensors each layer's reader reads (what the digest covers: the Q/K circuit's, so a model's revision
-        does not depend on the circuits read), and that reader (it hashes them)."""
-        self.layers, self.read_layer = layers, read_layer
-        self.covered = {key for layer in layers.values() for key in layer}
-
-    def settle(self) -> str:
-        """Hash the tensors not hashed yet by reading their layers, cache them; the digest."""
-        for layer in self.missing_layers():
-            self.read_layer(layer)
-        self.save()
-        return self.value
-
-    def update(self, path: Path, name: str, data) -> None:
-        """A tensor's bytes as the reader read them (hashed unless already known for this size and mtime, or not
-        covered by the digest: V, O and the embeddings)."""
-        if (path, name) not in self.tensors and (path, name) in self.covered:
-            hexdigest = hashlib.sha256(data).hexdigest()
-            with self._lock:
-                self.tensors[(path, name)] = hexdigest
-
-    def missing_layers(self) -> list[int]:
-        return [i for i, layer in self.layers.items() if any(key not in self.tensors for key in layer)]
-
-    @property
-    def known(self) -> bool:
-        return not self.missing_layers()
-
-    @property
-    def value(self) -> str:
-        """"sha256:<hex>" over the headers and every expected tensor's digest (files by name, so a moved
-        folder keeps its revision)."""
-        lines = sorted(f"{path.name}\t{name}\t{self.tensors[path, name]}" for layer in self.layers.values()
-                       for path, name in layer)
-        return "sha256:" + self._hash(("\n".join(lines)).encode()).hexdigest()
-
-    @property
-    def pending(self) -> str:
-        """A models row's revision until the digest is known: the headers, sizes and mtimes (a resumed run of
-        unchanged files matches it; the digest replaces it once every layer is read)."""
-        stats = "\n".join(f"{path.name}\t{size}\t{mtime}" for path, (size, mtime) in sorted(self.stats.items()))
-        return "pending:" + self._hash(stats.encode()).hexdigest()[:32]
-
-    def defer(self) -> None:
-        """Let `Checkpoint.revision` be `pending` instead of hashing now (the caller records the digest later)."""
-        self.deferred = True
-
-    def save(self) -> None:
-        """Cache the tensors' digests of each file under its path, size and mtime (best effort: a cache that
-        cannot be written only means hashing again)."""
-        with self._lock:
-            known = dict(self.tensors)
-        for path, stat in self.stats.items():
-            tensors = {name: hexdigest for (p, name), hexdigest in known.items() if p == path}
-            if tensors:
-                cached = _read_cache(path)
-                if cached.get("stat") == list(stat):
-                    tensors = cached.get("tensors", {}) | tensors
-                try:
-                    _write_cache(path, {"path": str(path), "stat": list(stat), "tensors": tensors})
-                except OSError:
-                    pass
-
-    def _hash(self, tail: bytes):
-        h = hashlib.sha256(DIGEST_FORMAT)
-        h.update(hashlib.sha256(self.preamble).digest())
-        for path in sorted(self.headers):
-            h.update(f"{path.name}\t".encode() + hashlib.sha256(self.headers[path]).digest())
-        h.update(tail)
-        return h
-
-
-def _stat_key(path: Path) -> tuple[int, int]:
-    stat = os.stat(path)
-    return stat.st_size, stat.st_mtime_ns
-
-
-def _cache_file(path: Path) -> Path:
-    key = hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:32]
-    return cache_root() / "digests" / f"{key}.json"
-
-
-def _read_cache(path: Path) -> dict:
-    try:
-        return json.loads(_cache_file(path).read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _write_cache(path: Path, entry: dict) -> None:
-    target = _cache_file(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(entry))
-    os.replace(tmp, target)

@@ -8,8 +8,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from headforms.extract.checkpoint import Checkpoint, ExtractError, ReadOptions
-from headforms.extract.formats import refuse_foreign
-from headforms.extract.gguf_file import open_gguf
+from headforms.extract.formats.gguf_file import open_gguf
+from headforms.extract.formats.unreadable import refuse_foreign
 
 # Named sets of (model name, source) for `headforms extract SET`.
 MODEL_SETS: dict[str, list[tuple[str, str]]] = {
@@ -84,23 +84,23 @@ def plan_targets(sources: str | list[str], *, name: str | None = None, revision:
     if isinstance(revisions, str):
         revisions = [r.strip() for r in revisions.split(",")]
     if revisions is not None and (not revisions or not all(revisions)):
-        raise ArgumentError("--revisions needs a comma-separated list of revisions, e.g. step1000,step2000")
+        raise ArgumentError("`revisions` needs a comma-separated list of revisions, e.g. step1000,step2000")
     if revision and revisions:
-        raise ArgumentError("--revision and --revisions exclude each other")
+        raise ArgumentError("`revision` and `revisions` exclude each other")
     if revisions and set_file is not None:
-        raise ArgumentError("--revisions does not apply to --set: give each line of the set file its revision")
+        raise ArgumentError("`revisions` does not apply to `set_file`: give each line of the set file its revision")
     targets = [target for source in sources for target in _source_targets(source)]
     if set_file is not None:
         targets += read_set_file(set_file)
     if not targets:
-        raise ArgumentError("give a SOURCE or --set FILE")
+        raise ArgumentError("give a source or set_file=FILE")
     if name:
         if len(targets) != 1:
-            raise ArgumentError("--name needs exactly one source")
+            raise ArgumentError("`name` needs exactly one source")
         targets = [replace(targets[0], **({"base": name} if targets[0].of_revision else {"name": name}))]
     if revisions:
         if any(target.of_revision for target in targets):
-            raise ArgumentError("--revisions does not apply to a set that lists its own revisions")
+            raise ArgumentError("`revisions` does not apply to a set that lists its own revisions")
         return [Target(t.source, revision=r, base=t.name, of_revision=True) for t in targets for r in revisions]
     return [t if t.revision or not revision else replace(t, revision=revision) for t in targets]
 
@@ -117,7 +117,7 @@ def name_clashes(models: list[tuple[str, str]]) -> dict[int, str]:
             clashes[i] = f"{source} is given twice (model '{name}')"
         else:
             clashes[i] = (f"{first[name]} and {source} would both be model '{name}': name them apart in a set file "
-                          "(`source - name` a line) or extract them one at a time with --name")
+                          "(`source - name` a line) or extract them one at a time with `name`")
     return clashes
 
 
@@ -164,8 +164,8 @@ def open_target(target: Target, options: ReadOptions = ReadOptions()) -> Checkpo
     if not target.of_revision:
         return open_checkpoint(target.source, options, name=target.name)
     ckpt = open_checkpoint(target.source, options, name=target.base)
-    return replace(ckpt, name=target.name or f"{ckpt.name}@{target.revision}", base_model=ckpt.name,
-                   training_step=training_step(target.revision))
+    return replace(ckpt, provenance=replace(ckpt.provenance, name=target.name or f"{ckpt.name}@{target.revision}",
+                                            base_model=ckpt.name, training_step=training_step(target.revision)))
 
 
 def open_checkpoint(source: str, options: ReadOptions = ReadOptions(), *, name: str | None = None) -> Checkpoint:
@@ -180,9 +180,9 @@ def open_checkpoint(source: str, options: ReadOptions = ReadOptions(), *, name: 
         if len(parts) < 3 or not parts[2].endswith(".gguf"):
             raise ExtractError(f"a hub file source is org/name/FILE.gguf (or hf://org/name/FILE.gguf): {source}")
         if tower is not None:
-            raise ExtractError(f"{source}: --tower applies to Hugging Face checkpoints with several towers, not GGUF files")
-        from headforms.extract.hub import hf_cache_file
-        from headforms.extract.remote import open_hub_gguf
+            raise ExtractError(f"{source}: `tower` applies to Hugging Face checkpoints with several towers, not GGUF files")
+        from headforms.extract.transport.hub import hf_cache_file
+        from headforms.extract.formats.remote import open_hub_gguf
 
         if _offline() and (cached := hf_cache_file("/".join(parts[:2]), parts[2], options.revision)) is not None:
             return open_gguf(cached, name=name or Path(parts[2]).stem, source=source,
@@ -198,8 +198,8 @@ def open_checkpoint(source: str, options: ReadOptions = ReadOptions(), *, name: 
         return _open_local(path, name=name, source=source, options=options)
     if source.startswith(("/", ".", "~")) or source.endswith(_PATH_SUFFIXES) or source.count("/") >= 2:
         raise ExtractError(f"no such file or folder: {source}")
-    from headforms.extract.hub import RepoNotFound
-    from headforms.extract.remote import open_hub  # torch loads only when a hub model is opened
+    from headforms.extract.transport.hub import RepoNotFound
+    from headforms.extract.formats.remote import open_hub  # torch loads only when a hub model is opened
 
     name = name or _towered(source.rsplit("/", 1)[-1], tower)
     if _offline() and (snapshot := _hf_cache_model(source, options.revision)) is not None:
@@ -223,8 +223,8 @@ def _offline() -> bool:
 def _hf_cache_model(repo_id: str, revision: str | None) -> Path | None:
     """A hub model's snapshot in the Hugging Face cache when it holds config.json and weights (a snapshot of
     config or tokenizer files alone is no model: the range cache is looked in next), else None."""
-    from headforms.extract.hub import hf_cache_snapshot
-    from headforms.extract.remote import HUB_LAYOUTS
+    from headforms.extract.transport.hub import hf_cache_snapshot
+    from headforms.extract.formats.remote import HUB_LAYOUTS
 
     snapshot = hf_cache_snapshot(repo_id, revision)
     if snapshot is None or not (snapshot / "config.json").is_file():
@@ -251,13 +251,13 @@ def _towered(name: str, tower: str | None) -> str:
 def _open_local(path: Path, *, name: str | None, source: str, options: ReadOptions) -> Checkpoint:
     """A local model folder (config.json + weights) or GGUF file; names default to local_name."""
     if path.is_dir():
-        from headforms.extract.hf import open_hf_folder  # torch and safetensors load only when a folder is opened
+        from headforms.extract.formats.hf import open_hf_folder  # torch and safetensors: only for a folder
 
         return open_hf_folder(path, name=name or _towered(local_name(path), options.tower), source=source,
                               options=options)
     if path.suffix == ".gguf":
         if options.tower is not None:
-            raise ExtractError(f"{path}: --tower applies to Hugging Face folders with several towers, not GGUF files")
+            raise ExtractError(f"{path}: `tower` applies to Hugging Face folders with several towers, not GGUF files")
         return open_gguf(path, name=name or local_name(path), source=source, options=options)
     refuse_foreign(path)  # an ONNX, GGML, TensorFlow, ... file is named
     raise ExtractError(f"cannot read {path}: give a model folder (config.json + weights) or a .gguf file")

@@ -428,12 +428,12 @@ def demo_floor_parts(model_layers: dict, quiet: bool = False) -> tuple[dict[str,
     import importlib.util
 
     from headforms.extract import open_checkpoint
-    from headforms.warehouse.running.load import LoadOptions, deltas
+    from headforms.warehouse.running.load import AnalysisOptions, deltas
 
     parts, qk_bytes, spans = {}, 0, []
     for name, source in DEMO:
         spec, layers = model_layers[name]
-        distances = deltas(spec, LoadOptions()) or ()
+        distances = deltas(spec, AnalysisOptions()) or ()
         model = {}
         for i, (wq, wk) in enumerate(layers):
             model = floor.add_parts(model, floor.layer_floor(wq, wk, spec.kv_index, rope=spec.rope,
@@ -472,7 +472,7 @@ def demo_floor(model_layers: dict, cli: dict, start: float, before: dict[str, fl
     the CLI runs and (`before`) before them, their mean (the host's speed drifts over a run); the Q/K bytes the
     readers report, at the warm throughput of the weight files (the CLI runs just read them); printed with the
     CLI's best wall over it and, given section 1's `stages`, what the build's other work allows on this machine."""
-    from headforms.warehouse.running.load import LoadOptions, deltas
+    from headforms.warehouse.running.load import AnalysisOptions, deltas
 
     header("2b. the floor of the demo: its unavoidable linear algebra on the same weights (tests/floor.py)")
     after, qk_bytes, spans = demo_floor_parts(model_layers)
@@ -480,7 +480,7 @@ def demo_floor(model_layers: dict, cli: dict, start: float, before: dict[str, fl
     print(f"the floor's linear algebra at one thread, measured before the CLI runs {sum(before.values()):.2f} s, "
           f"after them {sum(after.values()):.2f} s: their mean is used (the host's speed drifts)")
     spec, layers = model_layers[DEMO[0][0]]
-    share = floor.parallel_share(*layers[0], spec.kv_index, rope=spec.rope, deltas=deltas(spec, LoadOptions()) or ())
+    share = floor.parallel_share(*layers[0], spec.kv_index, rope=spec.rope, deltas=deltas(spec, AnalysisOptions()) or ())
     result = floor.Floor(parts, floor.cores(), start, qk_bytes, floor.read_gbps(spans, repeats=REPEATS),
                          ["warm read throughput of the demo's weight files (the page cache, as the runs above "
                           "read them)"], share)
@@ -916,7 +916,7 @@ def floor_parts_before(folder: Path, files) -> dict[str, float]:
     read in this process (a scratch digest cache; the files evicted again after): the host's speed drifts over a
     run of minutes, so the floor is measured on both sides of the extractions it judges."""
     from headforms.extract import open_checkpoint
-    from headforms.warehouse.running.load import LoadOptions, deltas
+    from headforms.warehouse.running.load import AnalysisOptions, deltas
 
     os.environ["HEADFORMS_CACHE"] = str(folder.parent / "cache-before")
     try:
@@ -927,7 +927,7 @@ def floor_parts_before(folder: Path, files) -> dict[str, float]:
     finally:
         os.environ.pop("HEADFORMS_CACHE")
     evict(files)
-    parts = floor.layer_floor(wq, wk, spec.kv_index, rope=spec.rope, deltas=deltas(spec, LoadOptions()) or ())
+    parts = floor.layer_floor(wq, wk, spec.kv_index, rope=spec.rope, deltas=deltas(spec, AnalysisOptions()) or ())
     return {p: v * spec.n_layers for p, v in parts.items()}
 
 
@@ -937,16 +937,16 @@ def shape_floor(spec, layer: tuple[np.ndarray, np.ndarray], info: dict, folder: 
     mean of its measures before and after the extractions (`before`: floor_parts_before), the model's default
     distances, and its Q/K bytes at the cold throughput of plain positioned reads of their spans (evicted first: the
     device's rate, no conversion, no hashing)."""
-    from headforms.warehouse.running.load import LoadOptions, deltas
+    from headforms.warehouse.running.load import AnalysisOptions, deltas
 
     t0 = time.perf_counter()
     wq, wk = layer
-    after = floor.layer_floor(wq, wk, spec.kv_index, rope=spec.rope, deltas=deltas(spec, LoadOptions()) or ())
+    after = floor.layer_floor(wq, wk, spec.kv_index, rope=spec.rope, deltas=deltas(spec, AnalysisOptions()) or ())
     after = {p: v * spec.n_layers for p, v in after.items()}
     parts = {p: (before.get(p, 0.0) + after.get(p, 0.0)) / 2 for p in floor.PARTS}
     print(f"the floor's linear algebra at one thread, measured before the extractions {sum(before.values()):.2f} s, "
           f"after them {sum(after.values()):.2f} s: their mean is used (the host's speed drifts)")
-    share = floor.parallel_share(wq, wk, spec.kv_index, rope=spec.rope, deltas=deltas(spec, LoadOptions()) or ())
+    share = floor.parallel_share(wq, wk, spec.kv_index, rope=spec.rope, deltas=deltas(spec, AnalysisOptions()) or ())
     evict(info["files"])
     gbps = floor.read_gbps([(folder / name, begin, end) for name, begin, end in info["qk_spans"]])
     result = floor.Floor(parts, floor.cores(), start, info["qk"], gbps,
@@ -1025,7 +1025,7 @@ def synthetic_24b(tmp_root: Path, start_s: float) -> dict | None:
               f"{rerun['wall']:.1f} s wall, rchar {rerun['io']['rchar'] / 1e6:.2f} MB, read_bytes "
               f"{rerun['io']['read_bytes'] / 1e6:.2f} MB (Q/K {info['qk'] / GB:.2f} GB)")
         hub = hub_24b(folder, files)
-        from headforms.extract import remote
+        from headforms.extract.formats import remote
 
         print(f"the same checkpoint from a local hub server (subprocess, by range, read-ahead up to {remote.AHEAD} "
               f"layers within {remote.AHEAD_BYTES >> 20} MB): "
@@ -1104,7 +1104,7 @@ def both_circuits_24b(tmp_root: Path, start_s: float) -> dict | None:
     timing: it is the largest call) and the V, O and embedding bytes at the same cold throughput. The target:
     qk,ov's ratio to its floor within 1.1x of qk's."""
     from headforms.extract import ReadOptions, open_checkpoint
-    from headforms.warehouse.running.load import LoadOptions, deltas
+    from headforms.warehouse.running.load import AnalysisOptions, deltas
 
     vocab = SYN_VOCAB * SYN_N // 5120
     header(f"5e. both circuits at the 24B shape ({SYN_LAYERS} x {SYN_HEADS} heads, {SYN_KV} kv, N={SYN_N}, "
@@ -1134,7 +1134,7 @@ def both_circuits_24b(tmp_root: Path, start_s: float) -> dict | None:
         finally:
             os.environ.pop("HEADFORMS_CACHE")
         (wq, wk), (w_v, w_o) = layer["qk"], layer["ov"]
-        qk_parts = floor.layer_floor(wq, wk, spec.kv_index, rope=spec.rope, deltas=deltas(spec, LoadOptions()) or ())
+        qk_parts = floor.layer_floor(wq, wk, spec.kv_index, rope=spec.rope, deltas=deltas(spec, AnalysisOptions()) or ())
         ov_parts = floor.layer_floor(w_o.transpose(0, 2, 1), w_v, spec.kv_index)
         with threadpool_limits(limits=1):  # timed once, as floor.gram_floor does, keeping its product
             t0 = time.perf_counter()
@@ -1290,8 +1290,9 @@ def latent_v3(tmp_root: Path, start_s: float, divide: int) -> dict | None:
     from the local hub server by range (a fresh range cache): wall against the floor measured on its own layer 0
     (the common span's QR and products, each part's reduction, spectra, distances and baseline) x 61, peak RSS, and
     the bytes fetched against the FP8 tensors and scales the forms need."""
-    from headforms.extract import ReadOptions, latent, open_checkpoint
-    from headforms.warehouse.running.load import LoadOptions, deltas
+    from headforms.extract import ReadOptions, open_checkpoint
+    from headforms.extract.layouts import latent
+    from headforms.warehouse.running.load import AnalysisOptions, deltas
     from tests.hub_server import HubServer
 
     shape = V3 | {k: V3[k] // divide for k in ("N", "q_lora", "kv_lora", "heads")}
@@ -1342,7 +1343,7 @@ def latent_v3(tmp_root: Path, start_s: float, divide: int) -> dict | None:
             wq, wk = layer[form.name]
             parts = floor.add_parts(parts, floor.layer_floor(wq, wk, np.asarray(form.kv_index),
                                                      rope=spec.rope if form.rotary else None,
-                                                     deltas=(deltas(spec, LoadOptions()) or ()) if form.rotary else ()))
+                                                     deltas=(deltas(spec, AnalysisOptions()) or ()) if form.rotary else ()))
         evict(info["files"])
         gbps = floor.read_gbps([(f, 0, f.stat().st_size) for f in info["files"][:2]])
         bound = floor.Floor(floor.add_parts({}, parts, spec.n_layers), floor.cores(), start_s, info["form_bytes"],
@@ -1427,7 +1428,7 @@ def projection(read_gbps: float | None, start: float) -> dict:
     (the interpreter and imports) added to both."""
     from headforms.compute.analysis import analyse_layer
     from headforms.compute.rotary import DEFAULT_DISTANCES, Rotation
-    from headforms.extract.rope import rope
+    from headforms.extract.layouts.rope import rope
 
     header("6. projection: the paper's fourteen models, 9,512 heads (one random layer per shape, x layers)")
     rng = np.random.default_rng(6)
@@ -1562,7 +1563,7 @@ def hub_ranged(tmp_root: Path) -> dict:
         from huggingface_hub import hf_hub_download
 
         import huggingface_hub.hf_api  # noqa: F401  (imports are not the network's time: torch's, and the
-        import headforms.extract.remote  # noqa: F401   hub client's model-info API, which both ways use)
+        import headforms.extract.formats.remote  # noqa: F401   hub client's model-info API, which both ways use)
         from headforms.extract import open_checkpoint
 
         t0 = time.perf_counter()

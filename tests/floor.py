@@ -137,7 +137,7 @@ def layer_floor(wq: np.ndarray, wk: np.ndarray, kv_index: np.ndarray, *, rope=No
                 layer: int = 0, repeats: int = REPEATS) -> dict[str, float]:
     """Single-threaded seconds of each of PARTS for one layer (wq (H, n, N), wk (H_kv, n, N)), best of `repeats`.
 
-    rope: an object with .pairing and .frequencies (extract.rope.Rope), or None; deltas: the RoPE distances."""
+    rope: an object with .pairing and .frequencies (extract.layouts.rope.Rope), or None; deltas: the RoPE distances."""
     H, n, N = wq.shape
     per_head, per_group = stacks(wq, wk, kv_index)
     out = {}

@@ -17,7 +17,7 @@ import torch
 from headforms.compute.analysis import analyse_layer
 from headforms.compute.rotary import Rotation
 from headforms.extract import open_checkpoint
-from headforms.warehouse.running.layers import LoadOptions, deltas
+from headforms.warehouse.running.layers import AnalysisOptions, deltas
 
 
 def compare(a, b) -> float:
@@ -61,7 +61,7 @@ def main() -> int:
     ckpt = open_checkpoint(source)
     rng = np.random.default_rng(0)
     last = ckpt.spec.n_layers - 1
-    rope, distances = ckpt.spec.rope, deltas(ckpt.spec, LoadOptions())  # as an extraction's defaults have them
+    rope, distances = ckpt.spec.rope, deltas(ckpt.spec, AnalysisOptions())  # as an extraction's defaults have them
     real = dict(rotation=Rotation.of(rope.pairing, rope.frequencies), deltas=distances) if distances else {}
     layers = [(f"{ckpt.name} layer {i}", *ckpt.read_layer(i), ckpt.spec.kv_index, real) for i in (0, last // 2, last)]
     layers += [("random 32 x 5120, n=128, 8 kv", rng.standard_normal((32, 128, 5120)),

@@ -236,7 +236,7 @@ def serve_hub(monkeypatch, tmp_path, *, hf_home: bool = True, tls: ssl.SSLContex
     headforms range cache (and, with hf_home, HF_HOME and HF_HUB_CACHE) in tmp_path; the caller closes it."""
     import importlib
 
-    from headforms.extract import hub as hub_module
+    from headforms.extract.transport import hub as hub_module
 
     server = HubServer(tls=tls)
     constants = importlib.import_module("huggingface_hub.constants")

@@ -50,25 +50,27 @@ TARGETS = {
                             "test_bootstrap.py", "test_head_types.py", "test_positions.py", "test_norm_gains.py",
                             "test_api.py", "test_real_models.py", "test_device_path.py", "test_threads.py",
                             "test_buffers.py"],
-    "headforms/extract/layouts.py": ["test_layouts.py", "test_architectures.py", "test_gguf.py", "test_positions.py"],
-    "headforms/extract/spec.py": ["test_layouts.py", "test_architectures.py", "test_gguf.py", "test_positions.py"],
-    "headforms/extract/architectures.py": ["test_architectures.py", "test_cli.py", "test_gguf.py"],
-    "headforms/extract/discover.py": ["test_rope_families.py", "test_layouts.py", "test_architectures.py"],
-    "headforms/extract/rope.py": ["test_rope_families.py", "test_positions.py", "test_gguf.py", "test_layouts.py"],
-    "headforms/extract/norms.py": ["test_norm_gains.py", "test_layouts.py"],
+    "headforms/extract/layouts/table.py": ["test_layouts.py", "test_architectures.py", "test_gguf.py", "test_positions.py"],
+    "headforms/extract/layouts/spec.py": ["test_layouts.py", "test_architectures.py", "test_gguf.py", "test_positions.py"],
+    "headforms/extract/layouts/architectures.py": ["test_architectures.py", "test_cli.py", "test_gguf.py"],
+    "headforms/extract/layouts/discover.py": ["test_rope_families.py", "test_layouts.py", "test_architectures.py"],
+    "headforms/extract/layouts/rope.py": ["test_rope_families.py", "test_positions.py", "test_gguf.py", "test_layouts.py"],
+    "headforms/extract/layouts/norms.py": ["test_norm_gains.py", "test_layouts.py"],
     "headforms/extract/behaviour.py": ["test_behaviour.py"],
-    "headforms/extract/gguf_file.py": ["test_gguf.py", "test_formats.py", "test_rope_families.py", "test_positions.py",
-                                       "test_norm_gains.py"],
-    "headforms/extract/hf.py": _READING + ["test_positions.py", "test_norm_gains.py", "test_fixed_costs.py"],
+    "headforms/extract/layouts/gguf_table.py": ["test_gguf.py", "test_architectures.py", "test_rope_families.py"],
+    "headforms/extract/formats/gguf_file.py": ["test_gguf.py", "test_formats.py", "test_rope_families.py",
+                                               "test_positions.py", "test_norm_gains.py"],
+    "headforms/extract/formats/hf.py": _READING + ["test_positions.py", "test_norm_gains.py", "test_fixed_costs.py"],
     "headforms/extract/checkpoint.py": _READING,
-    "headforms/extract/formats.py": _READING,
-    "headforms/extract/torch_pickle.py": _READING,
+    "headforms/extract/formats/provenance.py": _READING,
+    "headforms/extract/formats/unreadable.py": _READING,
+    "headforms/extract/formats/torch_pickle.py": _READING,
     "headforms/extract/sources.py": _READING + ["test_dynamics.py"],
-    "headforms/extract/caches.py": _HUB,
-    "headforms/extract/hub.py": _HUB + ["test_dynamics.py"],
-    "headforms/extract/remote.py": _HUB,
-    "headforms/extract/pages.py": ["test_pages.py"] + _READING + _HUB,
-    "headforms/extract/buffers.py": ["test_buffers.py"] + _READING,
+    "headforms/extract/transport/caches.py": _HUB,
+    "headforms/extract/transport/hub.py": _HUB + ["test_dynamics.py"],
+    "headforms/extract/formats/remote.py": _HUB,
+    "headforms/extract/transport/pages.py": ["test_pages.py"] + _READING + _HUB,
+    "headforms/extract/transport/buffers.py": ["test_buffers.py"] + _READING,
     # of test_concurrency.py only the damaged blocks: its --jobs and Ray runs reach load.py too, at seconds a test
     "headforms/warehouse/storing/check.py": ["test_check.py", "test_concurrency.py::test_check_reports_every_damaged_block"],
     "headforms/warehouse/storing/store.py": ["test_views.py", "test_check.py", "test_robustness.py", "test_one_view.py",
@@ -266,145 +268,145 @@ PY_EQUIVALENT = {
     ('headforms.compute.threads.x__cores',
      'if os.environ.get("OMP_NUM_THREADS", "XXXX").isdigit():'):
         "'XXXX'.isdigit() is False like ''.isdigit(): an unset OMP_NUM_THREADS either way",
-    ('headforms.extract.discover.x__layout_from_model',
+    ('headforms.extract.layouts.discover.x__layout_from_model',
      'if attr in children or attr in dict(module.named_parameters(recurse=True)):'):
         "named_parameters(recurse=True) names a child's parameters 'child.name': a bare name matches only the module's own",
-    ('headforms.extract.discover.x__layout_from_model',
+    ('headforms.extract.layouts.discover.x__layout_from_model',
      'refusal=_softcap_refusal, rope_pairing=_rope_pairing(first) if (rotary) or True else "split-half")'):
         'rope_pairing of a model without RoPE: never read (only RoPE forms rotate)',
-    ('headforms.extract.discover.x__layout_from_model',
+    ('headforms.extract.layouts.discover.x__layout_from_model',
      'refusal=_softcap_refusal, rope_pairing=_rope_pairing(first) if rotary else "XXsplit-halfXX")'):
         'rope_pairing of a model without RoPE: never read (only RoPE forms rotate)',
-    ('headforms.extract.discover.x__layout_from_model',
+    ('headforms.extract.layouts.discover.x__layout_from_model',
      'refusal=_softcap_refusal, rope_pairing=_rope_pairing(first) if rotary else "SPLIT-HALF")'):
         'rope_pairing of a model without RoPE: never read (only RoPE forms rotate)',
-    ('headforms.extract.hf.x_torch_zip_extent',
+    ('headforms.extract.formats.hf.x_torch_zip_extent',
      'return bytes(read_at(offset, min(n, size - offset))) if offset < size else b"XXXX"'):
         "bytes read past the file's end: every caller compares them with a zip signature, which neither b'' nor b'XXXX' is",
-    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+    ('headforms.extract.transport.hub.xǁRemoteFileǁ_fetch',
      'if got < end + start:'):
         'the reason of a short body set when the body was whole: the loop then ends and the reason is never read',
-    ('headforms.extract.hub.xǁRemoteFileǁread_many',
+    ('headforms.extract.transport.hub.xǁRemoteFileǁread_many',
      'holder = next(((a, b) for a, b in fresh if a < start and end <= b), None)'):
         'an empty span sliced from a fetched buffer or read from the cache: empty either way',
-    ('headforms.extract.hub.xǁHubRepoǁ_cached',
+    ('headforms.extract.transport.hub.xǁHubRepoǁ_cached',
      'table = _repo_dir(repo_id) / (commit or "XX-XX") / "files.json"'):
         "the files table's folder without a commit: never read (no commit raises first)",
-    ('headforms.extract.hub.x__session_and_errors',
+    ('headforms.extract.transport.hub.x__session_and_errors',
      'return session, (importlib.import_module(type(session).__module__.split(None)[0]).TransportError,)'):
         "the session's class is defined in a top-level module (httpx2.Client): no split changes the name",
-    ('headforms.extract.hub.x__session_and_errors',
+    ('headforms.extract.transport.hub.x__session_and_errors',
      'return session, (importlib.import_module(type(session).__module__.split("XX.XX")[0]).TransportError,)'):
         "the session's class is defined in a top-level module (httpx2.Client): no split changes the name",
-    ('headforms.extract.hub.xǁHubRepoǁresolve',
+    ('headforms.extract.transport.hub.xǁHubRepoǁresolve',
      'refs = _repo_dir(repo_id) / "refs" / quote(revision or "main", )'):
         "the ref's file is written and read through this one path (resolve passes it to _cached): any name for the default branch, nested or not, is found again",
-    ('headforms.extract.hub.xǁHubRepoǁresolve',
+    ('headforms.extract.transport.hub.xǁHubRepoǁresolve',
      'refs = _repo_dir(repo_id) / "refs" / quote(revision or "XXmainXX", safe="")'):
         "the ref's file is written and read through this one path (resolve passes it to _cached): any name for the default branch, nested or not, is found again",
-    ('headforms.extract.hub.xǁHubRepoǁresolve',
+    ('headforms.extract.transport.hub.xǁHubRepoǁresolve',
      'refs = _repo_dir(repo_id) / "refs" / quote(revision or "MAIN", safe="")'):
         "the ref's file is written and read through this one path (resolve passes it to _cached): any name for the default branch, nested or not, is found again",
-    ('headforms.extract.hub.xǁHubRepoǁresolve',
+    ('headforms.extract.transport.hub.xǁHubRepoǁresolve',
      'refs = _repo_dir(repo_id) / "refs" / quote(revision or "main", safe="XXXX")'):
         "the ref's file is written and read through this one path (resolve passes it to _cached): any name for the default branch, nested or not, is found again",
-    ('headforms.extract.hub.xǁHubRepoǁresolve',
+    ('headforms.extract.transport.hub.xǁHubRepoǁresolve',
      'files = {s.rfilename: (int(s.lfs.size if (s.lfs) and False else s.size or 0), s.lfs.sha256 if s.lfs else s.blob_id or "")'):
         "the hub gives an LFS file's size both as size and as lfs.size",
-    ('headforms.extract.hub.xǁHubRepoǁresolve',
+    ('headforms.extract.transport.hub.xǁHubRepoǁresolve',
      'files = {s.rfilename: (int(s.lfs.size if s.lfs else s.size or 0), s.lfs.sha256 if s.lfs else s.blob_id or "XXXX")'):
         'asked for file metadata, the hub gives every file a blob id: the fallback is never taken',
-    ('headforms.extract.hub.xǁRemoteFileǁ__init__',
+    ('headforms.extract.transport.hub.xǁRemoteFileǁ__init__',
      'self.chunks = repo.folder / "blobs" / (re.sub(r"XX[^0-9A-Za-z._-]XX", "_", blob or path))'):
         'blob ids are lowercase hex (git SHA-1, LFS SHA-256), which neither substitution changes',
-    ('headforms.extract.hub.xǁRemoteFileǁ__init__',
+    ('headforms.extract.transport.hub.xǁRemoteFileǁ__init__',
      'self.chunks = repo.folder / "blobs" / (re.sub(r"[^0-9a-za-z._-]", "_", blob or path))'):
         'blob ids are lowercase hex (git SHA-1, LFS SHA-256), which neither substitution changes',
-    ('headforms.extract.hub.xǁRemoteFileǁ__init__',
+    ('headforms.extract.transport.hub.xǁRemoteFileǁ__init__',
      'self.chunks = repo.folder / "blobs" / (re.sub(r"[^0-9A-Za-z._-]", "XX_XX", blob or path))'):
         'blob ids are lowercase hex (git SHA-1, LFS SHA-256), which neither substitution changes',
-    ('headforms.extract.hub.xǁRemoteFileǁ_from_cache',
+    ('headforms.extract.transport.hub.xǁRemoteFileǁ_from_cache',
      'if a <= at <= b:'):
         'a chunk that ends where the part still to read starts gives an empty view: nothing is read from it',
-    ('headforms.extract.hub.xǁRemoteFileǁ_uncovered',
+    ('headforms.extract.transport.hub.xǁRemoteFileǁ_uncovered',
      'if a > end:'):
         "a chunk that starts at the span's end adds the gap up to it: the gap the span's end adds otherwise",
-    ('headforms.extract.hub.xǁRemoteFileǁ_uncovered',
+    ('headforms.extract.transport.hub.xǁRemoteFileǁ_uncovered',
      'if b >= at:'):
         'a chunk that ends where the uncovered part starts moves nothing',
-    ('headforms.extract.hub.xǁRemoteFileǁread_many',
+    ('headforms.extract.transport.hub.xǁRemoteFileǁread_many',
      'gaps = sorted(gap for start, end in set(spans) if end >= start for gap in self._uncovered(start, end))'):
         'an empty span has no uncovered part',
-    ('headforms.extract.hub.xǁRemoteFileǁread_many',
+    ('headforms.extract.transport.hub.xǁRemoteFileǁread_many',
      'with ThreadPoolExecutor(None) as pool:'):
         "the pool's default size: how many requests are in flight, not what they fetch",
-    ('headforms.extract.hub.xǁRangeReaderǁread',
+    ('headforms.extract.transport.hub.xǁRangeReaderǁread',
      'data = self.remote.read_at(self.pos, end - self.pos) if end >= self.pos else b""'):
         "0 bytes read at the end are b'', as the else gives",
-    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+    ('headforms.extract.transport.hub.xǁRemoteFileǁ_fetch',
      'headers = self.repo.headers | {"range": f"bytes={at}-{end - 1}", "Accept-Encoding": "identity"}'):
         'HTTP header names are case-insensitive: urllib3 sends, and looks up, the same header',
-    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+    ('headforms.extract.transport.hub.xǁRemoteFileǁ_fetch',
      'headers = self.repo.headers | {"RANGE": f"bytes={at}-{end - 1}", "Accept-Encoding": "identity"}'):
         'HTTP header names are case-insensitive: urllib3 sends, and looks up, the same header',
-    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+    ('headforms.extract.transport.hub.xǁRemoteFileǁ_fetch',
      'headers = self.repo.headers | {"Range": f"bytes={at}-{end - 1}", "accept-encoding": "identity"}'):
         'HTTP header names are case-insensitive: urllib3 sends, and looks up, the same header',
-    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+    ('headforms.extract.transport.hub.xǁRemoteFileǁ_fetch',
      'headers = self.repo.headers | {"Range": f"bytes={at}-{end - 1}", "ACCEPT-ENCODING": "identity"}'):
         'HTTP header names are case-insensitive: urllib3 sends, and looks up, the same header',
-    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+    ('headforms.extract.transport.hub.xǁRemoteFileǁ_fetch',
      'retry_after = response.headers.get("retry-after", "")'):
         'HTTP header names are case-insensitive: urllib3 sends, and looks up, the same header',
-    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+    ('headforms.extract.transport.hub.xǁRemoteFileǁ_fetch',
      'retry_after = response.headers.get("RETRY-AFTER", "")'):
         'HTTP header names are case-insensitive: urllib3 sends, and looks up, the same header',
-    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+    ('headforms.extract.transport.hub.xǁRemoteFileǁ_fetch',
      'if not response.headers.get("content-range", "").startswith(expected):'):
         'HTTP header names are case-insensitive: urllib3 sends, and looks up, the same header',
-    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+    ('headforms.extract.transport.hub.xǁRemoteFileǁ_fetch',
      'if not response.headers.get("CONTENT-RANGE", "").startswith(expected):'):
         'HTTP header names are case-insensitive: urllib3 sends, and looks up, the same header',
-    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+    ('headforms.extract.transport.hub.xǁRemoteFileǁ_fetch',
      'why = f"Content-Range {response.headers.get(\'content-range\')!r}, expected {expected}..."'):
         'HTTP header names are case-insensitive: urllib3 sends, and looks up, the same header',
-    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+    ('headforms.extract.transport.hub.xǁRemoteFileǁ_fetch',
      'why = f"Content-Range {response.headers.get(\'CONTENT-RANGE\')!r}, expected {expected}..."'):
         'HTTP header names are case-insensitive: urllib3 sends, and looks up, the same header',
-    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+    ('headforms.extract.transport.hub.xǁRemoteFileǁ_fetch',
      'headers = self.repo.headers | {"Range": f"bytes={at}-{end - 1}", "Accept-Encoding": "IDENTITY"}'):
         'content codings are case-insensitive (RFC 9110, 8.4.1)',
-    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+    ('headforms.extract.transport.hub.xǁRemoteFileǁ_fetch',
      'if not response.headers.get("Content-Range", "XXXX").startswith(expected):'):
         'a missing Content-Range fails the check with any default that is not a range',
-    ('headforms.extract.remote.x__zip_fetch',
+    ('headforms.extract.formats.remote.x__zip_fetch',
      'name_len, extra_len = struct.unpack("<hh", local[26:30])'):
         "a local header's name and extra lengths read as signed: the same below 32768 (torch writes names of a few dozen bytes, at most 64 of padding)",
-    ('headforms.extract.remote.x__zip_fetch',
+    ('headforms.extract.formats.remote.x__zip_fetch',
      'name_len, extra_len = struct.unpack("<HH", local[26:31])'):
         'local is the 30-byte local header: [26:31] is [26:30]',
-    ('headforms.extract.remote.x__zip_header',
+    ('headforms.extract.formats.remote.x__zip_header',
      'problem = torch_zip_extent(remote.read_at, remote.size, remote) if (isinstance(e, zipfile.BadZipFile)) or True else None'):
         'a zip whose directory reads (so the error came from its pickle) is not cut short: torch_zip_extent finds nothing',
-    ('headforms.extract.remote.x__zip_header',
+    ('headforms.extract.formats.remote.x__zip_header',
      'f"file ({remote.size / 1000001.0:.1f} MB)", file=sys.stderr)'):
         'the size in MB divided by 1,000,001 rather than 10^6 moves by a millionth of itself: the one-decimal figure changes only within that of a rounding boundary',
-    ('headforms.extract.remote.x__zip_fetch',
+    ('headforms.extract.formats.remote.x__zip_fetch',
      'if raw else torch.empty(ref.shape, dtype=None))'):
         'an empty tensor has no values: its dtype before the conversion to float64 cannot show',
-    ('headforms.extract.remote.x__zip_fetch',
+    ('headforms.extract.formats.remote.x__zip_fetch',
      'if raw else torch.empty(ref.shape, ))'):
         'an empty tensor has no values: its dtype before the conversion to float64 cannot show',
-    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+    ('headforms.extract.transport.hub.xǁRemoteFileǁ_fetch',
      'got, tries, why, wait = 0, 0, "XXXX", 0.0'):
         'every try that fails sets the reason before the loop can end and read it',
-    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+    ('headforms.extract.transport.hub.xǁRemoteFileǁ_fetch',
      'retry_after = response.headers.get("Retry-After", "XXXX")'):
         'a missing Retry-After is no number with any default that is not one: the backoff wait stays',
-    ('headforms.extract.hub.xǁRemoteFileǁ_fetch',
+    ('headforms.extract.transport.hub.xǁRemoteFileǁ_fetch',
      'if got <= end - start:'):
         'the reason of a short body set when the body was whole: the loop then ends and the reason is never read',
-    ('headforms.extract.hub.xǁRemoteFileǁread_many',
+    ('headforms.extract.transport.hub.xǁRemoteFileǁread_many',
      'pieces = [(a, min(a + PIECE, end), fresh[start, end][a - start:min(a + PIECE, end) + start])'):
         "a piece's view that runs on past the piece: _fetch writes only the piece's own bytes, from its start",
     ('headforms.warehouse.publishing.export.x_write_paper_format',
@@ -512,10 +514,10 @@ PY_EQUIVALENT = {
     ('headforms.compute.statistics.x_theta',
      'nearer = np.argmin(np.where(None, np.inf, gaps), axis=1)[:, None]'):
         'gaps are NaN only for a zero form, whose theta is NaN whichever vertex argmin picks',
-    ('headforms.extract.spec.x_model_spec',
+    ('headforms.extract.layouts.spec.x_model_spec',
      'recorded["tower"] = architecture.rpartition(".")[2]'):
         "rpartition = partition on 'family.tower', the only dotted architecture names",
-    ('headforms.extract.layouts.xǁLayoutǁqk_maps',
+    ('headforms.extract.layouts.table.xǁLayoutǁqk_maps',
      'w_k = w_k * (self.norm_offset + _gains(tensors, "k_norm", spec.n_kv_heads)).reshape(-2, spec.head_dim, 1)'):
         'reshape(-2, ...): numpy takes any negative size as the unknown one',
     ('headforms.warehouse.running.load.x__model_record',
@@ -524,7 +526,7 @@ PY_EQUIVALENT = {
     ('headforms.warehouse.storing.store.x__shadow_added_columns',
      'database = con.execute("SELECT CURRENT_DATABASE()").fetchone()[0]'):
         "CURRENT_DATABASE(): DuckDB's function names are case-insensitive",
-    ('headforms.extract.checkpoint.xǁDigestǁ__init__',
+    ('headforms.extract.formats.provenance.xǁDigestǁ__init__',
      'self.layers: list[list[tuple[Path, str]]] = None  # per layer, the (file, tensor) its reader reads'):
         "a digest's layers before expect() as None: both readers call expect() before the Checkpoint exists, and nothing reads them earlier",
     ('headforms.warehouse.storing.store.x_insert',
@@ -583,11 +585,11 @@ PY_AT_IMPORT = {
     ('headforms.cli.x_db_option',
      'type=click.Path(dir_okay=False, exists=None),'):
         "a reading command's --db allowed to be missing: test_cli.py::test_reading_commands_refuse_a_missing_warehouse",
-    ('headforms.extract.norms.x__named',
+    ('headforms.extract.layouts.norms.x__named',
      'return lambda i: None'):
         "the norm tables are built at import: test_norm_gains.py::test_folded_forms_reproduce_logits_on_normalised_inputs"
         "[llama-gain] (TypeError reading the gain)",
-    ('headforms.extract.norms.x__named',
+    ('headforms.extract.layouts.norms.x__named',
      'return lambda i: template.format(i=None)'):
         "the norm tables are built at import: test_norm_gains.py::test_folded_forms_reproduce_logits_on_normalised_inputs"
         "[llama-gain] (the gain read from layers.None: no such tensor)",
@@ -715,7 +717,7 @@ def run_sql(env: dict) -> dict[str, Counter]:
 # name, the file, the exact text and its replacement, the test files that judge it). Each is applied in place, its
 # tests run, and the file restored; the report names each one, killed or SURVIVED.
 HELD_OUT = [
-    ("a folder's revision ignores config.json", "extract/checkpoint.py",
+    ("a folder's revision ignores config.json", "extract/formats/provenance.py",
      "        h.update(hashlib.sha256(self.preamble).digest())\n", "", ["test_revision.py"]),
     ("gengamma mode at q = 0 with the wrong sign", "compute/fits.py",
      "r = np.where(q == 0, -p,", "r = np.where(q == 0, p,", ["test_fits.py"]),
@@ -724,9 +726,9 @@ HELD_OUT = [
      ["test_fits.py"]),
     ("a resumed hub run keeps the last run's bytes_fetched", "warehouse/running/load.py",
      "SET bytes_fetched = coalesce(bytes_fetched, 0) + ?", "SET bytes_fetched = ?", ["test_hub.py"]),
-    ("a short positioned read goes on at the wrong offset", "extract/pages.py",
+    ("a short positioned read goes on at the wrong offset", "extract/transport/pages.py",
      "os.preadv(fd, [view[done:]], offset + done)", "os.preadv(fd, [view[done:]], offset)", ["test_pages.py"]),
-    ("a short hub body read goes on at the wrong place", "extract/hub.py",
+    ("a short hub body read goes on at the wrong place", "extract/transport/hub.py",
      "response.readinto(into[got:got + STEP])", "response.readinto(into[0:STEP])", ["test_hub.py"]),
     ("an outer stage renames an inner stage's failure", "warehouse/storing/failures.py",
      "        if place_of(exc) is None:\n", "        if True:\n", ["test_failures.py"]),

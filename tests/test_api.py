@@ -48,7 +48,7 @@ def test_wheel_holds_only_the_headforms_package(tmp_path):
     tops = {name.split("/")[0] for name in names}
     assert tops == {"headforms", next(t for t in tops if t.endswith(".dist-info"))}
     for expected in ("headforms/__init__.py", "headforms/cli.py", "headforms/api.py", "headforms/compute/spectra.py",
-                     "headforms/extract/layouts.py", "headforms/warehouse/storing/schema.sql", "headforms/sql/signature_check.sql"):
+                     "headforms/extract/layouts/table.py", "headforms/warehouse/storing/schema.sql", "headforms/sql/signature_check.sql"):
         assert expected in names
     assert not any(name.startswith("headforms/tests") for name in names)
     entry = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()

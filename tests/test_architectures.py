@@ -10,9 +10,9 @@ import transformers
 from click.testing import CliRunner
 
 from headforms import cli
-from headforms.extract import gguf_file, latent
-from headforms.extract.architectures import architectures, markdown, table_block
-from headforms.extract.layouts import LAYOUTS, REFUSED, layout_key
+from headforms.extract.layouts import gguf_table, latent
+from headforms.extract.layouts.architectures import architectures, markdown, table_block
+from headforms.extract.layouts.table import LAYOUTS, REFUSED, layout_key
 from tests import test_llama4 as llama4, tiny_models as tm
 
 
@@ -21,7 +21,7 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "architectures.md"
 
 def test_docs_table_is_the_generated_one():
     assert table_block(DOC.read_text()) == markdown(discovered=False), (
-        "docs/architectures.md's table is stale: regenerate it with python -m headforms.extract.architectures --write")
+        "docs/architectures.md's table is stale: regenerate it with python -m headforms.extract.layouts.architectures --write")
 
 
 def test_every_listed_family_is_proven_by_a_tiny_model():
@@ -49,7 +49,7 @@ def test_rows_follow_the_tables():
     assert rows["hf", "deepseek_v3"]["notes"] == latent.TREATMENT
     assert rows["hf", "diffllama"]["notes"] == f"refused: {REFUSED['diffllama']}"
     gguf = {family for fmt, family in rows if fmt == "gguf"}
-    assert gguf == set(gguf_file.GGUF_ARCHITECTURES)
+    assert gguf == set(gguf_table.GGUF_ARCHITECTURES)
 
 
 @pytest.mark.parametrize("fmt", ["json", "markdown"])

@@ -396,7 +396,8 @@ def test_a_gguf_file_is_parsed_once_and_its_tensor_names_mapped_once(monkeypatch
     import gguf
     import transformers
 
-    from headforms.extract import gguf_file, open_checkpoint
+    from headforms.extract.formats import gguf_file
+    from headforms.extract import open_checkpoint
 
     ours, stock, maps = [], [], []
     stock_reader, stock_map = gguf.GGUFReader, gguf.get_tensor_name_map

@@ -11,7 +11,7 @@ import torch
 
 from headforms.compute import threads
 from headforms.extract import open_checkpoint
-from headforms.extract.buffers import PAGE, BufferPool
+from headforms.extract.transport.buffers import PAGE, BufferPool
 from tests import tiny_models
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,11 +4,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
 import headforms
-from headforms import cli
+from headforms import api, cli
 from headforms.extract import MODEL_SETS
 from tests import tiny_models
 
@@ -72,6 +73,45 @@ def test_name_needs_one_source(runner, tiny_folder, tmp_path):
     result = runner.invoke(cli.main, ["extract", "demo", "--name", "x", "--db", str(tmp_path / "w.duckdb")])
     assert result.exit_code == 2 and "--name needs exactly one source" in result.output
     assert not (tmp_path / "w.duckdb").exists()
+
+
+def test_the_command_line_says_the_apis_keywords_as_its_flags():
+    """_in_flags, the one map from the API's words to the command line's: a keyword with its value (quoted, a flag's
+    True, a tuple's items, a placeholder) and a keyword named alone in backticks become flags, the running command's
+    options first and then the other commands' (--out is export's); words that are no option stay as they are."""
+    with click.Context(cli.main.commands["extract"]):
+        assert cli._in_flags("use force=True to replace it, or `name` to keep both") == (
+            "use --force to replace it, or --name to keep both")
+        assert cli._in_flags("pass qk_norm='fold', fold_norm=\"gain\", distances=(0,) or circuits=('qk', 'ov')") == (
+            "pass --qk-norm fold, --fold-norm gain, --distances 0 or --circuits qk,ov")
+        assert cli._in_flags("give a source or set_file=FILE; pass wait=SECONDS; with out=DIR") == (
+            "give a source or --set FILE; pass --wait SECONDS; with --out DIR")
+        kept = "do_layer_norm_before=false; (`source - name` a line); `layer` 3; fold_norm's gain"
+        assert cli._in_flags(kept) == kept
+
+
+def test_a_refusal_is_in_the_apis_words_and_the_command_line_gives_its_flags(runner, tiny_folder, tmp_path):
+    """The same failures through the API and the command line: below the command line a message names the API's
+    keywords (a notebook is never told to pass a flag), the command line its flags: a usage error (exit status 2), a
+    reader's refusal and the warehouse's (status 1), each before anything is written."""
+    db = tmp_path / "w.duckdb"
+    with pytest.raises(api.ArgumentError, match="^`name` needs exactly one source$"):
+        api.extract("demo", db=db, name="x")
+    with pytest.raises(api.ExtractError, match=r"^fold_norm='center' is refused for llama: .*; use fold_norm='gain'$"):
+        api.extract(str(tiny_folder), db=db, fold_norm="center")
+    usage = runner.invoke(cli.main, ["extract", "demo", "--db", str(db), "--name", "x"])
+    assert usage.exit_code == 2 and "Error: --name needs exactly one source" in usage.output
+    refused = runner.invoke(cli.main, ["extract", str(tiny_folder), "--db", str(db), "--fold-norm", "center"])
+    assert refused.exit_code == 1 and refused.output.strip().endswith("; use --fold-norm gain"), refused.output
+    assert "fold_norm" not in refused.output and not db.exists()
+    api.extract(str(tiny_folder), db=db, name="tiny", resamples=20)
+    with pytest.raises(api.WarehouseError, match=r"\(baseline_seed 0 -> 7\): use force=True to replace it, or `name` "
+                                                 r"to keep both$"):
+        api.extract(str(tiny_folder), db=db, name="tiny", seed=7, resamples=20)
+    changed = runner.invoke(cli.main, ["extract", str(tiny_folder), "--db", str(db), "--name", "tiny", "--seed", "7",
+                                       "--resamples", "20"])
+    assert changed.exit_code == 1 and changed.output.strip().endswith(
+        "(baseline_seed 0 -> 7): use --force to replace it, or --name to keep both"), changed.output
 
 
 def test_db_defaults_to_environment_variable(runner, tiny_folder, tmp_path, monkeypatch):

@@ -214,7 +214,7 @@ def test_revision_options(tmp_path):
                                                                           of_revision=True)]
     assert plan_targets("demo", revision="v1")[0].revision == "v1"
     for kwargs, message in [(dict(revisions="a,,b"), "comma-separated"), (dict(revision="a", revisions="b"), "exclude"),
-                            (dict(revisions="a", set_file=tmp_path / "s"), "--set"), (dict(name="x", sources="demo"),
+                            (dict(revisions="a", set_file=tmp_path / "s"), "`set_file`"), (dict(name="x", sources="demo"),
                                                                                       "exactly one source")]:
         with pytest.raises(ValueError, match=message):
             plan_targets(**({"sources": "gpt2"} | kwargs))
@@ -222,7 +222,7 @@ def test_revision_options(tmp_path):
         plan_targets("pythia-dynamics", revisions="step0")
     result = CliRunner().invoke(cli.main, ["extract", "gpt2", "--revision", "a", "--revisions", "b",
                                            "--db", str(tmp_path / "w.duckdb")])
-    assert result.exit_code == 2 and "exclude each other" in result.output
+    assert result.exit_code == 2 and "--revision and --revisions exclude each other" in result.output
     assert CliRunner().invoke(cli.main, ["extract", "--db", str(tmp_path / "w.duckdb")]).exit_code == 2
     assert not (tmp_path / "w.duckdb").exists()
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from headforms.extract import hf
-from headforms.extract.hf import _safetensors_fetch, _safetensors_spans
+from headforms.extract.formats import hf
+from headforms.extract.formats.hf import _safetensors_fetch, _safetensors_spans
 from tests import tiny_models as tm
 from tests.test_robustness import ROOT
 

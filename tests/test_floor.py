@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from headforms.compute.rotary import Rotation
-from headforms.extract.rope import rope
+from headforms.extract.layouts.rope import rope
 from tests import floor
 
 H, HKV, n, N = 4, 2, 6, 30

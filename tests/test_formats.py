@@ -21,9 +21,9 @@ from safetensors.numpy import save_file
 
 from headforms import api, cli
 from headforms.extract.checkpoint import ExtractError, ReadOptions
-from headforms.extract.formats import FOREIGN, human_size
-from headforms.extract.gguf_file import open_gguf
-from headforms.extract.hf import torch_zip_extent
+from headforms.extract.formats.gguf_file import open_gguf
+from headforms.extract.formats.hf import torch_zip_extent
+from headforms.extract.formats.unreadable import FOREIGN, human_size
 from tests import tiny_models as tm
 from tests.test_gguf import SMOL, write_gguf
 from tests.test_hub import hub, serve  # noqa: F401  (the local hub fixture)
@@ -331,7 +331,7 @@ def test_the_unpickler_takes_only_torch_storage_ids():
     import io
     import pickle
 
-    from headforms.extract.torch_pickle import RecordingUnpickler, Storage, StorageType
+    from headforms.extract.formats.torch_pickle import RecordingUnpickler, Storage, StorageType
 
     unpickler, kind = RecordingUnpickler(io.BytesIO(b"")), StorageType("float32")
     assert unpickler.persistent_load(("storage", kind, 7, "cpu", 4)) == Storage("7", kind)

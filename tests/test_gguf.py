@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from headforms.extract.checkpoint import ExtractError, ReadOptions
-from headforms.extract.gguf_file import (GGUF_ARCHITECTURES, SCALE_RULES, PlainReader, _open_reader, dequantizable,
-                                         gguf_array, open_gguf)
+from headforms.extract.formats.gguf_file import PlainReader, _open_reader, dequantizable, gguf_array, open_gguf
+from headforms.extract.layouts.gguf_table import GGUF_ARCHITECTURES, SCALE_RULES
 from tests import gguf_convert
 from tests import tiny_models as tm
 from tests.test_layouts import logit_error

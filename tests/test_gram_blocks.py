@@ -11,11 +11,11 @@ import pytest
 from headforms.compute.copying import unembedding_gram
 from headforms.compute.threads import Pool
 from headforms.extract import checkpoint as checkpoint_module
-from headforms.extract import hf
 from headforms.extract.checkpoint import ReadOptions, row_blocks
-from headforms.extract.gguf_file import open_gguf
-from headforms.extract.hub import RemoteFile
+from headforms.extract.formats import hf
+from headforms.extract.formats.gguf_file import open_gguf
 from headforms.extract.sources import open_checkpoint
+from headforms.extract.transport.hub import RemoteFile
 from headforms.warehouse.running import layers
 from tests import tiny_models as tm
 from tests.hub_server import serve_hub

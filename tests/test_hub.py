@@ -25,10 +25,10 @@ from safetensors import safe_open
 
 import tests.tiny_models as tm
 from headforms import api, cli
-from headforms.extract import hub as hub_module
 from headforms.extract.checkpoint import ExtractError, ReadOptions
-from headforms.extract.hub import FetchError
 from headforms.extract.sources import open_checkpoint
+from headforms.extract.transport import hub as hub_module
+from headforms.extract.transport.hub import FetchError
 from headforms.warehouse.running import load as load_module
 from tests.hub_server import COMMIT, HubServer, serve_hub
 from tests.test_gguf import write_gguf
@@ -208,7 +208,7 @@ def test_hub_reads_hold_no_more_memory_than_the_folders(hub, tmp_path):
 
 def hub_module_prefix() -> int:
     """The first read of a hub GGUF file (its header lies within it)."""
-    from headforms.extract import remote
+    from headforms.extract.formats import remote
 
     return remote._GGUF_PREFIX
 
@@ -663,8 +663,8 @@ def test_an_empty_span_is_empty_bytes_fetched_from_nowhere(hub, tmp_path):
 def test_the_next_layers_are_fetched_ahead(hub, tmp_path, monkeypatch, fmt):
     """While a hub model's layer is analysed, the next remote.AHEAD (2) layers' Q/K bytes come over the network in
     the background: reading layer 0 starts fetching exactly layers 1 and 2, and those then read as the folder's."""
-    from headforms.extract import remote
-    from headforms.extract.hf import Weights
+    from headforms.extract.formats import remote
+    from headforms.extract.formats.hf import Weights
 
     model = tm.build("llama", dtype=torch.bfloat16, hidden_size=128, intermediate_size=256, num_hidden_layers=4)
     folder = tm.save(model, tmp_path / fmt, fmt)
@@ -688,8 +688,8 @@ def test_the_next_layers_are_fetched_ahead(hub, tmp_path, monkeypatch, fmt):
 def test_the_layers_fetched_ahead_hold_at_most_ahead_bytes(hub, tmp_path, monkeypatch, budget, ahead):
     """The layers fetched ahead are held in memory until read: fewer than remote.AHEAD where their bytes would pass
     remote.AHEAD_BYTES, and at least one (here 64 kB of Q/K a layer)."""
-    from headforms.extract import remote
-    from headforms.extract.hf import Weights
+    from headforms.extract.formats import remote
+    from headforms.extract.formats.hf import Weights
 
     monkeypatch.setattr(remote, "AHEAD_BYTES", budget)
     model = tm.build("llama", dtype=torch.bfloat16, hidden_size=128, intermediate_size=256, num_hidden_layers=4)

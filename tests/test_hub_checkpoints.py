@@ -1,5 +1,5 @@
-"""Hub checkpoints whose files are wrong or unusual (`extract/remote.py`): each refusal is one line that names the
-repo, the file and what is wrong; unusual but valid layouts (tensors that view a shared storage at an offset, an
+"""Hub checkpoints whose files are wrong or unusual (`extract/formats/remote.py`): each refusal is one line that names
+the repo, the file and what is wrong; unusual but valid layouts (tensors that view a shared storage at an offset, an
 empty tensor, a fused GGUF attn_qkv, a named revision) read as the same files do from a folder."""
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import tests.tiny_models as tm
-from headforms.extract import remote as remote_module
 from headforms.extract.checkpoint import ExtractError, ReadOptions
-from headforms.extract.hub import HubRepo
+from headforms.extract.formats import remote as remote_module
 from headforms.extract.sources import open_checkpoint
+from headforms.extract.transport.hub import HubRepo
 from tests.hub_server import serve_hub
 from tests.test_hub import legacy_pickle, serve
 from tests.test_gguf import write_gguf

@@ -1,6 +1,6 @@
-"""A hub file read by range (`extract/hub.py`) against the local hub: the requests it sends, each fault's retry, wait
-and message, spans coalesced and cached bytes never fetched twice (checked byte by byte against sets of offsets),
-a seekable reader that behaves as `io.BytesIO`, and the range cache's accounting against the files on disk."""
+"""A hub file read by range (`extract/transport/hub.py`) against the local hub: the requests it sends, each fault's
+retry, wait and message, spans coalesced and cached bytes never fetched twice (checked byte by byte against sets of
+offsets), a seekable reader that behaves as `io.BytesIO`, and the range cache's accounting against the files on disk."""
 from __future__ import annotations
 
 import importlib
@@ -12,9 +12,9 @@ import types
 import numpy as np
 import pytest
 
-from headforms.extract import hub as hub_module, pages
 from headforms.extract.checkpoint import ExtractError
-from headforms.extract.hub import FetchError, HubRepo
+from headforms.extract.transport import hub as hub_module, pages
+from headforms.extract.transport.hub import FetchError, HubRepo
 from tests.bench import resident_bytes
 from tests.test_buffers import address as array_address
 from tests.hub_server import serve_hub
@@ -266,7 +266,7 @@ def test_a_range_s_whole_blocks_go_to_the_disk_straight_from_a_pooled_buffer(tmp
     cache; and where the file system refuses O_DIRECT, all of it through the page cache too."""
     import errno
 
-    from headforms.extract.buffers import BufferPool
+    from headforms.extract.transport.buffers import BufferPool
 
     direct, real = [], pages._direct_write
     monkeypatch.setattr(pages, "_direct_write", lambda fd, data: direct.append(len(data)) or real(fd, data))

@@ -1,5 +1,6 @@
-"""The package's imports run one way: `cli -> api -> warehouse -> extract -> compute`, no module imports its
-importer (at top level or inside a function), and the command line stands on the API alone."""
+"""The package's imports run one way: `cli -> api -> warehouse -> extract -> compute`, and inside warehouse/ and
+extract/ from room to room too; no module imports its importer (at top level or inside a function), and the command
+line stands on the API alone."""
 from __future__ import annotations
 
 import ast
@@ -8,8 +9,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 ROOMS = ("cli", "api", "warehouse", "extract", "compute")  # each may import only those after it
+# The rooms inside warehouse/ and extract/ (a subpackage, or a module of its own), in the same one-way order: each may
+# import only itself and those after it, and rooms side by side in one tuple neither of each other. The package's own
+# __init__ comes before them all.
+INNER = {
+    "warehouse": (("running", "publishing"), ("storing",)),
+    "extract": (("behaviour",), ("sources",), ("formats",), ("layouts",), ("transport",), ("checkpoint",)),
+}
 
 
 def modules() -> dict[str, Path]:
@@ -68,6 +78,28 @@ def room(module: str) -> str | None:
     return parts[1] if len(parts) > 1 and parts[1] in ROOMS else None
 
 
+def inner(module: str) -> tuple[str, int] | None:
+    """(inner room, its place in INNER's order) of a module of warehouse/ or extract/ (the package itself: ('', 0)),
+    None for the others; a module in no inner room raises, so a new one is given its place."""
+    parts = module.split(".")
+    if len(parts) < 2 or parts[1] not in INNER:
+        return None
+    if len(parts) == 2:
+        return "", 0
+    place = next((i for i, side in enumerate(INNER[parts[1]], 1) if parts[2] in side), None)
+    assert place is not None, f"{module} is in no room of {parts[1]}/: give it its place in INNER"
+    return parts[2], place
+
+
+def wrong_way(a: str, b: str) -> bool:
+    """Whether module a importing module b goes against INNER's order: both in one room of INNER, b neither in a's inner
+    room nor after it."""
+    if room(a) != room(b) or inner(a) is None:
+        return False
+    (room_a, place_a), (room_b, place_b) = inner(a), inner(b)
+    return room_a != room_b and place_b <= place_a
+
+
 def test_no_module_imports_its_importer():
     assert cycle(graph()) is None, " -> ".join(cycle(graph()))
 
@@ -77,6 +109,26 @@ def test_rooms_import_downwards_only():
     backwards = [(a, b) for a, targets in graph().items() for b in targets
                  if room(a) and room(b) and ROOMS.index(room(b)) < ROOMS.index(room(a))]
     assert backwards == []
+
+
+def test_inner_rooms_import_downwards_only():
+    """Inside warehouse/ (running, publishing -> storing) and extract/ (behaviour -> sources -> formats -> layouts ->
+    transport -> checkpoint): a module imports only its own inner room and those after it."""
+    backwards = [(a, b) for a, targets in graph().items() for b in targets if wrong_way(a, b)]
+    assert backwards == []
+
+
+def test_a_wrong_way_import_between_inner_rooms_is_seen():
+    """The check above fails on an import against INNER's order, side by side or upwards, and on a module of no room."""
+    assert wrong_way("headforms.extract.layouts.spec", "headforms.extract.formats.hf")
+    assert wrong_way("headforms.extract.checkpoint", "headforms.extract.layouts.rope")
+    assert wrong_way("headforms.extract.formats.hf", "headforms.extract")
+    assert wrong_way("headforms.warehouse.running.load", "headforms.warehouse.publishing.export")
+    assert not wrong_way("headforms.extract.formats.hf", "headforms.extract.formats.unreadable")
+    assert not wrong_way("headforms.extract.sources", "headforms.extract.transport.hub")
+    assert not wrong_way("headforms.api", "headforms.extract.layouts.rope")
+    with pytest.raises(AssertionError, match="in no room of extract/"):
+        inner("headforms.extract.readers.hf")
 
 
 def test_cli_imports_only_the_api():

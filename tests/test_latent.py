@@ -1,4 +1,4 @@
-"""Multi-head latent attention (extract.latent): the two parts of every head, with the latent norms' RMS factors
+"""Multi-head latent attention (extract.layouts.latent): the two parts of every head, with the latent norms' RMS factors
 applied per token, reproduce the pre-softmax logits of tiny random DeepSeek-V2 and -V3 models built by
 transformers' own classes, at distance 0 and at nonzero distances (beyond the original context under yarn)."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ from headforms.cli import main
 from headforms.compute.analysis import analyse_layer
 from headforms.compute.rotary import Rotation
 from headforms.extract import ExtractError, ReadOptions, open_checkpoint
-from headforms.extract.latent import latent_spec
+from headforms.extract.layouts.latent import latent_spec
 
 VOCAB = 64
 _SHAPE = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16,
@@ -225,7 +225,7 @@ def test_cli_refuses_latent_attention_without_fold_in_one_line(tmp_path):
 
 def dense_parts(model) -> list[dict[str, np.ndarray]]:
     """Per layer, part -> (H, N, N) forms L = K^T Q written out from the model's own parameters in the full width N
-    (not through extract.latent's common span): q = W_qb diag(g_q) W_qa (or W_q), k_nope,h = W_kvb,h diag(g_kv)
+    (not through extract.layouts.latent's common span): q = W_qb diag(g_q) W_qa (or W_q), k_nope,h = W_kvb,h diag(g_kv)
     W_kva[:kv_lora], the shared k_rope = W_kva[kv_lora:], the rope part times a^2."""
     c = model.config
     h, nope, rope, lora = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.kv_lora_rank

@@ -16,9 +16,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from headforms.extract.checkpoint import ExtractError, ReadOptions
-from headforms.extract.hf import open_hf_folder
-from headforms.extract.layouts import LAYOUTS, SUPPORTED
-from headforms.extract.spec import model_spec
+from headforms.extract.formats.hf import open_hf_folder
+from headforms.extract.layouts.spec import model_spec
+from headforms.extract.layouts.table import LAYOUTS, SUPPORTED
 from tests import tiny_models as tm
 
 # name -> (n_heads, n_kv_heads, head_dim, d_model, positional, score_scale, qk_norm) the spec must report.
@@ -314,7 +314,7 @@ def test_towers(tmp_path):
     with pytest.raises(ExtractError, match="whisper has no tower 'vision'; towers: encoder, decoder"):
         open_folder(folder, tower="vision")
     _, llama = saved("llama", tmp_path / "llama")
-    with pytest.raises(ExtractError, match="^llama has a single tower; --tower applies to clip, siglip, whisper$"):
+    with pytest.raises(ExtractError, match="^llama has a single tower; `tower` applies to clip, siglip, whisper$"):
         open_folder(llama, tower="text")
 
 
@@ -410,7 +410,7 @@ def test_qk_norm_refused_when_opening(tmp_path):
     _, folder = saved("qwen3", tmp_path)
     with pytest.raises(ExtractError, match="qk_norm=.fold."):
         open_folder(folder)
-    with pytest.raises(ExtractError, match="unknown qk-norm option 'maybe'"):
+    with pytest.raises(ExtractError, match="unknown qk_norm='maybe'"):
         open_folder(folder, qk_norm="maybe")
 
 
@@ -505,7 +505,7 @@ def test_discovery_names_tensors_where_the_stack_is_and_refuses_odd_shapes():
     heads x head size from the model's width are refused, with the shapes said."""
     import transformers
 
-    from headforms.extract.discover import _layout_from_model
+    from headforms.extract.layouts.discover import _layout_from_model
 
     config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4)  # no RoPE settings, no position table: NoPE
     stack = _Stack(32, 32)

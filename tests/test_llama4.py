@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from headforms.cli import main
 from headforms.compute.rotary import Rotation
 from headforms.extract import ExtractError, ReadOptions, open_checkpoint
-from headforms.extract.spec import model_spec
+from headforms.extract.layouts.spec import model_spec
 from tests.test_ov_layouts import predicted_output
 
 FAMILIES = ("llama4", "llama4_text")  # proven here, not by tests/tiny_models.py's generic logit tests

@@ -185,5 +185,5 @@ def test_online_the_hugging_face_cache_is_not_taken_for_the_hub(tmp_path, monkey
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     hf_cache(tmp_path / "hub", "org/tiny", tiny_folder(tmp_path / "tiny"))
     asked = []
-    monkeypatch.setattr("headforms.extract.remote.open_hub", lambda source, **kw: asked.append(source) or "hub")
+    monkeypatch.setattr("headforms.extract.formats.remote.open_hub", lambda source, **kw: asked.append(source) or "hub")
     assert sources.open_checkpoint("org/tiny") == "hub" and asked == ["org/tiny"]

@@ -1,5 +1,6 @@
-"""Families found by discovery are accepted only once proven on their own tiny instance (extract.discover.prove),
-and the verdict is kept per (model_type, transformers version) in the headforms cache."""
+"""Families found by discovery are accepted only once proven on their own tiny instance
+(extract.layouts.discover.prove), and the verdict is kept per (model_type, transformers version) in the headforms
+cache."""
 from __future__ import annotations
 
 import json
@@ -9,9 +10,9 @@ import transformers
 from click.testing import CliRunner
 
 from headforms import cli
-from headforms.extract import discover
 from headforms.extract.checkpoint import ExtractError, ReadOptions
-from headforms.extract.spec import model_spec
+from headforms.extract.layouts import discover
+from headforms.extract.layouts.spec import model_spec
 from tests import tiny_models as tm
 
 
@@ -97,7 +98,7 @@ def test_attention_left_unquantized_is_read_as_stored(tmp_path):
     as stored; a quantization_config that leaves some layer's attention out is refused in one line."""
     import numpy as np
 
-    from headforms.extract.hf import open_hf_folder
+    from headforms.extract.formats.hf import open_hf_folder
 
     model = tm.build("gpt_oss")
     folder = tm.save(model, tmp_path / "gpt_oss")
@@ -126,7 +127,7 @@ def test_length_dependent_rope_scalings_keep_distance_zero_only():
 
 def test_a_gguf_gemma2_records_its_cap(tmp_path):
     """llama.cpp's gemma2 soft-caps at the file's attn_logit_softcapping, 50 when the file omits it (its default)."""
-    from headforms.extract.gguf_file import open_gguf
+    from headforms.extract.formats.gguf_file import open_gguf
     from tests import gguf_convert
 
     model = tm.build("gemma2_softcap")

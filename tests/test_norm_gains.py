@@ -16,13 +16,13 @@ import headforms
 from headforms import cli
 from headforms.compute.norm_gains import fold_gain
 from headforms.extract.checkpoint import ExtractError, ReadOptions
-from headforms.extract.gguf_file import open_gguf
-from headforms.extract.hf import open_hf_folder
+from headforms.extract.formats.gguf_file import open_gguf
+from headforms.extract.formats.hf import open_hf_folder
 from tests import tiny_models as tm
 from tests.test_gguf import write_gguf
 from tests.test_layouts import logit_error
 
-# name -> (module feeding layer i's attention, kind): written out here, independently of extract.norms.
+# name -> (module feeding layer i's attention, kind): written out here, independently of extract.layouts.norms.
 NORM_MODULES = {
     "llama": ("model.layers.{i}.input_layernorm", "rms"),
     "gemma": ("model.layers.{i}.input_layernorm", "rms"),        # multiplies by 1 + weight
@@ -132,19 +132,19 @@ def test_gguf_attn_norm_folds(tmp_path):
                   ).read_layer(1)
     del weights["blk.1.attn_norm.weight"]
     write_gguf(tmp_path / "m.gguf", n_layers=2, n_heads=4, n_kv_heads=2, d_model=32, head_dim=8, weights=weights)
-    with pytest.raises(ExtractError, match=r"has no tensor blk\.1\.attn_norm\.weight \(needed by --fold-norm\)"):
+    with pytest.raises(ExtractError, match=r"has no tensor blk\.1\.attn_norm\.weight \(needed by `fold_norm`\)"):
         open_gguf(tmp_path / "m.gguf", name="m", source="m", options=ReadOptions(revision="r", fold_norm="gain"))
     assert gguf  # the writer's package
 
 
 @pytest.mark.parametrize("name, mode, message", [
-    ("llama", "center", r"^--fold-norm center is refused for llama: its RMSNorm does not subtract the mean; "
-                        r"use --fold-norm gain$"),
-    ("olmo2", "gain", r"^--fold-norm gain is refused for olmo2: OLMo 2 normalises attention's output"),
-    ("opt_base", "gain", r"^--fold-norm gain is refused for this OPT: do_layer_norm_before=false normalises after "
+    ("llama", "center", r"^fold_norm='center' is refused for llama: its RMSNorm does not subtract the mean; "
+                        r"use fold_norm='gain'$"),
+    ("olmo2", "gain", r"^fold_norm='gain' is refused for olmo2: OLMo 2 normalises attention's output"),
+    ("opt_base", "gain", r"^fold_norm='gain' is refused for this OPT: do_layer_norm_before=false normalises after "
                          r"attention, so the norm feeding W_Q and W_K is the previous layer's$"),
-    ("llama", "both", r"^unknown fold-norm option 'both'"),
-    ("gpt_neo", "gain", r"^--fold-norm is not implemented for gpt_neo; implemented: bert, bloom, (\w+, )*gpt2, "
+    ("llama", "both", r"^unknown fold_norm='both'"),
+    ("gpt_neo", "gain", r"^`fold_norm` is not implemented for gpt_neo; implemented: bert, bloom, (\w+, )*gpt2, "
                         r"(\w+, )*llama, (\w+, )*qwen3$"),
 ])
 def test_refusals(name, mode, message, tmp_path):
@@ -210,8 +210,8 @@ def test_fold_norm_comparison_view(compared):
 def test_an_unknown_fold_norm_option_names_the_options():
     """The API's fold_norm (the CLI offers only these) refused with every option named."""
     from headforms.extract.checkpoint import ExtractError
-    from headforms.extract.norms import HF_NORMS, norm_for
+    from headforms.extract.layouts.norms import HF_NORMS, norm_for
 
     with pytest.raises(ExtractError) as refused:
         norm_for(None, "centre", HF_NORMS)
-    assert str(refused.value) == "unknown fold-norm option 'centre'; expected one of none, gain, center"
+    assert str(refused.value) == "unknown fold_norm='centre'; expected one of none, gain, center"

@@ -140,7 +140,7 @@ def test_a_wait_that_runs_out_is_one_error_line(tmp_path, clock, stderr, monkeyp
             store._open_when_free(db, False, 1.0, opener)
         process = " (process 4242)" if pid else ""
         assert str(refused.value) == (f"{db} is in use by another process{process}; retry when it finishes, "
-                                      "or pass --wait SECONDS")
+                                      "or pass wait=SECONDS")
         assert opener.calls == [k * 0.125 for k in range(9)]  # the last at the wait's end
     assert stderr.lines() == [(0.5, f"waiting for {db}, in use by another process (process 4242) ..."),
                               (0.5, f"waiting for {db}, in use by another process ...")]
@@ -178,7 +178,7 @@ def test_a_reader_with_the_default_wait_is_refused_at_once_naming_the_real_holde
     finally:
         holder.communicate("\n", timeout=30)
     assert str(refused.value) == (f"{db} is in use by another process (process {holder.pid}); retry when it "
-                                  "finishes, or pass --wait SECONDS")
+                                  "finishes, or pass wait=SECONDS")
 
 
 @pytest.mark.parametrize("error, line", [
@@ -207,7 +207,7 @@ def test_a_file_that_is_no_warehouse_or_is_missing_is_refused(tmp_path):
     junk.write_bytes(b"x" * 5000)
     with pytest.raises(WarehouseError) as refused:
         store.connect(junk, read_only=True)
-    assert str(refused.value) == (f"{junk} is not a DuckDB database: --db takes a DuckDB warehouse file "
+    assert str(refused.value) == (f"{junk} is not a DuckDB database: `db` takes a DuckDB warehouse file "
                                   "(warehouse.duckdb)")
     assert sorted(tmp_path.iterdir()) == [junk]  # refused before DuckDB or a lock file touched it
     with pytest.raises(WarehouseError) as missing:

@@ -12,10 +12,10 @@ import torch
 from safetensors.torch import load_file
 
 from headforms.extract.checkpoint import ExtractError, ReadOptions
-from headforms.extract.gguf_file import open_gguf
-from headforms.extract.hf import open_hf_folder
-from headforms.extract.layouts import LAYOUTS
-from headforms.extract.spec import model_spec
+from headforms.extract.formats.gguf_file import open_gguf
+from headforms.extract.formats.hf import open_hf_folder
+from headforms.extract.layouts.spec import model_spec
+from headforms.extract.layouts.table import LAYOUTS
 from tests import gguf_convert, tiny_models as tm
 
 
@@ -165,9 +165,9 @@ def test_circuits_option_is_validated():
 
 
 def test_a_discovered_family_without_a_proven_ov_circuit_refuses_it(tmp_path, monkeypatch):
-    """Discovery proves a family's ov circuit beside its Q/K (extract.discover._prove_ov); where it finds no output
-    projection it refuses ov alone, in one line."""
-    from headforms.extract import discover
+    """Discovery proves a family's ov circuit beside its Q/K (extract.layouts.discover._prove_ov); where it finds no
+    output projection it refuses ov alone, in one line."""
+    from headforms.extract.layouts import discover
 
     monkeypatch.setenv("HEADFORMS_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(discover, "_O_NAMES", ("no_such_projection",))

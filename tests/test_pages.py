@@ -1,9 +1,10 @@
-"""extract/pages.py: positioned reads that the system may answer in pieces."""
+"""extract/transport/pages.py: positioned reads that the system may answer in pieces."""
 import os
 
 import numpy as np
 
-from headforms.extract import open_checkpoint, pages
+from headforms.extract import open_checkpoint
+from headforms.extract.transport import pages
 from tests import tiny_models
 
 

@@ -16,9 +16,9 @@ from headforms import api, cli
 from headforms.compute.reduction import reduce_factors
 from headforms.compute.rotary import DEFAULT_DISTANCES, Rotation, distance_forms, distance_profiles
 from headforms.extract.checkpoint import ReadOptions
-from headforms.extract.gguf_file import open_gguf
-from headforms.extract.hf import open_hf_folder
-from headforms.extract.spec import model_spec
+from headforms.extract.formats.gguf_file import open_gguf
+from headforms.extract.formats.hf import open_hf_folder
+from headforms.extract.layouts.spec import model_spec
 from tests import tiny_models as tm
 from tests.dense import dense_reference
 from tests.test_gguf import write_gguf
@@ -170,7 +170,7 @@ def test_distance_forms_reproduce_model_logits(case, tmp_path):
     for layer in range(ckpt.spec.n_layers):
         assert logit_error_at_positions(ckpt, inputs, probs, layer) < 1e-5
     # the same forms without the rotation (distance 0 everywhere) do not reproduce the logits
-    flat = replace(ckpt, name="flat", spec=replace(ckpt.spec, rope=_no_rotation(ckpt.spec.rope)))
+    flat = replace(ckpt, spec=replace(ckpt.spec, rope=_no_rotation(ckpt.spec.rope)))
     assert logit_error_at_positions(flat, inputs, probs, 0) > 1e-3
 
 
@@ -198,7 +198,7 @@ def test_gguf_permuted_llama_reproduces_model_logits(tmp_path):
     inputs, probs = rope_trace(model)
     for layer in range(2):
         assert logit_error_at_positions(ckpt, inputs, probs, layer) < 1e-5
-    wrong = replace(ckpt, name="w", spec=replace(ckpt.spec, rope=_with_pairing(rope, "split-half")))
+    wrong = replace(ckpt, spec=replace(ckpt.spec, rope=_with_pairing(rope, "split-half")))
     assert logit_error_at_positions(wrong, inputs, probs, 0) > 1e-3
 
 

@@ -20,7 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from headforms import api, cli
-from headforms.extract.hf import span_array
+from headforms.extract.formats.hf import span_array
 from headforms.extract.sources import open_checkpoint
 from tests import tiny_models as tm
 from tests.hub_server import serve_hub

@@ -20,9 +20,8 @@ from safetensors.torch import load_file, save_file
 
 import tests.tiny_models as tm
 from headforms import api, cli
-from headforms.extract import checkpoint as checkpoint_module
-from headforms.extract import hf
 from headforms.extract.checkpoint import ReadOptions
+from headforms.extract.formats import hf, provenance
 from headforms.extract.sources import open_checkpoint
 from tests.test_gguf import write_gguf
 from tests.test_robustness import interrupt_at
@@ -66,7 +65,7 @@ def rchar() -> int:
 def reads(monkeypatch):
     """Bytes through headforms' positioned reads, and the tensors the digest hashed, during the test."""
     seen = {"read": 0, "hashed": []}
-    read_at, update = hf._read_at, checkpoint_module.Digest.update
+    read_at, update = hf._read_at, provenance.Digest.update
 
     def counting_read(f, offset, size, path, *empty):
         seen["read"] += size
@@ -78,7 +77,7 @@ def reads(monkeypatch):
         return update(self, path, name, data)
 
     monkeypatch.setattr(hf, "_read_at", counting_read)
-    monkeypatch.setattr(checkpoint_module.Digest, "update", counting_update)
+    monkeypatch.setattr(provenance.Digest, "update", counting_update)
     return seen
 
 
@@ -217,10 +216,33 @@ def test_inside_a_hugging_face_cache_snapshot_the_revision_is_its_commit(tmp_pat
     assert (given.revision, given.revision_kind) == ("mine", "given")
 
 
+def test_a_local_revision_kind_is_decided_in_one_place(tmp_path):
+    """local_provenance, for every local opener: the revision given ('given'), else the commit of the Hugging Face
+    cache snapshot holding the path ('hf-cache'), else the opener's Digest, made only then ('digest'); the Checkpoint
+    reads its name, source and revision from that one record."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = tmp_path / "models--org--tiny" / "snapshots" / commit
+    made = []
+
+    def local(path, revision=None):
+        record = provenance.local_provenance(path, name="m", source="s", revision=revision, checkpoint_bytes=7,
+                                             digest=lambda: made.append(path) or "its digest")
+        return record.pinned, record.revision_kind, record.digest
+
+    assert local(snapshot / "tiny.gguf", "mine") == ("mine", "given", None)
+    assert local(snapshot / "tiny.gguf") == (commit, "hf-cache", None)
+    assert made == []
+    assert local(tmp_path / "tiny.gguf") == (None, "digest", "its digest") and made == [tmp_path / "tiny.gguf"]
+    write_gguf(tmp_path / "tiny.gguf")
+    ckpt = open_checkpoint(str(tmp_path / "tiny.gguf"), ReadOptions(revision="mine"), name="named")
+    assert (ckpt.name, ckpt.source, ckpt.revision) == (ckpt.provenance.name, ckpt.provenance.source, "mine")
+    assert ckpt.provenance.checkpoint_bytes == (tmp_path / "tiny.gguf").stat().st_size and ckpt.name == "named"
+
+
 def cache_root_under(env: dict) -> Path:
-    """extract.hub.cache_root() in a fresh interpreter with only `env` of the cache variables set."""
+    """extract.transport.hub.cache_root() in a fresh interpreter with only `env` of the cache variables set."""
     clean = {k: v for k, v in os.environ.items() if k not in ("HEADFORMS_CACHE", "HF_HOME", "HF_HUB_CACHE")}
-    out = subprocess.run([sys.executable, "-c", "from headforms.extract.caches import cache_root; print(cache_root())"],
+    out = subprocess.run([sys.executable, "-c", "from headforms.extract.transport.caches import cache_root; print(cache_root())"],
                          env=clean | env, capture_output=True, text=True, check=True)
     return Path(out.stdout.strip())
 
@@ -238,7 +260,7 @@ def test_the_cache_root_is_a_headforms_folder_in_the_hub_cache(tmp_path, monkeyp
     """In this process (as a run calls it): the hub cache huggingface_hub resolved, its `headforms` folder."""
     import huggingface_hub.constants
 
-    from headforms.extract.caches import cache_root
+    from headforms.extract.transport.caches import cache_root
 
     monkeypatch.delenv("HEADFORMS_CACHE")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))

@@ -29,9 +29,9 @@ from tests import tiny_models as tm
 from tests.test_gguf import write_gguf
 from tests.test_layouts import _Payload, rewrite
 from headforms.warehouse.running import load
-from headforms.warehouse.storing.check import check_warehouse
 from headforms.warehouse.running.layers import LoadOptions
 from headforms.warehouse.running.load import load_model
+from headforms.warehouse.storing.check import check_warehouse
 from headforms.warehouse.storing.store import connect, create_schema, interruptible
 
 ROOT = Path(headforms.__file__).resolve().parent  # the package folder: the checkout, or a mutated copy of it
@@ -709,7 +709,7 @@ def test_sql_is_read_only_unless_write(statement, base_db, tmp_path):
 def test_safetensors_spans_refuse_an_extent_that_does_not_fit_the_shape(dtype, shape):
     """The header reader of hub files (read by range, where safetensors' own validation does not run) checks
     each tensor's byte extent against its shape and dtype: a lying shape is one error line."""
-    from headforms.extract.hf import safetensors_spans
+    from headforms.extract.formats.hf import safetensors_spans
 
     header = json.dumps({"t": {"dtype": dtype, "shape": shape, "data_offsets": [0, 24]}}).encode()
     data = len(header).to_bytes(8, "little") + header + bytes(24)
@@ -726,7 +726,7 @@ def test_fetched_bytes_are_recorded_when_the_network_gives_out_and_add_up_on_res
     the resumed run adds its own. Local models record none (NULL)."""
     from types import SimpleNamespace
 
-    from headforms.extract.hub import FetchError
+    from headforms.extract.transport.hub import FetchError
 
     monkeypatch.setattr(load, "COMMIT_SECONDS", 0)
     local = open_checkpoint(str(tm.save(tm.build("llama"), tmp_path / "m")), name="m")
@@ -735,7 +735,8 @@ def test_fetched_bytes_are_recorded_when_the_network_gives_out_and_add_up_on_res
         def reader(layer):
             meter.bytes += 1000
             return local.reader(layer)
-        return dataclasses.replace(local, reader=reader, meter=meter)
+        return dataclasses.replace(local, reader=reader,
+                                   provenance=dataclasses.replace(local.provenance, meter=meter))
 
     con = connect(tmp_path / "w.duckdb")
     create_schema(con)
@@ -745,7 +746,8 @@ def test_fetched_bytes_are_recorded_when_the_network_gives_out_and_add_up_on_res
     assert con.sql("SELECT bytes_fetched, complete FROM models").fetchall() == [(1300, False)]
     assert load_model(con, metered(SimpleNamespace(bytes=300)), LoadOptions()).status == "resumed"
     assert con.sql("SELECT bytes_fetched, complete FROM models").fetchall() == [(1300 + 1300, True)]
-    load_model(con, dataclasses.replace(local, name="local"), LoadOptions())
+    renamed = dataclasses.replace(local, provenance=dataclasses.replace(local.provenance, name="local"))
+    load_model(con, renamed, LoadOptions())
     assert con.sql("SELECT bytes_fetched FROM models WHERE model = 'local'").fetchall() == [(None,)]
 
 

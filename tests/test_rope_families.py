@@ -16,12 +16,13 @@ import transformers
 from headforms import api
 from headforms.compute.reduction import reduce_factors
 from headforms.compute.rotary import Rotation, distance_forms
-from headforms.extract import latent
 from headforms.extract.checkpoint import ReadOptions
-from headforms.extract.gguf_file import GGUF_ARCHITECTURES, open_gguf
-from headforms.extract.hf import open_hf_folder
-from headforms.extract.layouts import LAYOUTS, layout_key
-from headforms.extract.rope import DEFAULT_THETA, GGUF_PER_LAYER_ROPE, HF_PER_LAYER_ROPE, rope
+from headforms.extract.formats.gguf_file import open_gguf
+from headforms.extract.formats.hf import open_hf_folder
+from headforms.extract.layouts import latent
+from headforms.extract.layouts.gguf_table import GGUF_ARCHITECTURES
+from headforms.extract.layouts.rope import DEFAULT_THETA, GGUF_PER_LAYER_ROPE, HF_PER_LAYER_ROPE, rope
+from headforms.extract.layouts.table import LAYOUTS, layout_key
 from tests import gguf_convert, test_llama4 as llama4
 from tests import tiny_models as tm
 from tests.dense import dense_reference
@@ -42,7 +43,7 @@ REFUSED_BEYOND_ZERO = {  # sliding-window layers use another base than global on
 
 
 def _family(name: str) -> str:
-    """The LAYOUTS key a tiny model is read with ('discovered' for model_types found by extract.discover)."""
+    """The LAYOUTS key a tiny model is read with ('discovered' for model_types found by extract.layouts.discover)."""
     tiny_spec = tm.TINY[name]
     if tiny_spec.discovered:
         return "discovered"
@@ -176,7 +177,7 @@ class _NoRotateHalf(torch.nn.Module):
 
 def test_an_unrecognised_pairing_is_refused_beyond_distance_zero():
     """Discovery probes the family's rotate_half; without one the pairing is unknown, and the RoPE says so."""
-    from headforms.extract.discover import _rope_pairing
+    from headforms.extract.layouts.discover import _rope_pairing
 
     assert _rope_pairing(_NoRotateHalf()) == "unrecognised"
     refused = rope(THETA, 8, "unrecognised")

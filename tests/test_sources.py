@@ -15,7 +15,7 @@ from tests.test_gguf import write_gguf
 
 @pytest.fixture
 def fake_hf(monkeypatch):
-    """Stand-in for extract.hf: records how open_hf_folder was called and returns the arguments."""
+    """Stand-in for extract.formats.hf: records how open_hf_folder was called and returns the arguments."""
     calls = []
 
     def open_hf_folder(folder, *, name, source, options):
@@ -23,9 +23,9 @@ def fake_hf(monkeypatch):
                           qk_norm=options.qk_norm, tower=options.tower, fold_norm=options.fold_norm))
         return calls[-1]
 
-    module = types.ModuleType("headforms.extract.hf")
+    module = types.ModuleType("headforms.extract.formats.hf")
     module.open_hf_folder = open_hf_folder
-    monkeypatch.setitem(sys.modules, "headforms.extract.hf", module)
+    monkeypatch.setitem(sys.modules, "headforms.extract.formats.hf", module)
     return calls
 
 
@@ -106,7 +106,7 @@ def test_folder_dispatch(tmp_path, fake_hf):
 
 def test_tower_of_a_gguf_file_refused(tmp_path):
     write_gguf(tmp_path / "tiny-model.gguf")
-    with pytest.raises(ExtractError, match=r"--tower applies to Hugging Face folders with several towers"):
+    with pytest.raises(ExtractError, match=r"`tower` applies to Hugging Face folders with several towers"):
         open_checkpoint(str(tmp_path / "tiny-model.gguf"), ReadOptions(tower="text"))
 
 

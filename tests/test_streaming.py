@@ -6,8 +6,8 @@ from pathlib import Path
 import gguf.quants
 
 import headforms
-import headforms.extract.hf
 from headforms.extract import open_checkpoint
+import headforms.extract.formats.hf
 from tests import tiny_models
 
 ROOT = Path(headforms.__file__).resolve().parent  # the package folder: the checkout, or a mutated copy of it
@@ -19,8 +19,8 @@ def test_safetensors_reads_only_that_layers_query_and_key_bytes(tmp_path, monkey
     tiny_models.save(model, folder, "sharded")
     ckpt = open_checkpoint(str(folder))
     reads = []
-    real = headforms.extract.hf._read_at
-    monkeypatch.setattr(headforms.extract.hf, "_read_at",
+    real = headforms.extract.formats.hf._read_at
+    monkeypatch.setattr(headforms.extract.formats.hf, "_read_at",
                         lambda f, offset, size, path, *empty: reads.append(size) or real(f, offset, size, path, *empty))
     ckpt.read_layer(1)
     attn = model.model.layers[1].self_attn

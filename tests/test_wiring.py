@@ -155,7 +155,7 @@ def test_layer_rows_count_the_bytes_their_read_fetched(tmp_path):
         meter.bytes += 100 * (layer + 1)
         return local.reader(layer)
 
-    remote = replace(local, reader=reader, meter=meter)
+    remote = replace(local, reader=reader, provenance=replace(local.provenance, meter=meter))
     assert [layer_rows(remote, LoadOptions(), layer).bytes_fetched for layer in (1, 0)] == [200, 100]
 
 
@@ -164,30 +164,48 @@ def test_distances_of_a_rope_refused_beyond_zero_are_zero_only():
     is not implemented gets (0,), asked for or not, and asking for more is refused; no RoPE, no distances."""
     from headforms.compute.rotary import DEFAULT_DISTANCES
     from headforms.extract import ExtractError
-    from headforms.extract.spec import model_spec
-    from headforms.warehouse.running.layers import LoadOptions, deltas
+    from headforms.extract.layouts.spec import model_spec
+    from headforms.warehouse.running.layers import AnalysisOptions, deltas
 
     base = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 32}
     _, plain = model_spec(base)
     _, dynamic = model_spec(base | {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}})
     _, bert = model_spec(base | {"model_type": "bert"})
-    assert deltas(plain, LoadOptions()) == DEFAULT_DISTANCES
-    assert deltas(plain, LoadOptions(distances=(4, 0, 4))) == (0, 4)
-    assert deltas(dynamic, LoadOptions()) == deltas(dynamic, LoadOptions(distances=(0,))) == (0,)
+    assert deltas(plain, AnalysisOptions()) == DEFAULT_DISTANCES
+    assert deltas(plain, AnalysisOptions(distances=(4, 0, 4))) == (0, 4)
+    assert deltas(dynamic, AnalysisOptions()) == deltas(dynamic, AnalysisOptions(distances=(0,))) == (0,)
     with pytest.raises(ExtractError, match=r"^RoPE beyond distance 0 is not computed for this llama checkpoint: .*"
-                                           r"; pass --distances 0$"):
-        deltas(dynamic, LoadOptions(distances=(0, 4)))
-    assert deltas(bert, LoadOptions(distances=(0, 4))) is None
+                                           r"; pass distances=\(0,\)$"):
+        deltas(dynamic, AnalysisOptions(distances=(0, 4)))
+    assert deltas(bert, AnalysisOptions(distances=(0, 4))) is None
 
 
 @pytest.mark.parametrize("distances", [(), (-1, 4)])
 def test_distances_must_be_non_negative_and_at_least_one(distances):
-    from headforms.warehouse.running.layers import LoadOptions
+    from headforms.warehouse.running.layers import AnalysisOptions
 
     with pytest.raises(ValueError, match=rf"^distances must be non-negative integers, at least one; got "
                                          rf"{re.escape(repr(distances))}$"):
-        LoadOptions(distances=distances)
+        AnalysisOptions(distances=distances)
 
+
+
+def test_what_the_numbers_depend_on_stands_apart_from_how_a_run_runs(tmp_path):
+    """AnalysisOptions: what the stored numbers depend on (its tolerance, seed and distances are part of a model's
+    identity, load.IDENTITY; resamples each interval records); LoadOptions: how the run runs, beside it."""
+    from dataclasses import fields
+
+    from headforms.extract import open_checkpoint
+    from headforms.warehouse.running.layers import AnalysisOptions, LoadOptions
+    from headforms.warehouse.running.load import IDENTITY, _model_record
+    from tests import tiny_models as tm
+
+    assert [f.name for f in fields(AnalysisOptions)] == ["parity_tolerance", "seed", "resamples", "distances"]
+    assert [f.name for f in fields(LoadOptions)] == ["analysis", "device", "force"]
+    ckpt = open_checkpoint(str(tm.save(tm.build("llama"), tmp_path / "m")), name="m")
+    record = _model_record(ckpt, AnalysisOptions(parity_tolerance=0.1, seed=5, distances=(0, 2)))
+    assert (record["parity_tolerance"], record["baseline_seed"], record["distances"]) == (0.1, 5, [0, 2])
+    assert {"parity_tolerance", "baseline_seed", "distances"} <= set(IDENTITY)
 
 
 @pytest.mark.parametrize("family, option", [("clip_text", {"tower": "vision"}), ("llama", {"fold_norm": "gain"})])
@@ -339,7 +357,7 @@ def test_ray_executor_without_ray_says_what_to_install(monkeypatch):
     from headforms.warehouse.storing.failures import WarehouseError
 
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
-    with pytest.raises(WarehouseError, match=r"^--executor ray needs Ray: pip install 'headforms\[ray\]'$"):
+    with pytest.raises(WarehouseError, match=r"^executor='ray' needs Ray: pip install 'headforms\[ray\]'$"):
         Ray()
 
 

@@ -28,7 +28,7 @@ class Tiny:
     inputs: str = "tokens"  # "tokens", "pixels" (image models) or "features" (whisper's log-mel frames)
     run: str | None = None  # the submodule to run (one tower of a multi-tower model), else the whole model
     tower: str | None = None  # the tower to open (clip, siglip, whisper), None for the default one
-    discovered: bool = False  # its model_type is not in LAYOUTS: the layout comes from extract.discover
+    discovered: bool = False  # its model_type is not in LAYOUTS: the layout comes from extract.layouts.discover
 
 
 def _decoder(**kw) -> dict:
@@ -197,12 +197,12 @@ TINY |= {
                             inputs="features", run="model.encoder"),
     "whisper_decoder": Tiny("WhisperForConditionalGeneration", "WhisperConfig", _WHISPER, run="model.decoder",
                             tower="decoder"),
-    # not in LAYOUTS: found on the meta device by extract.discover
+    # not in LAYOUTS: found on the meta device by extract.layouts.discover
     "arcee": Tiny("ArceeForCausalLM", "ArceeConfig", _decoder(num_attention_heads=4, num_key_value_heads=2),
                   rope=True, discovered=True),
     "helium": Tiny("HeliumForCausalLM", "HeliumConfig",
                    _decoder(num_attention_heads=4, num_key_value_heads=2, head_dim=8), rope=True, discovered=True),
-    # QK-norms found by what the attention module does (extract.discover), folded under --qk-norm fold
+    # QK-norms found by what the attention module does (extract.layouts.discover), folded under --qk-norm fold
     "olmo3": Tiny("Olmo3ForCausalLM", "Olmo3Config",  # RMSNorm over the whole q/k projection
                   _decoder(num_attention_heads=4, num_key_value_heads=2, pad_token_id=0), rope=True, discovered=True),
     "apertus": Tiny("ApertusForCausalLM", "ApertusConfig",  # RMSNorm per head, llama3 rope scaling

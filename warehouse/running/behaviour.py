@@ -6,7 +6,7 @@ model's rows (same source, revision and fold_norm, checked against `models`), ne
 copy of the weights: the model's logit is then reproduced by the warehouse's form plus the bias part (on a model
 extracted with qk_norm="fold", times the per-token RMS factors of its q and k norms, taken from the forward pass). A
 multi-head latent attention head's form is the sum of its parts' (heads.part 'nope' and 'rope'), each times the
-per-token factors of the latents' norms that its factor names (extract.latent).
+per-token factors of the latents' norms that its factor names (extract.layouts.latent).
 """
 from __future__ import annotations
 

@@ -204,7 +204,8 @@ class _Ahead:
 SINGLE_THREADED_BLAS = {"OPENBLAS_NUM_THREADS": "1"}
 # What a worker process needs, imported once by the `--jobs` fork server: the layer's task and the readers, not
 # the warehouse (no DuckDB, no polars).
-WORKER_IMPORTS = ("headforms.warehouse.running.executors", "headforms.extract.hf", "headforms.extract.gguf_file")
+WORKER_IMPORTS = ("headforms.warehouse.running.executors", "headforms.extract.formats.hf",
+                  "headforms.extract.formats.gguf_file")
 
 
 @contextmanager
@@ -408,7 +409,7 @@ class Ray(_Windowed):
         except ImportError:
             from headforms.warehouse.storing.failures import WarehouseError
 
-            raise WarehouseError("--executor ray needs Ray: pip install 'headforms[ray]'") from None
+            raise WarehouseError("executor='ray' needs Ray: pip install 'headforms[ray]'") from None
         super().__init__(starts=False)  # a task is submitted at once; a worker's imports are its own
         self.ray, self.started = ray, not ray.is_initialized()
         if self.started:

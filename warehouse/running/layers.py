@@ -1,5 +1,6 @@
 """One layer's rows: the unit of work every executor runs (`layer_rows`: read, analyse, tabulate), with the
-settings the stored numbers depend on (`LoadOptions`). No warehouse access here: the writer (load.py) commits."""
+settings the stored numbers depend on (`AnalysisOptions`) and how a run runs (`LoadOptions`). No warehouse access
+here: the writer (load.py) commits."""
 from __future__ import annotations
 
 import time
@@ -12,12 +13,12 @@ import numpy as np
 import pyarrow as pa
 
 from headforms.compute import copying
+from headforms.compute import threads
 from headforms.compute.analysis import LayerAnalysis, start_layer
 from headforms.compute.bootstrap import RESAMPLES
 from headforms.compute.reduction import device_problem
 from headforms.compute.rotary import DEFAULT_DISTANCES, PROFILE_COLUMNS, Rotation
 from headforms.compute.statistics import PARITY_TOLERANCE, lobes
-from headforms.compute import threads
 from headforms.compute.threads import Pool
 from headforms.extract import Checkpoint, ExtractError
 from headforms.extract.checkpoint import WHOLE
@@ -25,19 +26,17 @@ from headforms.warehouse.storing.failures import stage
 
 
 @dataclass(frozen=True)
-class LoadOptions:
-    """Settings the stored numbers depend on, plus how to run."""
+class AnalysisOptions:
+    """What a model's stored numbers depend on beside its checkpoint: the tolerance, seed and distances are part of
+    the model's identity (models.parity_tolerance, baseline_seed, distances: load.IDENTITY), and each interval
+    records its resamples."""
 
     parity_tolerance: float = PARITY_TOLERANCE
-    seed: int = 0
-    device: str = "cpu"
-    force: bool = False
+    seed: int = 0                # the random baseline's, and the bootstrap's
     resamples: int = RESAMPLES   # B of the bootstrap intervals, seeded by `seed`
     distances: tuple[int, ...] | None = None  # RoPE: deltas of distance_profiles; None: DEFAULT_DISTANCES
 
     def __post_init__(self):
-        if problem := device_problem(self.device):
-            raise ExtractError(problem)
         if self.resamples < 1:
             raise ValueError(f"resamples must be at least 1, not {self.resamples}")
         if self.distances is not None:
@@ -45,6 +44,20 @@ class LoadOptions:
             if not distances or distances[0] < 0:
                 raise ValueError(f"distances must be non-negative integers, at least one; got {self.distances!r}")
             object.__setattr__(self, "distances", distances)
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How a run runs, which its numbers do not depend on (the device, whether to replace a model that differs),
+    beside the analysis they do."""
+
+    analysis: AnalysisOptions = AnalysisOptions()
+    device: str = "cpu"
+    force: bool = False
+
+    def __post_init__(self):
+        if problem := device_problem(self.device):
+            raise ExtractError(problem)
 
 
 @dataclass
@@ -57,16 +70,16 @@ class LayerRows:
     bytes_fetched: int = 0  # checkpoint bytes read for it (a hub source's ranged reads)
 
 
-def deltas(spec, opts: LoadOptions) -> tuple[int, ...] | None:
+def deltas(spec, analysis: AnalysisOptions) -> tuple[int, ...] | None:
     """The distances of a model's distance_profiles: None without RoPE; by default DEFAULT_DISTANCES, or
     only 0 where its RoPE is refused beyond 0 (the reason is in models.config); asked-for ones are checked."""
     if spec.rope is None:
         return None
     if spec.rope.refusal is None:
-        return opts.distances or DEFAULT_DISTANCES
-    if opts.distances not in (None, (0,)):
+        return analysis.distances or DEFAULT_DISTANCES
+    if analysis.distances not in (None, (0,)):
         raise ExtractError(f"RoPE beyond distance 0 is not computed for this {spec.architecture} checkpoint: "
-                           f"{spec.rope.refusal}; pass --distances 0")
+                           f"{spec.rope.refusal}; pass distances=(0,)")
     return (0,)
 
 
@@ -128,23 +141,23 @@ def start_rows(ckpt: Checkpoint, opts: LoadOptions, layer: int, weights: Weights
     returned collecting it into the rows (so a caller can start the next layer first). That function keeps the
     read's figures, not the maps: those are freed once the pieces are done, for the layers read next to reuse."""
     t0, read_seconds, fetched, sinks = time.perf_counter(), weights.seconds, weights.bytes_fetched, weights.sinks
-    spec = ckpt.spec
+    spec, analysis = ckpt.spec, opts.analysis
     rotation = Rotation.of(spec.rope.pairing, spec.rope.frequencies_of(layer)) if spec.rope is not None else None
     with stage("compute", ckpt.name, layer):
         # each form of the heads (spec.forms: one, or a latent-attention head's parts) analysed on its own; maps
-        # given in a smaller span than N (extract.latent) count their ambient zeros and baseline in N
+        # given in a smaller span than N (extract.layouts.latent) count their ambient zeros and baseline in N
         later = {form.name: start_layer(
-            pool, *weights.qk[form.name], np.asarray(form.kv_index), layer=layer, seed=opts.seed,
-            parity_tolerance=opts.parity_tolerance, device=opts.device, rotation=rotation if form.rotary else None,
-            deltas=deltas(spec, opts), ambient=spec.d_model if weights.qk[form.name][0].shape[2] != spec.d_model
+            pool, *weights.qk[form.name], np.asarray(form.kv_index), layer=layer, seed=analysis.seed,
+            parity_tolerance=analysis.parity_tolerance, device=opts.device, rotation=rotation if form.rotary else None,
+            deltas=deltas(spec, analysis), ambient=spec.d_model if weights.qk[form.name][0].shape[2] != spec.d_model
             else None) for form in spec.forms}
         ov_later = None
         if weights.ov is not None:
             # OV_h = W_O[h] W_V[g] is analysed as its transpose W_V[g]^T W_O[h]^T, the L of "queries" W_O[h]^T and
             # the shared "key" W_V[g]: the same spectra and statistics, and a group's heads share W_V's QR
             w_v, w_o = weights.ov
-            ov_later = start_layer(pool, w_o.transpose(0, 2, 1), w_v, spec.kv_index, layer=layer, seed=opts.seed,
-                                   parity_tolerance=opts.parity_tolerance, device=opts.device)
+            ov_later = start_layer(pool, w_o.transpose(0, 2, 1), w_v, spec.kv_index, layer=layer, seed=analysis.seed,
+                                   parity_tolerance=analysis.parity_tolerance, device=opts.device)
             copying_later = copying.start_copying_scores(pool.submit, w_v, w_o, spec.kv_index,
                                                          unembedding_gram(ckpt, pool), threads.WORKERS)
 

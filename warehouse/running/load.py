@@ -25,11 +25,11 @@ import pyarrow as pa
 
 from headforms.compute.threads import single_threaded
 from headforms.extract import Checkpoint
-from headforms.extract.hub import FetchError
-from headforms.warehouse.running.executors import Serial
-from headforms.warehouse.running.layers import LayerRows, LoadOptions, deltas
-from headforms.warehouse.running.progress import RunProgress
+from headforms.extract.transport.hub import FetchError
 from headforms.warehouse.running import summaries
+from headforms.warehouse.running.executors import Serial
+from headforms.warehouse.running.layers import AnalysisOptions, LayerRows, LoadOptions, deltas
+from headforms.warehouse.running.progress import RunProgress
 from headforms.warehouse.storing.failures import ModelIncomplete, WarehouseError, no_space, place_of, stage, words
 from headforms.warehouse.storing.store import Writer, insert, query, transaction
 
@@ -54,7 +54,8 @@ class LoadResult:
 # committing and closing the file costs tens of milliseconds, more than a small layer's analysis); 0: one layer each.
 COMMIT_SECONDS = 2.0
 
-# The columns a stored model's numbers depend on: a source that differs in any of them is another model.
+# The columns a stored model's numbers depend on, its checkpoint's and its analysis's (AnalysisOptions): a source that
+# differs in any of them is another model.
 IDENTITY = ("revision", "architecture", "n_layers", "n_heads", "n_kv_heads", "d_model", "head_dim", "qk_norm",
             "parity_tolerance", "baseline_seed", "fold_norm", "distances", "circuits")
 # per-layer rows of a model
@@ -115,14 +116,14 @@ class _Plan:
 def _plan(con, ckpt: Checkpoint, opts: LoadOptions) -> _Plan:
     """Compare `ckpt` with what the warehouse holds of it: refuse a changed source unless forced."""
     name, layers = ckpt.name, ckpt.spec.layers
-    deltas(ckpt.spec, opts)  # refuses distances a RoPE model's conventions do not allow, before any write
+    deltas(ckpt.spec, opts.analysis)  # refuses distances a RoPE model's conventions do not allow, before any write
     if ckpt.spec.parts and "part" not in query(con, "SELECT constraint_column_names AS key FROM duckdb_constraints() "
                                                     "WHERE table_name = 'heads' AND constraint_type = 'PRIMARY KEY' "
                                                     "AND database_name = current_database()")["key"].explode():
         raise WarehouseError(f"model '{name}' stores each head as its parts ({', '.join(p.name for p in ckpt.spec.parts)}), "
                              "and this warehouse was built before head parts (its heads are keyed without part): "
-                             "extract it into a new warehouse (--db), or rebuild this one")
-    record = _model_record(ckpt, opts)
+                             "extract it into a new warehouse (`db`), or rebuild this one")
+    record = _model_record(ckpt, opts.analysis)
     columns = ", ".join("coalesce(circuits, 'qk') AS circuits" if key == "circuits" else key for key in IDENTITY)
     old = query(con, f"SELECT {columns}, complete FROM models WHERE model = ?", [name])  # models before: qk
     if old.height:
@@ -130,7 +131,7 @@ def _plan(con, ckpt: Checkpoint, opts: LoadOptions) -> _Plan:
         changed = [f"{key} {prev[key]} -> {record[key]}" for key in IDENTITY if prev[key] != record[key]]
         if changed and not opts.force:
             raise WarehouseError(f"model '{name}' in the warehouse differs from this source ({'; '.join(changed)}): "
-                                 f"use --force to replace it, or --name to keep both")
+                                 f"use force=True to replace it, or `name` to keep both")
         if opts.force:
             return _Plan(ckpt, opts, record, list(layers), "replaced", False)
         if prev["complete"]:
@@ -208,7 +209,7 @@ def _finish(writer: Writer, plan: _Plan, before: Callable = lambda con: None) ->
             before(con)
             con.execute("UPDATE models SET complete = true, failed_step = NULL, extracted_at = ? WHERE model = ?",
                         [plan.record["extracted_at"], name])
-            summaries.write_summaries(con, name, plan.opts.resamples, plan.opts.seed)
+            summaries.write_summaries(con, name, plan.opts.analysis.resamples, plan.opts.analysis.seed)
             _record_cost(con, plan.ckpt)
     except Exception as exc:
         step = place_of(exc).step if place_of(exc) else "finish"
@@ -254,7 +255,7 @@ def _record_cost(con, ckpt: Checkpoint) -> None:
                     [ckpt.bytes_fetched, ckpt.name])
 
 
-def _model_record(ckpt: Checkpoint, opts: LoadOptions) -> dict:
+def _model_record(ckpt: Checkpoint, analysis: AnalysisOptions) -> dict:
     spec = ckpt.spec
     return {
         "model": ckpt.name, "source": ckpt.source, "revision": ckpt.revision, "revision_kind": ckpt.revision_kind,
@@ -262,9 +263,9 @@ def _model_record(ckpt: Checkpoint, opts: LoadOptions) -> dict:
         "n_layers": spec.n_layers, "attention_layers": list(spec.layers), "n_heads": spec.n_heads, "n_kv_heads": spec.n_kv_heads,
         "d_model": spec.d_model, "head_dim": spec.head_dim, "score_scale": spec.score_scale,
         "qk_norm": spec.qk_norm, "fold_norm": spec.fold_norm, "attention_softcap": spec.softcap,
-        "distances": list(deltas(spec, opts)) if spec.rope is not None else None,
+        "distances": list(deltas(spec, analysis)) if spec.rope is not None else None,
         "config": json.dumps(spec.config | ({"rope": spec.rope.describe()} if spec.rope else {}), default=str),
-        "parity_tolerance": opts.parity_tolerance, "baseline_seed": opts.seed,
+        "parity_tolerance": analysis.parity_tolerance, "baseline_seed": analysis.seed,
         "tool_version": tool_version(), "base_model": ckpt.base_model, "training_step": ckpt.training_step,
         "bytes_fetched": None, "checkpoint_bytes": ckpt.checkpoint_bytes,  # bytes_fetched: _record_cost
         "quantization": ckpt.quantization, "circuits": ",".join(ckpt.options.circuits),

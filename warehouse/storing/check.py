@@ -79,8 +79,8 @@ CHECKS: tuple[tuple[str, str, str], ...] = (
         FROM models m LEFT JOIN layers l USING (model) WHERE NOT m.complete
         GROUP BY m.model, m.n_layers, m.attention_layers"""),
     ("summaries", "warning", """
-        SELECT model, NULL, NULL, 'complete model without bootstrap intervals (built before them): extract --force '
-                                  'recomputes them'
+        SELECT model, NULL, NULL, 'complete model without bootstrap intervals (built before them): extract with '
+                                  'force=True recomputes them'
         FROM models ANTI JOIN intervals USING (model) WHERE complete"""),
     ("missing_layer", "violation", """
         SELECT model, layer, NULL, 'layer of a complete model missing from layers'

@@ -84,7 +84,7 @@ def writable_folder(folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise WarehouseError(f"cannot create the output folder {folder} ({exc.filename}: {exc.strerror}): "
-                             f"choose a folder you can write with --out DIR") from None
+                             f"choose a folder you can write with out=DIR") from None
 
 
 # DuckDB's words for a warehouse file whose bytes are not those it wrote: a block whose checksum fails, a block past
@@ -127,7 +127,7 @@ def one_line(exc: Exception) -> tuple[str, bool]:
         return damaged(first_line(exc)), False
     if full := no_space(exc):
         if place is not None and place.step.startswith(("export", "report")):
-            then = "free space on it or choose another folder with --out, then run the same command again"
+            then = "free space on it or choose another folder with `out`, then run the same command again"
         else:
             then = "free space on it, then run the same command again (an extraction goes on from its last commit)"
         return f"{f'{place}: ' if place else ''}the disk is full ({full}): {then}", False

@@ -1,7 +1,7 @@
 """A local checkpoint's digest revision against the warehouse: hashed while its layers are read, or first.
 
 A folder or GGUF file without a commit is named by a digest of its headers and the tensors a run reads
-(extract.checkpoint.Digest). A model the warehouse does not hold yet is stored under the digest's
+(extract.formats.provenance.Digest). A model the warehouse does not hold yet is stored under the digest's
 `pending` name and gets the digest once its layers are read, so the first extraction reads each byte
 once; a model it holds under another revision is hashed before the run, to compare.
 """

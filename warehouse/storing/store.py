@@ -62,7 +62,7 @@ def _refuse_foreign(path: Path) -> None:
     if head and head[8:12] != b"DUCK":
         kind = "a Parquet file" if head[:4] == b"PAR1" else "not a DuckDB database"
         hint = f"; to query it, read_parquet('{path}') in `headforms sql` on a warehouse" if head[:4] == b"PAR1" else ""
-        raise WarehouseError(f"{path} is {kind}: --db takes a DuckDB warehouse file (warehouse.duckdb){hint}")
+        raise WarehouseError(f"{path} is {kind}: `db` takes a DuckDB warehouse file (warehouse.duckdb){hint}")
 
 
 # Tables of schema.sql (`CREATE TABLE IF NOT EXISTS t (...)` to its closing line).
@@ -115,7 +115,7 @@ def _when_free(path: Path, wait: float, attempt, announce_after: float = 0.0):
             who = busy.args[0]
             if time.monotonic() - start >= wait:
                 raise WarehouseError(f"{path} is in use by another process{who}; "
-                                     f"retry when it finishes, or pass --wait SECONDS") from None
+                                     f"retry when it finishes, or pass wait=SECONDS") from None
             if not announced and time.monotonic() - start >= announce_after:
                 print(f"waiting for {path}, in use by another process{who} ...", file=sys.stderr, flush=True)
                 announced = True

@@ -2,7 +2,7 @@
 --fold-norm (fold its gain, and LayerNorm's centering, into W_Q and W_K, and W_V for the ov circuit;
 statistics.md section 7).
 
-A separate table keyed by model_type (and GGUF architecture), beside extract.layouts' LAYOUTS.
+A separate table keyed by model_type (and GGUF architecture), beside extract.layouts.table's LAYOUTS.
 Architectures where no norm precedes Q and K, or not listed here, are refused with a reason.
 """
 from __future__ import annotations
@@ -64,21 +64,21 @@ GGUF_NORMS: dict[str, Norm] = {arch: Norm("rms", _named("blk.{i}.attn_norm.weigh
 
 
 def norm_for(spec: ModelSpec, mode: str, table: dict[str, Norm | str]) -> Norm | None:
-    """The norm to fold for --fold-norm `mode` ('none' gives None), or an ExtractError saying why not."""
+    """The norm to fold for fold_norm=`mode` ('none' gives None), or an ExtractError saying why not."""
     if mode not in MODES:
-        raise ExtractError(f"unknown fold-norm option '{mode}'; expected one of {', '.join(MODES)}")
+        raise ExtractError(f"unknown fold_norm={mode!r}; expected one of {', '.join(MODES)}")
     if mode == "none":
         return None
     norm = table.get(spec.architecture)
     if norm is None:
-        raise ExtractError(f"--fold-norm is not implemented for {spec.architecture}; "
+        raise ExtractError(f"`fold_norm` is not implemented for {spec.architecture}; "
                            f"implemented: {', '.join(sorted(k for k, v in table.items() if isinstance(v, Norm)))}")
     if isinstance(norm, str):
-        raise ExtractError(f"--fold-norm {mode} is refused for {spec.architecture}: {norm}")
+        raise ExtractError(f"fold_norm={mode!r} is refused for {spec.architecture}: {norm}")
     if spec.architecture == "opt" and spec.config.get("do_layer_norm_before") is False:
-        raise ExtractError(f"--fold-norm {mode} is refused for this OPT: do_layer_norm_before=false normalises "
+        raise ExtractError(f"fold_norm={mode!r} is refused for this OPT: do_layer_norm_before=false normalises "
                            "after attention, so the norm feeding W_Q and W_K is the previous layer's")
     if mode == "center" and norm.kind == "rms":
-        raise ExtractError(f"--fold-norm center is refused for {spec.architecture}: its RMSNorm does not "
-                           "subtract the mean; use --fold-norm gain")
+        raise ExtractError(f"fold_norm='center' is refused for {spec.architecture}: its RMSNorm does not "
+                           "subtract the mean; use fold_norm='gain'")
     return norm

@@ -17,13 +17,15 @@ from functools import partial
 import numpy as np
 
 from headforms.extract.checkpoint import Checkpoint, ExtractError, ReadOptions, first_line
-from headforms.extract.formats import header_cut
-from headforms.extract.gguf_file import _Cut, _HeaderReader, gguf_checkpoint
-from headforms.extract.hf import (Weights, float64_array, hf_checkpoint, parse_config, read_header, safetensors_spans,
-                                  span_array, span_rows, spans_meta, torch_state_dict, torch_zip_extent)
-from headforms.extract.hub import HubRepo, RangeReader, RemoteFile
-from headforms.extract.spec import model_spec
-from headforms.extract.torch_pickle import RecordingUnpickler, TensorRef
+from headforms.extract.formats.gguf_file import _Cut, _HeaderReader, gguf_checkpoint
+from headforms.extract.formats.hf import (Weights, float64_array, hf_checkpoint, parse_config, read_header,
+                                          safetensors_spans, span_array, span_rows, spans_meta, torch_state_dict,
+                                          torch_zip_extent)
+from headforms.extract.formats.provenance import hub_provenance
+from headforms.extract.formats.torch_pickle import RecordingUnpickler, TensorRef
+from headforms.extract.formats.unreadable import header_cut
+from headforms.extract.layouts.spec import model_spec
+from headforms.extract.transport.hub import HubRepo, RangeReader, RemoteFile
 
 # Layers fetched in the background while one is analysed: AHEAD, fewer where their bytes (held in memory until
 # read) would pass AHEAD_BYTES, at least one (a 24B model's 52 MB layer alone).
@@ -42,8 +44,9 @@ def open_hub(repo_id: str, *, name: str, options: ReadOptions = ReadOptions()) -
     config = parse_config(config_file.read_at(0, config_file.size), str(config_file))
     model_spec(config, options)  # an unsupported config is refused before any header is fetched
     weights = _hub_weights(repo)
-    return hf_checkpoint(config, weights, name=name, source=repo_id, pinned=repo.commit, options=options,
-                         checkpoint_bytes=repo.checkpoint_bytes(f.path for f in weights.files), meter=repo.meter)
+    provenance = hub_provenance(repo, name=name, source=repo_id,
+                                checkpoint_bytes=repo.checkpoint_bytes(f.path for f in weights.files))
+    return hf_checkpoint(config, weights, provenance, options)
 
 
 def open_hub_gguf(repo_id: str, filename: str, *, name: str, source: str,
@@ -52,8 +55,7 @@ def open_hub_gguf(repo_id: str, filename: str, *, name: str, source: str,
     repo = HubRepo.resolve(repo_id, options.revision)
     remote = repo.file(filename)
     return gguf_checkpoint(_remote_gguf_reader(remote), partial(_gguf_data, remote), remote,
-                           name=name, source=source, pinned=repo.commit, checkpoint_bytes=remote.size,
-                           meter=repo.meter, options=options)
+                           hub_provenance(repo, name=name, source=source, checkpoint_bytes=remote.size), options)
 
 
 def _hub_weights(repo: HubRepo) -> Weights:

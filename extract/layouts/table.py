@@ -2,7 +2,7 @@
 
 A `Layout` is description plus array code: config.json -> `ModelSpec`, layer -> tensor names with the
 shapes the config implies, raw tensors -> W_Q (H, n, N) and W_K (Hkv, n, N), and for the output-value circuit
-W_V (Hkv, n, N) and W_O (H, N, n). File access lives in extract.hf, so this module stays testable on plain dicts.
+W_V (Hkv, n, N) and W_O (H, N, n). File access lives in extract.formats, so this module stays testable on plain dicts.
 Biases are never read: a V bias adds a constant W_O b_V to each head's output (each row of the attention sums
 to 1), and an O bias one constant per layer, so neither is part of a head's map.
 """
@@ -13,8 +13,8 @@ from typing import Callable
 
 import numpy as np
 
-from headforms.extract import latent
 from headforms.extract.checkpoint import ExtractError, ModelSpec
+from headforms.extract.layouts import latent
 
 @dataclass(frozen=True)
 class Packing:
@@ -102,7 +102,7 @@ GROUPED_QKV = Packing("fused, per group (q..q,k,v)", _fused_rows, _grouped_split
     lambda w, s: w.reshape(s.n_kv_heads, s.n_heads // s.n_kv_heads + 2, s.head_dim, s.d_model)[:, -1]))
 
 
-# Multi-head latent attention (extract.latent): the down-projections, their RMSNorm gains and the up-projections.
+# Multi-head latent attention (layouts.latent): the down-projections, their RMSNorm gains and the up-projections.
 LATENT = Packing(
     name="latent (q_a, q_b or q; kv_a, kv_b)",
     shapes=lambda s: s.form.shapes(),
@@ -283,13 +283,13 @@ class Layout:
 
     def qk_maps(self, tensors: dict[str, np.ndarray], spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
         """W_Q (H, n, N) and W_K (Hkv, n, N) from a layer's raw tensors, norm gains folded when present (a latent
-        layout: its parts, a mapping part -> (W_Q, W_K), extract.latent).
+        layout: its parts, a mapping part -> (W_Q, W_K), extract.layouts.latent).
 
         A centred norm (LayerNorm without bias) first subtracts each head's mean row: q - mean(q) = C q
         with the centring matrix C, so C W_Q is the map the RMS then normalises. Copies to contiguous
         arrays so no view keeps a fused tensor's V block alive.
         """
-        if self.qk_norm == LATENT_NORMS:  # a latent-attention layer: its parts (extract.latent), gains folded
+        if self.qk_norm == LATENT_NORMS:  # a latent-attention layer: its parts (extract.layouts.latent), gains folded
             return self.packing.split(tensors, spec)
         w_q, w_k = self.packing.split(tensors, spec)
         if spec.qk_norm == "folded" and self.qk_norm == "centred":
@@ -456,7 +456,7 @@ _smollm3 = _llama_like(defaults={"num_key_value_heads": 4, "rope_theta": 2000000
                                                   "no_rope_layer_interval-th): no RoPE, one form at every distance"))
 
 
-# DeepSeek-V2/V3 (and the checkpoints reusing deepseek_v3: Kimi-K2): each head two forms, extract.latent. The OV
+# DeepSeek-V2/V3 (and the checkpoints reusing deepseek_v3: Kimi-K2): each head two forms, extract.layouts.latent. The OV
 # circuit's values run through the kv latent's RMSNorm too (W_O W_vb diag(g) W_kva / rms_kv(x_j)): not built yet.
 _latent = Layout(positional="rope", prefixes=_LLAMA_PREFIXES,
                  tensors={role: "layers.{i}.self_attn." + name for role, name in latent.TENSORS.items()},
@@ -587,7 +587,7 @@ def layout_key(raw: dict, tower: str | None = None) -> str:
             raise ExtractError(f"{model_type} has no tower '{tower}'; towers: {', '.join(towers)}")
         return f"{model_type}.{tower or towers[0]}"
     if tower is not None:
-        raise ExtractError(f"{model_type} has a single tower; --tower applies to {', '.join(TOWERS)}")
+        raise ExtractError(f"{model_type} has a single tower; `tower` applies to {', '.join(TOWERS)}")
     return model_type
 
 

@@ -30,10 +30,10 @@ from urllib.request import getproxies, proxy_bypass
 import numpy as np
 import urllib3
 
-from headforms.extract import pages
-from headforms.extract.buffers import BufferPool
-from headforms.extract.caches import cache_root
 from headforms.extract.checkpoint import ExtractError, first_line
+from headforms.extract.transport import pages
+from headforms.extract.transport.buffers import BufferPool
+from headforms.extract.transport.caches import cache_root
 
 RETRIES = 6            # tries of one range in a row without progress before giving up
 BACKOFF = 0.5          # seconds before the first retry, doubling after each (a try that made progress resumes at once)

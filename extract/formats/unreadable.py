@@ -82,7 +82,7 @@ FOREIGN: tuple[Foreign, ...] = (
     Foreign("Flax", files=("flax_model.msgpack", "flax_model-*.msgpack", "flax_model.msgpack.index.json"),
             magic=re.compile(rb"[\x80-\x8f\xde\xdf{]"), instead=_TF_OR_FLAX),
     # packed GPTQ/AWQ tensors under a config.json without the quantization_config that says their bits and groups
-    # (with one, extract.quantized reads them; GPTQ has g_idx, AWQ does not)
+    # (with one, extract.layouts.quantized reads them; GPTQ has g_idx, AWQ does not)
     Foreign("GPTQ-quantized", tensors=lambda names: _ends(names, ".qweight", ".qzeros", ".g_idx"),
             instead=_QUANT_CONFIG),
     Foreign("AWQ-quantized", "an", tensors=lambda names: _ends(names, ".qweight", ".qzeros"), instead=_QUANT_CONFIG),

@@ -24,10 +24,10 @@ from typing import Callable
 
 import numpy as np
 
-from headforms.extract.caches import cache_root
 from headforms.extract.checkpoint import ExtractError, ModelSpec, first_line
-from headforms.extract.layouts import GATED_Q, SEPARATE, SUPPORTED, Embeddings, Layout, Scale
-from headforms.extract.rope import PAIRINGS
+from headforms.extract.layouts.rope import PAIRINGS
+from headforms.extract.layouts.table import GATED_Q, SEPARATE, SUPPORTED, Embeddings, Layout, Scale
+from headforms.extract.transport.caches import cache_root
 
 # (query, key) child names of an attention module holding separate projections.
 _QK_NAMES = (("q_proj", "k_proj"), ("query", "key"), ("q_lin", "k_lin"))
@@ -45,7 +45,7 @@ _CROSS = ("encoder_attn", "crossattention", "cross_attn")  # cross-attention rea
 
 def discover_layout(raw: dict, shaped: Callable[..., ModelSpec]) -> Layout:
     """A SEPARATE layout for raw's model_type from its transformers class on the meta device, proven by `prove` (its
-    specs built by `shaped`: extract.spec.shaped_spec), or one-line refusal."""
+    specs built by `shaped`: extract.layouts.spec.shaped_spec), or one-line refusal."""
     model_type = raw.get("model_type")
     unsupported = f"unsupported architecture '{model_type}' (supported: {', '.join(SUPPORTED)})"
     try:

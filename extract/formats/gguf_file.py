@@ -1,15 +1,13 @@
 """GGUF files (llama.cpp): a layer's Q/K maps (and V/O maps) dequantized with the `gguf` package on demand.
 
-What each architecture's file holds is data, `GGUF_ARCHITECTURES`: where Q and K live (separate
-attn_q / attn_k, or one fused attn_qkv), how RoPE pairs the rows as stored, which QK-norm gains
-come with it, and the score-scale rule llama.cpp applies. The ov circuit reads attn_v (or the V rows of attn_qkv;
-llama.cpp permutes Q and K rows only) and attn_output, and the model's token_embd, output (else token_embd: tied)
-and output_norm (its gain, stored as llama.cpp applies it: Gemma's 1 + w).
+What each architecture's file holds is data, extract.layouts.gguf_table. The ov circuit reads attn_v (or the V rows of
+attn_qkv; llama.cpp permutes Q and K rows only) and attn_output, and the model's token_embd, output (else token_embd:
+tied) and output_norm (its gain, stored as llama.cpp applies it: Gemma's 1 + w).
 """
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
@@ -18,135 +16,16 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType
 
-from headforms.extract.checkpoint import (Checkpoint, Digest, ExtractError, ModelSpec, ReadOptions, first_line,
-                                          hf_cache_commit, row_blocks)
-from headforms.extract import latent
-from headforms.extract.formats import extent_problem, header_cut, refuse_foreign
-from headforms.extract.layouts import SEPARATE, Layout
-from headforms.extract.norms import GGUF_NORMS, norm_for
-from headforms.extract.rope import DEFAULT_THETA, gguf_rope
-
-
-def _inverse_sqrt_head_dim(meta: dict, arch: str, spec: dict) -> float:
-    """1/sqrt(n), n = attention.key_length (llama.cpp's default kq_scale)."""
-    return spec["head_dim"] ** -0.5
-
-
-def _attention_scale_key(meta: dict, arch: str, spec: dict) -> float:
-    """`{arch}.attention.scale` when the file sets it (Granite's attention_multiplier), else 1/sqrt(n)."""
-    return float(meta.get(f"{arch}.attention.scale") or _inverse_sqrt_head_dim(meta, arch, spec))
-
-
-_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}  # how llama.cpp recognises the 27B models
-
-
-def _gemma_by_size(meta: dict, arch: str, spec: dict) -> float:
-    """llama.cpp's Gemma 2/3 rule (their query_pre_attn_scalar): 1/sqrt(N/H) for the 27B, 1/sqrt(n) otherwise."""
-    if spec["n_layers"] == _GEMMA_27B_LAYERS[arch]:
-        return (spec["d_model"] // spec["n_heads"]) ** -0.5
-    return _inverse_sqrt_head_dim(meta, arch, spec)
-
-
-# Score-scale rules by the name `headforms architectures` shows.
-SCALE_RULES = {
-    "1/sqrt(head_dim)": _inverse_sqrt_head_dim,
-    "attention.scale, else 1/sqrt(head_dim)": _attention_scale_key,
-    "1/sqrt(N/H) for the 27B, else 1/sqrt(head_dim)": _gemma_by_size,
-}
-
-
-@dataclass(frozen=True)
-class GGUFArchitecture:
-    """How llama.cpp's converter stores one architecture's attention, and what its score needs."""
-
-    positional: str
-    """Positional scheme: "rope", "learned" (absolute embeddings added to x) or "alibi"."""
-    packings: tuple[str, ...] = ("separate",)
-    """Q/K tensors the converter writes, first present wins: "separate" attn_q/attn_k, "fused" attn_qkv (rows
-    Q|K|V), "latent" multi-head latent attention's down- and up-projections (extract.latent)."""
-    rope_pairing: str | None = None
-    """RoPE pairs of a head's rows as stored: "interleaved" (2i, 2i+1) or "split-half" (i, i + n/2); None: no RoPE."""
-    qk_norm: str | None = None
-    """QK-norm gains the file may hold: "head" (RMS, size n), "projection" (RMS, size H*n), "layer" (LayerNorm)."""
-    norm_offset: float = 0.0
-    """The norm multiplies by (offset + stored gain); llama.cpp stores Gemma's 1 + w, so 0 for every file."""
-    score_scale: str = "1/sqrt(head_dim)"
-    """Score-scale rule, a key of SCALE_RULES: the factor on q.k before the softmax."""
-    refusal: str | None = None
-    """Why every file of the architecture is refused (its score is not bilinear in x), or None."""
-    softcap: float | None = None
-    """llama.cpp soft-caps the logit, cap * tanh(s / cap): {arch}.attn_logit_softcapping, this when the file omits it."""
-
-    @property
-    def packing(self) -> str:
-        """The Q/K tensors in words, for `headforms architectures`."""
-        return " or ".join({"separate": "attn_q, attn_k", "fused": "attn_qkv (Q|K|V)",
-                            "latent": "latent: attn_q_a, attn_q_b (or attn_q), attn_kv_a_mqa, attn_kv_b (or attn_k_b)"}[p]
-                           for p in self.packings)
-
-    @property
-    def notes(self) -> str:
-        """RoPE pairing, QK-norm handling and refusal in words, for `headforms architectures`."""
-        notes = [f"RoPE pairs {self.rope_pairing} as stored"] if self.rope_pairing else []
-        if self.qk_norm in ("head", "projection"):
-            notes.append(f"QK-norm ({self.qk_norm} gains): refused unless --qk-norm fold")
-        elif self.qk_norm == "layer":
-            notes.append("refused when the file has QK LayerNorm")
-        elif self.qk_norm == "latent":
-            notes.append(latent.TREATMENT)
-        if self.softcap:
-            notes.append(f"soft-capped: the logit is cap * tanh(s / cap), cap = attn_logit_softcapping (default "
-                         f"{self.softcap:g}); the form gives s (models.attention_softcap)")
-        if self.refusal:
-            notes.append(f"refused: {self.refusal}")
-        return "; ".join(notes)
-
-
-_INTERLEAVED = GGUFArchitecture("rope", rope_pairing="interleaved")  # permuted from HF's split halves (Cohere: native)
-_SPLIT_HALF = GGUFArchitecture("rope", rope_pairing="split-half")     # stored as Hugging Face has them
-_GRANITE = GGUFArchitecture("rope", rope_pairing="interleaved", score_scale="attention.scale, else 1/sqrt(head_dim)")
-_FUSED_SPLIT_HALF = GGUFArchitecture("rope", packings=("fused",), rope_pairing="split-half")
-
-GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
-    "llama": _INTERLEAVED,  # Mistral and SmolLM are stored as llama too
-    "mistral3": _INTERLEAVED,
-    "olmo": _INTERLEAVED,
-    "arcee": _INTERLEAVED,
-    "granite": _GRANITE,
-    "granitemoe": _GRANITE,
-    "qwen2": _SPLIT_HALF,
-    "qwen2moe": _SPLIT_HALF,
-    "qwen3": GGUFArchitecture("rope", rope_pairing="split-half", qk_norm="head"),
-    "qwen3moe": GGUFArchitecture("rope", rope_pairing="split-half", qk_norm="head"),
-    "olmo2": GGUFArchitecture("rope", rope_pairing="split-half", qk_norm="projection"),
-    "olmoe": GGUFArchitecture("rope", rope_pairing="split-half", qk_norm="projection"),
-    "gemma": _SPLIT_HALF,
-    "gemma2": GGUFArchitecture("rope", rope_pairing="split-half",
-                               score_scale="1/sqrt(N/H) for the 27B, else 1/sqrt(head_dim)", softcap=50.0),
-    "gemma3": GGUFArchitecture("rope", rope_pairing="split-half", qk_norm="head",
-                               score_scale="1/sqrt(N/H) for the 27B, else 1/sqrt(head_dim)"),
-    "phi3": _FUSED_SPLIT_HALF,
-    "falcon": _FUSED_SPLIT_HALF,  # the converter regroups query_key_value as Q|K|V
-    "gptneox": _FUSED_SPLIT_HALF,
-    "starcoder2": _SPLIT_HALF,
-    "stablelm": GGUFArchitecture("rope", rope_pairing="split-half", qk_norm="layer"),
-    "command-r": GGUFArchitecture("rope", rope_pairing="interleaved", qk_norm="layer"),  # Cohere rotates pairs
-    "cohere2": _INTERLEAVED,
-    "phi2": GGUFArchitecture("rope", packings=("separate", "fused"), rope_pairing="split-half"),  # early files fused
-    "gpt2": GGUFArchitecture("learned", packings=("fused",)),
-    "starcoder": GGUFArchitecture("learned", packings=("fused",)),  # multi-query gpt_bigcode
-    "bloom": GGUFArchitecture("alibi", packings=("fused",)),
-    # Known to llama.cpp, refused with the reason:
-    "grok": GGUFArchitecture("rope", refusal="its soft cap and score scale are fixed in llama.cpp's code, not in the "
-                                             "file, and transformers has no Grok whose logits could prove its Q/K "
-                                             "layout"),
-    "deepseek2": GGUFArchitecture("rope", packings=("latent",), rope_pairing="interleaved", qk_norm="latent"),
-    "llama4": GGUFArchitecture("rope", refusal="which of its layers skip RoPE, scale q by a temperature and "
-                                               "L2-normalise q and k is not in the file but in llama.cpp's code, whose "
-                                               "rules for it have changed between versions (the Hugging Face "
-                                               "checkpoint is read)"),
-}
-SUPPORTED_GGUF = [name for name, a in GGUF_ARCHITECTURES.items() if a.refusal is None]
+from headforms.extract.checkpoint import (Checkpoint, ExtractError, ModelSpec, Provenance, ReadOptions, first_line,
+                                          row_blocks)
+from headforms.extract.formats.provenance import Digest, local_provenance
+from headforms.extract.formats.unreadable import extent_problem, header_cut, refuse_foreign
+from headforms.extract.layouts import latent
+from headforms.extract.layouts.gguf_table import (GGUF_ARCHITECTURES, SCALE_RULES, SUPPORTED_GGUF, file_refusal,
+                                                  latent_roles, qk_norm_refusal)
+from headforms.extract.layouts.norms import GGUF_NORMS, norm_for
+from headforms.extract.layouts.rope import gguf_rope
+from headforms.extract.layouts.table import SEPARATE, Layout
 
 
 class _Cut(ValueError):
@@ -240,22 +119,6 @@ def gguf_array(path: Path, key: str) -> np.ndarray | None:
     return np.array(field.parts[field.data[0]])
 
 
-def _file_refusal(meta: dict, arch: str) -> str | None:
-    """Why a file's score is not scale * x_j^T L x_i at distance 0 although its architecture can be, if so."""
-    cap = meta.get(f"{arch}.attn_logit_softcapping")
-    if cap and not GGUF_ARCHITECTURES[arch].softcap:
-        return f"attn_logit_softcapping={cap:g} makes the score a tanh of q.k, not bilinear in x"
-    if meta.get(f"{arch}.attention.clamp_kqv"):
-        return "attention.clamp_kqv clips q and k, so the score is not bilinear in x"
-    if meta.get(f"{arch}.attention.temperature_scale"):
-        return "attention.temperature_scale multiplies q by a factor that grows with position"
-    kind = meta.get(f"{arch}.rope.scaling.type")
-    factor = meta.get(f"{arch}.rope.scaling.attn_factor", 1.0)
-    if kind in ("yarn", "longrope") or factor != 1.0:
-        return f"rope scaling '{kind}' (attention factor {factor:g}) multiplies q and k by an attention factor"
-    return None
-
-
 @lru_cache(maxsize=None)
 def dequantizable(qtype: GGMLQuantizationType) -> bool:
     """Whether the gguf package dequantizes this tensor type (F64 needs no dequantizing)."""
@@ -286,10 +149,10 @@ def _weight(tensor, data: np.ndarray, layer: int | None, rows: int | None = None
 
 
 def _norm_tensor(tensors: dict, name: str, d_model: int, path: Path):
-    """A norm gain tensor of shape (d_model,), for --fold-norm."""
+    """A norm gain tensor of shape (d_model,), for fold_norm."""
     tensor = tensors.get(name)
     if tensor is None:
-        raise ExtractError(f"GGUF file {path} has no tensor {name} (needed by --fold-norm)")
+        raise ExtractError(f"GGUF file {path} has no tensor {name} (needed by `fold_norm`)")
     if tuple(int(d) for d in tensor.shape) != (d_model,):
         raise ExtractError(f"GGUF tensor {name} has shape {tuple(tensor.shape)}, expected ({d_model},)")
     return tensor
@@ -315,23 +178,15 @@ def _embeddings(tensors: dict, d_model: int, path) -> dict:
     return found
 
 
-def _qk_norm_refusal(arch: str, layout: GGUFArchitecture) -> str:
-    """The one line refusing a file's QK-norm: LayerNorm never folds, RMS gains fold on request."""
-    if layout.qk_norm == "layer":
-        return (f"GGUF {arch} file has QK LayerNorm (attn_q_norm, attn_k_norm): it subtracts the mean of q and k, "
-                "so the score is not bilinear in x and its gains do not fold into W_Q, W_K")
-    return (f"GGUF {arch} file uses QK-norm (attn_q_norm, attn_k_norm), so the attention score is not bilinear in x; "
-            "pass qk_norm='fold' to fold the norm gains into W_Q and W_K (L then acts on RMS-normalised q, k)")
-
-
 def open_gguf(path: Path, *, name: str, source: str, options: ReadOptions = ReadOptions()) -> Checkpoint:
     """Open a llama.cpp GGUF file; options.revision None: a Hugging Face cache snapshot's commit, else a Digest
     of the header and the tensors read. The other options: see gguf_checkpoint."""
-    revision = options.revision
     path = Path(path)
     reader = _open_reader(path)
-    commit = None if revision else hf_cache_commit(path.absolute())
-    digest = None if revision or commit else Digest({path: bytes(reader.data[:reader.data_offset])})
+    provenance = local_provenance(path, name=name, source=source, revision=options.revision,
+                                  checkpoint_bytes=path.stat().st_size,
+                                  digest=lambda: Digest({path: bytes(reader.data[:reader.data_offset])}))
+    digest = provenance.digest
 
     def data_of(tensors, rows: slice | None = None) -> list[np.ndarray]:
         """The tensors' views of the mapped file (`rows` of each: None, all), whole ones hashed as they are first
@@ -343,62 +198,21 @@ def open_gguf(path: Path, *, name: str, source: str, options: ReadOptions = Read
                 digest.update(path, t.name, t.data)
         return [t.data for t in tensors]
 
-    return gguf_checkpoint(reader, data_of, path, name=name, source=source, pinned=revision or commit,
-                           revision_kind="given" if revision else "hf-cache" if commit else "digest", digest=digest,
-                           checkpoint_bytes=path.stat().st_size, options=options)
+    return gguf_checkpoint(reader, data_of, path, provenance, options)
 
 
-# GGUF deepseek2 (llama.cpp): role -> tensor stem of blk.{i}; kv_b is stored whole (attn_kv_b, as Hugging Face's), or,
-# by converters since MLA's absorption, as attn_k_b (H, kv_lora, nope: each head's k rows transposed) and attn_v_b.
-LATENT_TENSORS = {"q": "attn_q", "q_a": "attn_q_a", "q_a_norm": "attn_q_a_norm", "q_b": "attn_q_b",
-                  "kv_a": "attn_kv_a_mqa", "kv_a_norm": "attn_kv_a_norm", "kv_b": "attn_kv_b", "k_b": "attn_k_b"}
-
-
-def latent_roles(meta: dict, names: set[str], path, qk_norm: str) -> tuple[latent.LatentSpec, dict]:
-    """(LatentSpec, role -> (tensor stem, shape)) of a GGUF deepseek2 file from its metadata and tensor names, kv_b
-    whole or split into k_b; llama.cpp's RoPE for deepseek2 rotates consecutive pairs, its score scale is
-    1/sqrt(nope + rope)."""
-    arch = meta.get("general.architecture")
-
-    def key(suffix: str, optional: bool = False):
-        value = meta.get(f"{arch}.{suffix}")
-        if value is None and not optional:
-            raise ExtractError(f"GGUF file {path} lacks the scalar metadata {arch}.{suffix}")
-        return value
-
-    rope = key("rope.dimension_count")
-    head_k = key("attention.key_length_mla", optional=True) or key("attention.key_length")
-    head_v = key("attention.value_length_mla", optional=True) or key("attention.value_length")
-    lora = "blk.0.attn_q_a.weight" in names
-    raw = {"model_type": "deepseek_v2", "num_hidden_layers": key("block_count"),
-           "num_attention_heads": key("attention.head_count"), "hidden_size": key("embedding_length"),
-           "q_lora_rank": key("attention.q_lora_rank") if lora else None,
-           "kv_lora_rank": key("attention.kv_lora_rank"), "qk_rope_head_dim": rope,
-           "qk_nope_head_dim": head_k - rope, "v_head_dim": head_v,
-           "rope_theta": float(key("rope.freq_base", optional=True) or DEFAULT_THETA)}
-    spec = latent.latent_spec({k: int(v) if isinstance(v, (int, np.integer)) else v for k, v in raw.items()},
-                              qk_norm, label=f"GGUF file {path} (its metadata)")
-    shapes = spec.shapes()
-    if "blk.0.attn_k_b.weight" in names:
-        del shapes["kv_b"]
-        shapes["k_b"] = (spec.n_heads, spec.kv_lora_rank, spec.nope)
-    return replace(spec, architecture=arch, config=meta), {role: (LATENT_TENSORS[role], shape)
-                                                           for role, shape in shapes.items()}
-
-
-def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source: str, pinned: str | None,
-                    checkpoint_bytes: int, options: ReadOptions, meter=None, revision_kind: str = "hub",
-                    digest: Digest | None = None) -> Checkpoint:
+def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, provenance: Provenance,
+                    options: ReadOptions) -> Checkpoint:
     """A Checkpoint over a parsed GGUF header; data_of(tensors, rows=None) gives those tensors' raw data arrays, or
     a slice `rows` of each (local: views of the mapped file; hub: fetched by range). `path` names the file in errors.
 
-    pinned: the revision when it needs no hashing. options.qk_norm="refuse" rejects files with RMS QK-norm gains;
-    "fold" folds attn_q_norm / attn_k_norm into W_Q, W_K and marks the spec qk_norm="folded". options.fold_norm
-    as in extract.norms. (A GGUF file holds one tower: options.tower is refused before this.)
+    options.qk_norm="refuse" rejects files with RMS QK-norm gains; "fold" folds attn_q_norm / attn_k_norm into W_Q,
+    W_K and marks the spec qk_norm="folded". options.fold_norm as in extract.layouts.norms. (A GGUF file holds one
+    tower: options.tower is refused before this.)
     """
     qk_norm, fold_norm = options.qk_norm, options.fold_norm
     if qk_norm not in ("refuse", "fold"):
-        raise ExtractError(f"unknown qk-norm option '{qk_norm}'; expected 'refuse' or 'fold'")
+        raise ExtractError(f"unknown qk_norm={qk_norm!r}; expected 'refuse' or 'fold'")
     meta = {key: field.contents() for key, field in reader.fields.items()
             if field.types and field.types[0] != GGUFValueType.ARRAY
             and not key.startswith("tokenizer.")}
@@ -406,7 +220,7 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
     if arch not in GGUF_ARCHITECTURES:
         raise ExtractError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(SUPPORTED_GGUF)}")
     layout = GGUF_ARCHITECTURES[arch]
-    reason = layout.refusal or _file_refusal(meta, arch)
+    reason = layout.refusal or file_refusal(meta, arch)
     if reason:
         raise ExtractError(f"GGUF {arch} is refused: {reason}")
 
@@ -426,7 +240,7 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
     tensors = {t.name: t for t in reader.tensors}
     first = {"separate": "blk.0.attn_q.weight", "fused": "blk.0.attn_qkv.weight", "latent": "blk.0.attn_kv_a_mqa.weight"}
     packing = next((p for p in layout.packings if first[p] in tensors), layout.packings[0])
-    form = None  # a latent-attention file's LatentSpec: each head read as its two parts (extract.latent)
+    form = None  # a latent-attention file's LatentSpec: each head read as its two parts (extract.layouts.latent)
     q_rows, k_rows = n_heads * head_dim, n_kv_heads * head_dim
     circuits = options.circuits
     roles = ({"q": ("attn_q", (q_rows, d_model)), "k": ("attn_k", (k_rows, d_model))} if packing == "separate"
@@ -443,7 +257,7 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
         ov_roles = {}
     elif layout.qk_norm and "blk.0.attn_q_norm.weight" in tensors:
         if qk_norm == "refuse" or layout.qk_norm == "layer":
-            raise ExtractError(_qk_norm_refusal(arch, layout))
+            raise ExtractError(qk_norm_refusal(arch, layout))
         per_head = layout.qk_norm == "head"
         roles |= {"q_norm": ("attn_q_norm", (head_dim if per_head else q_rows,)),
                   "k_norm": ("attn_k_norm", (head_dim if per_head else k_rows,))}
@@ -489,7 +303,7 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
     def read(layer: int, circuits: tuple[str, ...] = circuits) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """The layer's circuits (Checkpoint.read_circuits), every tensor fetched in one go."""
         if not 0 <= layer < n_layers:
-            raise ExtractError(f"layer {layer} out of range: {name} has {n_layers} layers")
+            raise ExtractError(f"layer {layer} out of range: {provenance.name} has {n_layers} layers")
         tensors = {role: t for role, t in layers[layer].items()
                    if role in ({*qk_roles} if "qk" in circuits else set()) | ({"qkv", *ov_roles} if "ov" in circuits
                                                                              else set())}
@@ -527,6 +341,7 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
             w_u = arrays[output.name]
             yield arrays[token.name], w_u if gain is None else w_u * gain
 
+    digest = provenance.digest
     if digest is not None:  # the Q/K circuit's tensors only, so a model's revision does not depend on the circuits
         digest.expect({i: [(path, t.name) for role, t in layer.items() if role in qk_roles] + [
             (path, t.name) for t in gains[i:i + 1]] for i, layer in enumerate(layers)},
@@ -537,13 +352,11 @@ def gguf_checkpoint(reader: gguf.GGUFReader, data_of, path, *, name: str, source
             digest.save()
         layers.clear()
 
-    checkpoint = Checkpoint(name=name, source=source, pinned=pinned, spec=spec, reader=read, close=close,
+    checkpoint = Checkpoint(provenance, spec, reader=read, close=close,
                             embeddings=read_embeddings if "ov" in circuits else None, unembedding="ov" in circuits,
                             qk_bytes=sum(int(t.n_bytes) for layer in layers for t in [*layer.values()])
-                            + sum(int(t.n_bytes) for t in gains),
-                            checkpoint_bytes=checkpoint_bytes, meter=meter, revision_kind=revision_kind,
-                            digest=digest, options=options)
-    _check_extent(reader, path, checkpoint_bytes, checkpoint)
+                            + sum(int(t.n_bytes) for t in gains), options=options)
+    _check_extent(reader, path, provenance.checkpoint_bytes, checkpoint)
     return checkpoint
 
 

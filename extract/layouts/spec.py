@@ -1,15 +1,16 @@
-"""A config.json read as (layout, ModelSpec): the table's layout for its model_type (extract.layouts), else one
-discovered from transformers (extract.discover), validated against the reading options, or refused in one line."""
+"""A config.json read as (layout, ModelSpec): the table's layout for its model_type (extract.layouts.table), else
+one discovered from transformers (extract.layouts.discover), validated against the reading options, or refused in one
+line."""
 from __future__ import annotations
 
 import fnmatch
 from dataclasses import replace
 
-from headforms.extract import latent, quantized
 from headforms.extract.checkpoint import ExtractError, ModelSpec, ReadOptions
-from headforms.extract.discover import discover_layout
-from headforms.extract.layouts import LATENT_NORMS, LAYOUTS, REFUSED, SUPPORTED, Layout, layout_key
-from headforms.extract.rope import hf_rope
+from headforms.extract.layouts import latent, quantized
+from headforms.extract.layouts.discover import discover_layout
+from headforms.extract.layouts.rope import hf_rope
+from headforms.extract.layouts.table import LATENT_NORMS, LAYOUTS, REFUSED, SUPPORTED, Layout, layout_key
 
 # config.json spellings of the shape fields, first present wins (families name them differently).
 CONFIG_KEYS = {
@@ -92,7 +93,7 @@ def model_spec(raw: dict, options: ReadOptions = ReadOptions()) -> tuple[Layout,
     """
     qk_norm, tower = options.qk_norm, options.tower
     if qk_norm not in ("refuse", "fold"):
-        raise ExtractError(f"unknown qk-norm option '{qk_norm}'; expected 'refuse' or 'fold'")
+        raise ExtractError(f"unknown qk_norm={qk_norm!r}; expected 'refuse' or 'fold'")
     architecture = layout_key(raw, tower)
     layout = layout_for(architecture, raw)
     config = (layout.defaults or {}) | ((raw.get(layout.sub_config) or {}) if layout.sub_config else raw)
@@ -100,7 +101,7 @@ def model_spec(raw: dict, options: ReadOptions = ReadOptions()) -> tuple[Layout,
     reason = _refusal(layout, raw, config)
     if reason:
         raise ExtractError(f"{architecture} is refused: {reason}")
-    if layout.qk_norm == LATENT_NORMS:  # each head's two parts (extract.latent), or its refusal in one line
+    if layout.qk_norm == LATENT_NORMS:  # each head's two parts (extract.layouts.latent), or its refusal in one line
         if options.fold_norm != "none":
             raise ExtractError(f"{architecture}: fold_norm='{options.fold_norm}' is not built for multi-head latent "
                                "attention (its pre-attention norm feeds the down-projections of every head)")

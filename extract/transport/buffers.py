@@ -14,7 +14,7 @@ from collections import deque
 
 import numpy as np
 
-from headforms.extract.pages import BLOCK
+from headforms.extract.transport.pages import BLOCK
 
 PAGE = BLOCK  # where a pooled array starts: a multiple of O_DIRECT's unit (pages.BLOCK)
 

@@ -1,6 +1,6 @@
 """The supported architectures of both formats, generated from the layout tables (`headforms architectures`).
 
-docs/architectures.md's table is this module's `markdown()`; `python -m headforms.extract.architectures --write`
+docs/architectures.md's table is this module's `markdown()`; `python -m headforms.extract.layouts.architectures --write`
 rewrites it there, and a test keeps the two equal.
 """
 from __future__ import annotations
@@ -8,12 +8,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from headforms.extract import gguf_file, latent
-from headforms.extract.discover import discovered_families
-from headforms.extract.layouts import LATENT_NORMS, LAYOUTS, REFUSED, Layout, _no_refusal
+from headforms.extract.layouts import gguf_table, latent
+from headforms.extract.layouts.discover import discovered_families
+from headforms.extract.layouts.table import LATENT_NORMS, LAYOUTS, REFUSED, Layout, _no_refusal
 
 COLUMNS = ("format", "family", "positional", "packing", "score_scale", "notes")
-TABLE_FILE = Path(__file__).resolve().parent.parent / "docs" / "architectures.md"
+TABLE_FILE = Path(__file__).resolve().parents[2] / "docs" / "architectures.md"
 _BEGIN, _END = "<!-- architectures: begin (generated) -->", "<!-- architectures: end -->"
 
 
@@ -43,15 +43,15 @@ def _hf_row(family: str, layout: Layout) -> dict:
 
 
 def _gguf_rows() -> list[dict]:
-    """GGUF architectures, from gguf_file's own table."""
+    """GGUF architectures, from gguf_table's own table."""
     return [{"format": "gguf", "family": arch, "positional": info.positional, "packing": info.packing,
              "score_scale": info.score_scale, "notes": info.notes}
-            for arch, info in sorted(gguf_file.GGUF_ARCHITECTURES.items())]
+            for arch, info in sorted(gguf_table.GGUF_ARCHITECTURES.items())]
 
 
 def architectures(discovered: bool = True) -> list[dict]:
     """One row per supported family of either format, then the families refused by name and why; with
-    `discovered`, then the families discovery has proven or refused on this machine (extract.discover)."""
+    `discovered`, then the families discovery has proven or refused on this machine (extract.layouts.discover)."""
     rows = [_hf_row(family, layout) for family, layout in sorted(LAYOUTS.items())] + _gguf_rows()
     rows += [{"format": "hf", "family": family, "positional": "", "packing": "", "score_scale": "",
               "notes": f"refused: {reason}"} for family, reason in sorted(REFUSED.items())]

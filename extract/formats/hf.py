@@ -26,19 +26,21 @@ import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 
-from headforms.extract import pages, quantized
-from headforms.extract.buffers import BufferPool
-from headforms.extract.checkpoint import (Checkpoint, Digest, ExtractError, ReadOptions, first_line, hf_cache_commit,
-                                          row_blocks)
-from headforms.extract.formats import IncompleteFile, extent_problem, header_cut, refuse_foreign, size_mismatch
-from headforms.extract.spec import model_spec
-from headforms.extract.norms import HF_NORMS, norm_for
-from headforms.extract.torch_pickle import RecordingUnpickler, TensorRef
+from headforms.extract.checkpoint import Checkpoint, ExtractError, Provenance, ReadOptions, first_line, row_blocks
+from headforms.extract.formats.provenance import Digest, local_provenance
+from headforms.extract.formats.torch_pickle import RecordingUnpickler, TensorRef
+from headforms.extract.formats.unreadable import (IncompleteFile, extent_problem, header_cut, refuse_foreign,
+                                                  size_mismatch)
+from headforms.extract.layouts import quantized
+from headforms.extract.layouts.norms import HF_NORMS, norm_for
+from headforms.extract.layouts.spec import model_spec
+from headforms.extract.transport import pages
+from headforms.extract.transport.buffers import BufferPool
 
 BF16_BLOCK = 1 << 17  # bfloat16 values decoded at a time (a 512 kB float32 block)
 _DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64",  # safetensors -> torch names
            "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "I32": "int32", "I8": "int8", "U8": "uint8"}
-_FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})  # a dense weight's; quantized: extract.quantized
+_FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})  # dense weights'; quantized: layouts.quantized
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,  # bytes per value of each torch dtype name
              "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
              "float8_e4m3fn": 1, "float8_e5m2": 1}
@@ -562,24 +564,20 @@ def open_hf_folder(folder: Path, *, name: str, source: str, options: ReadOptions
     options.revision None: a folder inside a Hugging Face cache snapshot is its commit; any other folder a Digest
     of config.json, the weight files' headers and the tensors read.
     """
-    revision = options.revision
     folder = Path(folder)
     refuse_foreign(folder)  # a CTranslate2, ONNX, GPTQ ... folder is named before its config.json can mislead
     config = _read_config(folder)
     model_spec(config, options)  # an unsupported config is refused before the weights are read
     weights = _find_weights(folder)
-    # GPTQ, AWQ, MLX known by their tensors alone (a quantization_config says how to read them: extract.quantized)
+    # GPTQ, AWQ, MLX known by their tensors alone (a quantization_config says how to read them: layouts.quantized)
     refuse_foreign(folder, config=config, tensors=() if config.get("quantization_config") else weights.meta)
-    commit = None if revision else hf_cache_commit(folder.absolute())
-    digest = None
-    if not (revision or commit):
-        digest = Digest({path: _header_bytes(weights, path) for path in weights.files},
-                        preamble=(folder / "config.json").read_bytes())
-        weights.fetch = partial(weights.fetch, digest=digest)
-    return hf_checkpoint(config, weights, name=name, source=source, options=options,
-                         pinned=revision or commit, revision_kind="given" if revision else "hf-cache" if commit
-                         else "digest", digest=digest,
-                         checkpoint_bytes=sum(os.path.getsize(f) for f in weights.files))
+    provenance = local_provenance(folder, name=name, source=source, revision=options.revision,
+                                  checkpoint_bytes=sum(os.path.getsize(f) for f in weights.files),
+                                  digest=lambda: Digest({path: _header_bytes(weights, path) for path in weights.files},
+                                                        preamble=(folder / "config.json").read_bytes()))
+    if provenance.digest is not None:
+        weights.fetch = partial(weights.fetch, digest=provenance.digest)
+    return hf_checkpoint(config, weights, provenance, options)
 
 
 def _header_bytes(weights: Weights, path: Path) -> bytes:
@@ -589,13 +587,11 @@ def _header_bytes(weights: Weights, path: Path) -> bytes:
     return json.dumps(table).encode()
 
 
-def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, options: ReadOptions,
-                  pinned: str | None, checkpoint_bytes: int | None = None, meter=None, revision_kind: str = "hub",
-                  digest: Digest | None = None) -> Checkpoint:
+def hf_checkpoint(config: dict, weights: Weights, provenance: Provenance, options: ReadOptions) -> Checkpoint:
     """A Checkpoint over a config and its weight files (local or on the hub); checks every layer's Q/K up front.
 
-    pinned: the revision when it needs no hashing (the hub's commit, a cache snapshot's, or given); options.qk_norm,
-    options.tower: see model_spec; options.fold_norm (extract.norms) folds the pre-norm feeding attention in."""
+    options.qk_norm, options.tower: see model_spec; options.fold_norm (extract.layouts.norms) folds the pre-norm
+    feeding attention in."""
     layout, spec = model_spec(config, options)
     if quantized.refusal(config):  # accepted all the same: its attention is left unquantized (modules_to_not_convert)
         config = {key: value for key, value in config.items() if key != "quantization_config"}
@@ -622,7 +618,7 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
     stored = quantized.stored(config, {name: shape for name, shape, _ in wanted}, weights.meta)  # quantized weights
 
     def sources(names) -> list[str]:
-        """The stored tensors that make `names`: a quantized weight's values, scales ... (extract.quantized)."""
+        """The stored tensors that make `names`: a quantized weight's values, scales ... (extract.layouts.quantized)."""
         return [s for t in names for s in (stored[t].names.values() if t in stored else (t,))]
 
     _check_tensors(weights, [w for w in wanted if w[0] not in stored]
@@ -638,7 +634,7 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
     def read_circuits(layer: int, circuits: tuple[str, ...] = circuits) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """The layer's circuits, all their tensors (a fused QKV once) in one read."""
         if layer not in following:
-            raise ExtractError(f"layer {layer} out of range: {name} has {spec.n_layers} layers"
+            raise ExtractError(f"layer {layer} out of range: {provenance.name} has {spec.n_layers} layers"
                                + (f", of which {list(spec.layers)} are attention" if spec.attention_layers else ""))
         roles = tensors(layer, circuits)
         arrays = weights.read(sources(roles.values()))  # before the layers ahead are asked for: a first layer has the link
@@ -690,7 +686,8 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
             w_u = w_u * (layout.embeddings.norm_offset + arrays[embeddings["final_norm"]])
         return w_e, w_u
 
-    if digest is not None:  # the Q/K circuit's tensors only, so a model's revision does not depend on --circuits
+    digest = provenance.digest
+    if digest is not None:  # the Q/K circuit's tensors only, so a model's revision does not depend on the circuits
         digest.expect({layer: [(weights.where[t], t) for t in sources(tensors(layer, ("qk",)).values())]
                        for layer in spec.layers}, partial(read_circuits, circuits=("qk",)))
 
@@ -699,10 +696,8 @@ def hf_checkpoint(config: dict, weights: Weights, *, name: str, source: str, opt
         if digest is not None:
             digest.save()
 
-    return weights.checked(Checkpoint(name=name, source=source, pinned=pinned, spec=spec, reader=read_circuits,
-                                      close=close, embeddings=read_embeddings if "ov" in circuits else None,
-                                      unembedding="unembedding" in embeddings,
-                                      qk_bytes=qk_bytes, checkpoint_bytes=checkpoint_bytes, meter=meter,
-                                      revision_kind=revision_kind, digest=digest, options=options,
+    return weights.checked(Checkpoint(provenance, spec, reader=read_circuits, close=close,
+                                      embeddings=read_embeddings if "ov" in circuits else None,
+                                      unembedding="unembedding" in embeddings, qk_bytes=qk_bytes, options=options,
                                       quantization="; ".join(sorted({s.scheme.describe() for s in stored.values()}))
                                       or None))

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from headforms.extract.checkpoint import ExtractError, FormPart, ModelSpec, first_line
-from headforms.extract.rope import DEFAULT_THETA, Rope
+from headforms.extract.layouts.rope import DEFAULT_THETA, Rope
 
 FAMILIES = ("deepseek_v2", "deepseek_v3")
 # The treatment in words, for `headforms architectures`.

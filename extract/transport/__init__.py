@@ -1,0 +1,1 @@
+"""Bytes: hub files read by range, positioned reads past the page cache, reused buffers, the cache folder."""
