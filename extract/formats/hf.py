@@ -629,7 +629,7 @@ def hf_checkpoint(config: dict, weights: Weights, provenance: Provenance, option
     read = set(sources(t for layer in spec.layers for t in tensors(layer).values()))
     qk_bytes = sum(math.prod(weights.meta[t][0]) * _ITEMSIZE[weights.meta[t][1]] for t in read)
     ahead = min(weights.ahead, max(1, weights.ahead_bytes * len(spec.layers) // max(qk_bytes, 1))) if weights.ahead else 0
-    following = dict(zip(spec.layers, [spec.layers[k + 1:] for k in range(len(spec.layers))]))  # layers after each
+    following = {layer: spec.layers[k + 1:] for k, layer in enumerate(spec.layers)}  # the layers read after each
 
     def read_circuits(layer: int, circuits: tuple[str, ...] = circuits) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """The layer's circuits, all their tensors (a fused QKV once) in one read."""

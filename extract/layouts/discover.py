@@ -224,7 +224,7 @@ _UNPROVEN_KEYS = ("_name_or_path", "transformers_version", "torch_dtype", "dtype
 
 
 def _kept_layers(layout: Layout, raw: dict) -> int:
-    """Layers of the proof's tiny instance: 2, or a hybrid's layers up to its first attention layer (and one more)."""
+    """Layers of the proof's tiny instance: 2, or a hybrid's layers through its first attention layer (at least 2)."""
     return max(2, layout.attention_layers(raw)[0] + 1) if layout.attention_layers else 2
 
 
