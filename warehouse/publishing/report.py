@@ -299,6 +299,7 @@ def _form_html(con, model: str, part: str, heads: pl.DataFrame, what: str, ids: 
                        title=f"Pairing and symmetric energy per head{what} beside the random baseline")
     maps.update_xaxes(title_text="head")
     maps.update_yaxes(title_text="layer", col=1)
+    maps.update_yaxes(type="category")  # a row per layer with heads (a hybrid's attention layers, by their index)
     return (_figure_html(simplex, "simplex" + ids) + _figure_html(parity, "parity-by-layer" + ids)
             + _figure_html(maps, "maps" + ids))
 
@@ -422,6 +423,7 @@ def _ov_html(con, model: str) -> str:
                        title="Copying scores per head: sum(lambda) / sum(|lambda|), red copies, blue suppresses")
     maps.update_xaxes(title_text="head")
     maps.update_yaxes(title_text="layer", col=1)
+    maps.update_yaxes(type="category")  # a row per layer with heads (a hybrid's attention layers, by their index)
     unembedded = "" if heads["copying_score"].null_count() < heads.height else (
         " This model has no unembedding (a sentence encoder): its copying scores are NULL.")
     return ("<h2>The output-value circuit OV = W_O W_V</h2><p>What each head writes, analysed as its form: "
