@@ -124,33 +124,38 @@ def _polish(theta, logs, valid, n, c_max):
     """Maximise the Prentice log-likelihood from theta (mu, log sigma, q), never downhill and within the
     search's edge |q / sigma| <= c_max: Newton, shifted to an ascent direction where the Hessian is not
     negative definite, halving steps that lose likelihood; a row is done once its step is below 1e-8
-    (taken whole: Newton's next error is ~1e-16) or no step of its direction gains."""
-    ll = _prentice(theta, logs, valid, n)
+    (taken whole: Newton's next error is ~1e-16) or no step of its direction gains. Each iteration and each
+    halving evaluates only the rows still going: one slow row does not keep a layer's batch computing."""
+    theta = np.array(theta, dtype=np.float64)
+    ll, c_max = _prentice(theta, logs, valid, n), np.broadcast_to(c_max, theta[0].shape)
     done = ~np.isfinite(ll) | (np.abs(theta[2]) >= EDGE_SHARE * c_max * np.exp(theta[1]))  # bound for a limit
     for _ in range(MAX_ITERS):
-        _, grad, hess = _prentice(theta, logs, valid, n, derivatives=True)
-        finite = np.all(np.isfinite(hess), axis=(1, 2)) & np.all(np.isfinite(grad), axis=1)
-        done |= ~finite
-        if done.all():
+        rows = np.flatnonzero(~done)
+        if not rows.size:
             break
+        at, lg, ok, m, before, edge = theta[:, rows], logs[rows], valid[rows], n[rows], ll[rows], c_max[rows]
+        _, grad, hess = _prentice(at, lg, ok, m, derivatives=True)
+        finite = np.all(np.isfinite(hess), axis=(1, 2)) & np.all(np.isfinite(grad), axis=1)
         grad, hess = np.where(finite[:, None], grad, 0.0), np.where(finite[:, None, None], hess, -np.eye(3))
         top = np.linalg.eigvalsh(hess)[:, -1]
         shift = np.where(top < 0, 0.0, top + 1e-8 * (1.0 + np.abs(hess).max(axis=(1, 2))))
         step = np.linalg.solve(hess - shift[:, None, None] * np.eye(3), -grad[..., None])[..., 0]
-        step = np.where(done[:, None], 0.0, step).T
-        last = np.max(np.abs(step) / (1.0 + np.abs(theta)), axis=0) < 1e-8
-        t = np.ones(len(ll))
+        step = np.where(finite[:, None], step, 0.0).T
+        last = np.max(np.abs(step) / (1.0 + np.abs(at)), axis=0) < 1e-8
+        t, new, accept = np.ones(len(rows)), before.copy(), ~finite
         for _ in range(40):
-            trial = theta + t * step
-            new = _prentice(trial, logs, valid, n)
-            inside = np.abs(trial[2]) <= c_max * np.exp(trial[1])
-            accept = done | inside & ((new >= ll) | last & np.isfinite(new))
-            if np.all(accept | (t == 0.0)):
+            trying = np.flatnonzero(~accept)
+            if not trying.size:
                 break
-            t = np.where(accept, t, t / 2.0)
-        t = np.where(accept & ~done, t, 0.0)
-        theta, ll = theta + t * step, np.where(t > 0, new, ll)
-        done |= last | (t == 0.0)
+            trial = at[:, trying] + t[trying] * step[:, trying]
+            value = _prentice(trial, lg[trying], ok[trying], m[trying])
+            inside = np.abs(trial[2]) <= edge[trying] * np.exp(trial[1])
+            gains = inside & ((value >= before[trying]) | last[trying] & np.isfinite(value))
+            new[trying], accept[trying] = value, gains
+            t[trying] = np.where(gains, t[trying], t[trying] / 2.0)
+        t = np.where(accept & finite, t, 0.0)
+        theta[:, rows], ll[rows] = at + t * step, np.where(t > 0, new, before)
+        done[rows] = ~finite | last | (t == 0.0)
     return theta
 
 

@@ -7,6 +7,7 @@ import warnings
 
 import numpy as np
 from scipy.cluster.vq import kmeans2
+from scipy.spatial.distance import cdist
 
 DIMENSIONS = 3
 K_RANGE = range(2, 9)   # candidate numbers of types
@@ -33,8 +34,9 @@ def projection(points: np.ndarray) -> np.ndarray:
 
 
 def distances(points: np.ndarray) -> np.ndarray:
-    """The Euclidean distances between every two points (H, H)."""
-    return np.linalg.norm(points[:, None, :] - points[None, :, :], axis=2)
+    """The Euclidean distances between every two points (H, H), without the (H, H, 3) differences (1.5 GB at
+    DeepSeek-V3's 7,808 heads)."""
+    return cdist(points, points)
 
 
 def silhouette(points: np.ndarray, labels: np.ndarray, apart: np.ndarray | None = None) -> np.ndarray:
