@@ -251,8 +251,9 @@ def test_mode_is_the_density_peak(samples, fitted, family):
 
 def test_scale_equivariance_and_row_independence(samples, fitted):
     """Rescaling a sample rescales only `scale` and `mode`; a row's fit does not depend on the
-    other rows or on how much NaN padding it carries."""
-    alone = fit_quietly([samples[3]])
+    other rows (each row, slow or fast to converge, is its fit alone: the polish iterates on the rows still
+    going) or on how much NaN padding it carries."""
+    alone_each = [fit_quietly([sample]) for sample in samples]
     wide = fit_families(pad([samples[3]], m=200))
     scaled = fit_quietly([s * 7.5 for s in samples])
     for family in FAMILIES:
@@ -268,19 +269,10 @@ def test_scale_equivariance_and_row_independence(samples, fitted):
         np.testing.assert_allclose(scaled[family]["prentice_mu"], fitted[family]["prentice_mu"] + np.log(7.5),
                                    rtol=1e-8, atol=1e-9)
         for field in FIELDS:
-            np.testing.assert_allclose(alone[family][field], fitted[family][field][3:4], rtol=1e-9, atol=1e-12)
-            np.testing.assert_allclose(wide[family][field], alone[family][field], rtol=1e-9, atol=1e-12)
-
-
-def test_each_row_of_a_batch_is_its_fit_alone(samples, fitted):
-    """The Prentice polish iterates on the rows still going only: every row of the batch, slow or fast to
-    converge, is the fit of that row alone (to the rounding of its NaN padding, every field)."""
-    for i, sample in enumerate(samples):
-        alone = fit_quietly([sample])
-        for family in FAMILIES:
-            for field in FIELDS:
-                np.testing.assert_allclose(alone[family][field], fitted[family][field][i:i + 1], rtol=1e-9,
+            for i, single in enumerate(alone_each):
+                np.testing.assert_allclose(single[family][field], fitted[family][field][i:i + 1], rtol=1e-9,
                                            atol=1e-12, err_msg=f"row {i}, {family} {field}")
+            np.testing.assert_allclose(wide[family][field], alone_each[3][family][field], rtol=1e-9, atol=1e-12)
 
 
 def test_degenerate_rows_give_nan_quietly():
